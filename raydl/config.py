@@ -1,0 +1,53 @@
+"""Loader configuration: frozen dataclasses validated on construction.
+
+This is the only module that reads environment variables.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["LoaderConfig", "native_disabled"]
+
+_ON_ERROR = ("skip", "raise")
+
+
+def native_disabled() -> bool:
+    """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
+    return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How a loader plans and runs an epoch. See `Dataset.loader` for each field."""
+
+    batch_size: int
+    world_size: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    on_error: str = "skip"
+    num_workers: int | None = None
+    threads_per_worker: int | None = None
+    cpus_per_worker: float = 1.0
+    prefetch_batches: int = 2
+
+    def __post_init__(self) -> None:
+        _positive_int("batch_size", self.batch_size)
+        _positive_int("world_size", self.world_size)
+        _positive_int("prefetch_batches", self.prefetch_batches)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        if self.on_error not in _ON_ERROR:
+            raise ValueError(f"on_error must be one of {_ON_ERROR}, got {self.on_error!r}")
+        if self.num_workers is not None:
+            _positive_int("num_workers", self.num_workers)
+        if self.threads_per_worker is not None:
+            _positive_int("threads_per_worker", self.threads_per_worker)
+        if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker >= 0):
+            raise ValueError(f"cpus_per_worker must be a number >= 0, got {self.cpus_per_worker!r}")

@@ -1,0 +1,66 @@
+"""raydl's one exception tree.
+
+    RaydlError
+    ├── DataSourceError        a root, file or object cannot be listed or read (names it)
+    │   └── SampleDecodeError  a sample's bytes cannot be decoded (names the file)
+    ├── NativeKernelError      a C kernel returned an error code
+    └── LoaderError            the loader's actors failed (names the rank, batch or actor)
+        └── BatchTimeoutError  a batch did not arrive in time (also a TimeoutError)
+
+Lower-level errors (OSError, PIL, Ray) are translated at the boundary with
+`raise ... from exc`, so the original stays in `__cause__`.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "BatchTimeoutError",
+    "DataSourceError",
+    "LoaderError",
+    "NativeKernelError",
+    "RaydlError",
+    "SampleDecodeError",
+]
+
+
+class RaydlError(Exception):
+    """Root of every error raydl raises on purpose."""
+
+
+class DataSourceError(RaydlError):
+    """A source (root folder, file, object) cannot be listed or read."""
+
+    def __init__(self, message: str, *, uri: str | None = None) -> None:
+        super().__init__(message)
+        self.uri = uri
+
+
+class SampleDecodeError(DataSourceError):
+    """A sample's bytes could not be decoded into an image."""
+
+    def __init__(self, message: str, *, uri: str, sample_id: int | None = None) -> None:
+        super().__init__(message, uri=uri)
+        self.sample_id = sample_id
+
+    def __reduce__(self):  # keep the keyword-only fields across pickling (Ray)
+        return (_rebuild_decode_error, (str(self), self.uri, self.sample_id))
+
+
+def _rebuild_decode_error(message: str, uri: str, sample_id: int | None) -> SampleDecodeError:
+    return SampleDecodeError(message, uri=uri, sample_id=sample_id)
+
+
+class NativeKernelError(RaydlError):
+    """A native kernel reported an error."""
+
+
+class LoaderError(RaydlError):
+    """The loader could not produce a batch (actor failures beyond retries, shutdown)."""
+
+
+class BatchTimeoutError(LoaderError, TimeoutError):
+    """A batch did not arrive within the iterator's timeout."""
+
+    def __init__(self, message: str, *, rank: int, batch_index: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.batch_index = batch_index

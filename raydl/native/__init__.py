@@ -1,0 +1,128 @@
+"""Native kernels behind a narrow, typed boundary.
+
+`crop_resize_into` writes one transformed sample into its slot of a batch. It
+calls the C kernel (cffi, GIL released) when it was built, and otherwise a
+numpy/Pillow fallback that gives the same geometry, after one warning that says
+why the kernel is missing and how to build it.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Any
+
+import numpy as np
+
+from raydl.errors import NativeKernelError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["crop_resize_into", "kernel_status", "native_available"]
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[Any, Any, str]:
+    """(ffi, lib, reason): lib is None when the kernel could not be loaded."""
+    from raydl import config
+
+    if config.native_disabled():
+        return None, None, "disabled by RAYDL_DISABLE_NATIVE=1"
+    try:
+        from raydl.native import _kernels  # type: ignore[attr-defined]
+    except ImportError as exc:
+        return None, None, (
+            f"the compiled module raydl.native._kernels is missing ({exc}); reinstall raydl "
+            "with a C compiler present (`pip install -e .`) or run "
+            "`python -m raydl.native._build_kernels`"
+        )
+    return _kernels.ffi, _kernels.lib, "loaded"
+
+
+def native_available() -> bool:
+    """True when the C kernels are loaded."""
+    return _load()[1] is not None
+
+
+def kernel_status() -> str:
+    """One line saying which kernel path is in use and why."""
+    ffi, lib, reason = _load()
+    return "native C kernel (cffi)" if lib is not None else f"numpy/Pillow fallback: {reason}"
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_fallback() -> None:
+    msg = f"raydl: native kernels unavailable, using the slower fallback: {_load()[2]}"
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    logger.warning(msg)
+
+
+def crop_resize_into(
+    src: np.ndarray,
+    box: tuple[float, float, float, float],
+    out: np.ndarray,
+    *,
+    flip: bool,
+    scale: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+) -> None:
+    """Resample `box` (x0, y0, x1, y1) of RGB uint8 `src` into `out`.
+
+    `out` is either uint8 (H, W, 3) or float32 (3, H, W); for float32 each
+    channel c becomes value * scale[c] + bias[c]. `out` must be C-contiguous
+    (a slot of a preallocated batch).
+    """
+    if src.dtype != np.uint8 or src.ndim != 3 or src.shape[2] != 3:
+        raise ValueError(f"src must be uint8 (H, W, 3), got {src.dtype} {src.shape}")
+    if not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src)
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3:
+        out_h, out_w, fmt = out.shape[0], out.shape[1], 0
+    elif out.dtype == np.float32 and out.ndim == 3 and out.shape[0] == 3:
+        out_h, out_w, fmt = out.shape[1], out.shape[2], 1
+        if scale is None or bias is None:
+            raise ValueError("float32 output needs scale and bias")
+    else:
+        raise ValueError(f"out must be uint8 (H, W, 3) or float32 (3, H, W), got {out.dtype} {out.shape}")
+
+    ffi, lib, _ = _load()
+    if lib is None:
+        _warn_fallback()
+        _crop_resize_python(src, box, out, flip=flip, scale=scale, bias=bias)
+        return
+    if fmt == 1:
+        scale_c = ffi.from_buffer("float[]", np.ascontiguousarray(scale, dtype=np.float32))
+        bias_c = ffi.from_buffer("float[]", np.ascontiguousarray(bias, dtype=np.float32))
+    else:
+        scale_c = bias_c = ffi.NULL
+    rc = lib.raydl_crop_resize(
+        ffi.from_buffer("uint8_t[]", src), src.shape[0], src.shape[1], src.strides[0],
+        float(box[0]), float(box[1]), float(box[2]), float(box[3]),
+        out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, ffi.from_buffer(out, require_writable=True),
+    )
+    if rc != 0:
+        raise NativeKernelError(
+            f"raydl_crop_resize failed with code {rc} (src {src.shape}, box {box}, out {out.shape})"
+        )
+
+
+def _crop_resize_python(src, box, out, *, flip, scale, bias) -> None:
+    """Pillow-based fallback with the same geometry as the C kernel."""
+    from PIL import Image
+
+    if out.dtype == np.uint8:
+        out_h, out_w = out.shape[0], out.shape[1]
+    else:
+        out_h, out_w = out.shape[1], out.shape[2]
+    img = Image.fromarray(src, "RGB").resize((out_w, out_h), Image.Resampling.BILINEAR, box=box)
+    arr = np.asarray(img)
+    if flip:
+        arr = arr[:, ::-1]
+    if out.dtype == np.uint8:
+        out[...] = arr
+    else:
+        out[...] = arr.transpose(2, 0, 1) * np.asarray(scale, np.float32)[:, None, None] + np.asarray(
+            bias, np.float32
+        )[:, None, None]

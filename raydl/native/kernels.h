@@ -1,0 +1,21 @@
+/* Declarations shared by kernels.c and the cffi builder (_build_kernels.py). */
+#ifndef RAYDL_KERNELS_H
+#define RAYDL_KERNELS_H
+#include <stdint.h>
+
+#define RAYDL_OK 0
+#define RAYDL_EINVAL -1
+#define RAYDL_ENOMEM -2
+
+#define RAYDL_OUT_U8_HWC 0
+#define RAYDL_OUT_F32_CHW 1
+
+/* Resample the box [x0, x1) x [y0, y1) of an RGB uint8 image (rows src_stride
+ * bytes apart) to out_h x out_w with an antialiased bilinear filter, mirror it
+ * left-right when flip is set, and write it to dst: uint8 HWC, or float32 CHW
+ * computed as value * scale[c] + bias[c]. Returns RAYDL_OK or a negative code. */
+int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
+                      double box_x0, double box_y0, double box_x1, double box_y1,
+                      int out_h, int out_w, int flip, int out_format,
+                      const float *scale, const float *bias, void *dst);
+#endif
