@@ -1,0 +1,107 @@
+"""read_* entry points and Dataset, the lazy description of a pipeline.
+
+Nothing runs until `.loader(...)`: a Dataset is a catalog plus a tuple of
+declarative stages, and printing it shows every stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raydl.catalog import Catalog, list_image_folder
+from raydl.config import LoaderConfig
+from raydl.loader import Loader
+from raydl.transforms import (
+    CenterCrop,
+    Decode,
+    Normalize,
+    RandomHFlip,
+    RandomResizedCrop,
+    Resize,
+    Stage,
+    compile_stages,
+)
+
+__all__ = ["Dataset", "read_images"]
+
+
+def read_images(root: str, *, labels: str | None = "folder") -> Dataset:
+    """An image folder on local disk, listed once (recursively) into a catalog.
+
+    Files ending .jpg/.jpeg/.png/.webp/.bmp are samples; sample ids are rows in
+    sorted path order. labels="folder" numbers the top-level folders under root
+    in sorted order (torchvision's ImageFolder); labels=None gives -1.
+    Raises DataSourceError naming `root` when it is missing or holds no images.
+    """
+    return Dataset(list_image_folder(str(root), labels=labels))
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A catalog and the stages every sample goes through. Immutable: each method returns a new one."""
+
+    catalog: Catalog
+    stages: tuple[Stage, ...] = ()
+
+    def _with(self, stage: Stage) -> Dataset:
+        return Dataset(self.catalog, self.stages + (stage,))
+
+    def decode(self) -> Dataset:
+        """Bytes to RGB uint8 pixels (any mode becomes RGB)."""
+        return self._with(Decode())
+
+    def random_resized_crop(self, size, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> Dataset:
+        """A random box of `scale` of the area and `ratio` aspect, resized to `size`."""
+        return self._with(RandomResizedCrop(size, tuple(scale), tuple(ratio)))
+
+    def resize(self, size) -> Dataset:
+        """Short side to `size` (an int), or exactly (height, width)."""
+        return self._with(Resize(size))
+
+    def center_crop(self, size) -> Dataset:
+        """The central `size` (int or (height, width)) window."""
+        return self._with(CenterCrop(size))
+
+    def random_hflip(self, p: float = 0.5) -> Dataset:
+        """Mirror left-right with probability p."""
+        return self._with(RandomHFlip(p))
+
+    def normalize(self, mean="imagenet", std=None) -> Dataset:
+        """(x / 255 - mean) / std; a preset name ("imagenet") or 3 means and 3 stds. Output float32 NCHW."""
+        return self._with(Normalize.make(mean, std))
+
+    def loader(
+        self,
+        *,
+        batch_size: int,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        on_error: str = "skip",
+        num_workers: int | None = None,
+        threads_per_worker: int | None = None,
+        cpus_per_worker: float = 1.0,
+        prefetch_batches: int = 2,
+    ) -> Loader:
+        """Start loader actors on Ray (ray.init() first if needed) and return the Loader.
+
+        on_error="skip" leaves undecodable samples out of their batch and counts
+        them; "raise" stops the epoch with SampleDecodeError naming the file.
+        num_workers defaults to one actor per alive node with CPUs; each decodes
+        on `threads_per_worker` threads (default: the CPUs it may run on).
+        """
+        config = LoaderConfig(
+            batch_size=batch_size, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
+            on_error=on_error, num_workers=num_workers, threads_per_worker=threads_per_worker,
+            cpus_per_worker=cpus_per_worker, prefetch_batches=prefetch_batches,
+        )
+        return Loader(self.catalog, compile_stages(self.stages), config)
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def __repr__(self) -> str:
+        lines = [f"Dataset(root={self.catalog.storage.root!r}, samples={len(self.catalog)}, "
+                 f"classes={len(self.catalog.classes)})"]
+        lines += [f"  -> {st!r}" for st in self.stages]
+        return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""DataIterator: one rank's view of the loader, in the style of ray.data.DataIterator.
+
+Each `iter_batches()` call runs one epoch (epoch 0, then 1, ...). A call that
+is left part-way (a `break`, a timeout) leaves the iterator at the next batch,
+and the next call continues that epoch. The iterator keeps at most
+`prefetch_batches` batch tasks in flight, yields in plan order, and never waits
+for another rank.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+
+from raydl.actors.loader_worker import BatchResult, BatchTask
+from raydl.errors import BatchTimeoutError, DataSourceError, LoaderError, SampleDecodeError
+from raydl.plan import EpochPlan, augmentation_seeds, epoch_order
+
+if TYPE_CHECKING:
+    from raydl.loader import Loader, _Worker
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DataIterator", "IteratorStats"]
+
+_MAX_ATTEMPTS = 3  # per batch: the first run plus retries on replacement actors
+
+
+@dataclass
+class IteratorStats:
+    """What one rank's iterator has done so far (all epochs)."""
+
+    rank: int
+    epoch: int = 0
+    batches: int = 0
+    samples_delivered: int = 0
+    samples_skipped: int = 0
+    wait_s: float = 0.0
+    time_to_first_batch_s: float | None = None
+    elapsed_s: float = 0.0
+    retries: int = 0
+    skipped_uris: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.samples_delivered / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def __str__(self) -> str:
+        ttfb = "-" if self.time_to_first_batch_s is None else f"{self.time_to_first_batch_s:.2f} s"
+        rows = [
+            ("rank", str(self.rank)),
+            ("epoch", str(self.epoch)),
+            ("batches", str(self.batches)),
+            ("samples delivered", str(self.samples_delivered)),
+            ("samples skipped", str(self.samples_skipped)),
+            ("images/s", f"{self.images_per_s:.1f}"),
+            ("time to first batch", ttfb),
+            ("consumer wait", f"{self.wait_s:.2f} s"),
+            ("retried batches", str(self.retries)),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+class DataIterator:
+    """Batches of one rank. Made by `Loader.iterator(rank)`."""
+
+    def __init__(self, loader: Loader, rank: int) -> None:
+        self._loader = loader
+        self._config = loader.config
+        self._rank = rank
+        self._n = len(loader.catalog)
+        self._epoch = 0
+        self._next = 0  # next batch index of the current epoch
+        self._pending: dict[int, tuple[ray.ObjectRef, _Worker, int]] = {}  # k -> (ref, worker, attempt)
+        self._rr = rank  # round-robin start, spread over ranks
+        self._stats = IteratorStats(rank=rank)
+        self._created = time.perf_counter()
+        self._logged: set[str] = set()
+
+    # -- plan ---------------------------------------------------------------------------
+    def _plan(self) -> EpochPlan:
+        c = self._config
+        return EpochPlan(self._n, c.world_size, c.batch_size, c.drop_last)
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (the same on every rank)."""
+        return self._plan().batches_per_rank
+
+    def _task(self, order: np.ndarray, plan: EpochPlan, k: int) -> BatchTask:
+        ids = plan.batch_ids(order, self._rank, k)
+        seeds = augmentation_seeds(ids, seed=self._config.seed, epoch=self._epoch)
+        return BatchTask(rank=self._rank, epoch=self._epoch, index=k, ids=ids, seeds=seeds)
+
+    # -- execution ----------------------------------------------------------------------
+    def _submit(self, task: BatchTask, attempt: int = 0) -> None:
+        workers = self._loader.workers()
+        if not workers:
+            raise LoaderError(f"rank {self._rank}: the loader has no live actors")
+        w = workers[self._rr % len(workers)]
+        self._rr += 1
+        self._pending[task.index] = (w.handle.run_batch.remote(task), w, attempt)
+
+    def _get(self, task_of, k: int, timeout_s: float | None) -> BatchResult:
+        """Wait for batch k; re-run it on another actor when its actor died."""
+        while True:
+            ref, worker, attempt = self._pending[k]
+            try:
+                return ray.get(ref, timeout=timeout_s)
+            except ray.exceptions.GetTimeoutError as exc:
+                raise BatchTimeoutError(
+                    f"rank {self._rank}: batch {k} of epoch {self._epoch} did not arrive within {timeout_s} s "
+                    f"(actor {worker.name}); call iter_batches() again to keep waiting",
+                    rank=self._rank, batch_index=k,
+                ) from exc
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                if attempt + 1 >= _MAX_ATTEMPTS:
+                    raise LoaderError(
+                        f"rank {self._rank}: batch {k} of epoch {self._epoch} failed {attempt + 1} times; "
+                        f"last on actor {worker.name}: {exc}"
+                    ) from exc
+                self._loader.replace_worker(worker)
+                self._stats.retries += 1
+                self._submit(task_of(k), attempt + 1)
+
+    def _account(self, result: BatchResult, k: int) -> None:
+        if result.unreadable:
+            u = result.unreadable[0]
+            raise DataSourceError(
+                f"rank {self._rank}: batch {k} of epoch {self._epoch}: cannot read sample {u.sample_id} "
+                f"({u.uri}): {u.reason}" + (f" (and {len(result.unreadable) - 1} more)" if len(result.unreadable) > 1 else ""),
+                uri=u.uri,
+            )
+        for s in result.skipped:
+            if self._config.on_error == "raise":
+                raise SampleDecodeError(
+                    f"rank {self._rank}: cannot decode sample {s.sample_id} ({s.uri}): {s.reason}",
+                    uri=s.uri, sample_id=s.sample_id,
+                )
+            if s.uri not in self._logged:
+                self._logged.add(s.uri)
+                logger.warning("raydl: skipped sample %d (%s): %s", s.sample_id, s.uri, s.reason)
+            self._stats.skipped_uris.append(s.uri)
+        self._stats.samples_skipped += len(result.skipped)
+
+    def iter_batches(
+        self, *, prefetch_batches: int | None = None, batch_format: str = "numpy", timeout_s: float | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Batches of one epoch as dicts: image, label (int64), id (int64), key (list of str)."""
+        if batch_format != "numpy":
+            raise ValueError(f"batch_format must be 'numpy', got {batch_format!r}")
+        depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
+            raise ValueError(f"prefetch_batches must be a positive int, got {prefetch_batches!r}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        return self._epoch_batches(depth, timeout_s)
+
+    def _epoch_batches(self, depth: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
+        c = self._config
+        plan = self._plan()
+        order = epoch_order(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
+                            fingerprint=self._loader.catalog.fingerprint)
+        nb = plan.batches_per_rank
+
+        def task_of(k: int) -> BatchTask:
+            return self._task(order, plan, k)
+
+        base_elapsed = self._stats.elapsed_s
+        started = time.perf_counter()
+        while self._next < nb:
+            k = self._next
+            for j in range(k, min(k + depth, nb)):
+                if j not in self._pending:
+                    self._submit(task_of(j))
+            t0 = time.perf_counter()
+            result = self._get(task_of, k, timeout_s)
+            del self._pending[k]
+            now = time.perf_counter()
+            self._stats.wait_s += now - t0
+            if self._stats.time_to_first_batch_s is None:
+                self._stats.time_to_first_batch_s = now - self._created
+            self._account(result, k)
+            self._next = k + 1
+            self._stats.batches += 1
+            self._stats.samples_delivered += len(result.batch["id"])
+            self._stats.elapsed_s = base_elapsed + (now - started)
+            yield result.batch
+        self._epoch += 1
+        self._next = 0
+        self._stats.epoch = self._epoch
+
+    def iter_torch_batches(
+        self,
+        *,
+        device: str = "cpu",
+        dtypes: Any = None,
+        pin_memory: bool = False,
+        prefetch_batches: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """As iter_batches, with image/label/id as torch tensors on `device`.
+
+        On CPU the tensors share memory with the object store (zero-copy) and
+        are read-only in spirit: copy before writing into them in place.
+        `dtypes` is one torch dtype for the image, or a dict column -> dtype.
+        """
+        from raydl._torch import torch_batches
+
+        batches = self.iter_batches(prefetch_batches=prefetch_batches, timeout_s=timeout_s)
+        return torch_batches(batches, device=device, dtypes=dtypes, pin_memory=pin_memory)
+
+    def stats(self) -> IteratorStats:
+        """A snapshot of this rank's counters."""
+        from dataclasses import replace
+
+        return replace(self._stats, skipped_uris=list(self._stats.skipped_uris))
+
+    def __repr__(self) -> str:
+        return f"DataIterator(rank={self._rank}, epoch={self._epoch}, next_batch={self._next}, batches={len(self)})"
+

@@ -1,0 +1,131 @@
+"""Which samples form batch k of rank r in epoch e: pure functions, no Ray.
+
+An epoch's global order is a permutation of the sample ids that depends only
+on (catalog fingerprint, seed, epoch, shuffle) - never on world_size, actor
+count or timing. Ranks take batches of that order in turn: in round k, rank r
+gets positions [(k*W + r)*B, (k*W + r + 1)*B). When the order does not divide
+into whole rounds:
+
+- drop_last=True: the incomplete last round is dropped, so every sample is
+  delivered at most once and every rank gets the same number of full batches.
+- drop_last=False: the last round gives each rank ceil(rem / W) positions; the
+  few positions past the end wrap around to the start of the order (pad rows),
+  so every sample is delivered at least once, only pad rows repeat, and every
+  rank still gets the same number of batches. With W=1 nothing is padded: the
+  last batch is just shorter.
+
+A plan can start part-way through the order (`start`), which is how a resume
+at another world size re-deals the rest of an epoch.
+
+Each sample's augmentation seed is a pure function of (seed, epoch, sample id).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["EpochPlan", "augmentation_seeds", "epoch_order"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, vectorized over uint64 (wraps modulo 2**64)."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def epoch_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool, fingerprint: str) -> np.ndarray:
+    """The epoch's global sample order (int64 ids), independent of world size."""
+    if num_samples <= 0:
+        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    if not shuffle:
+        return np.arange(num_samples, dtype=np.int64)
+    fp = int(fingerprint[:16], 16) if fingerprint else 0
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, fp])))
+    return rng.permutation(num_samples).astype(np.int64, copy=False)
+
+
+def augmentation_seeds(ids: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
+    """One uint64 seed per sample id: same (seed, epoch, id), same augmentation."""
+    base = _mix64(np.array([(seed * 0x9E3779B97F4A7C15 + epoch) & _MASK64], dtype=np.uint64))[0]
+    with np.errstate(over="ignore"):
+        return _mix64(np.asarray(ids, dtype=np.uint64) ^ base)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The batches of every rank for one epoch, from position `start` of the order."""
+
+    num_samples: int
+    world_size: int
+    batch_size: int
+    drop_last: bool
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_samples", "world_size", "batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.start <= self.num_samples:
+            raise ValueError(f"start must be in [0, {self.num_samples}], got {self.start}")
+
+    @property
+    def _remaining(self) -> int:
+        return self.num_samples - self.start
+
+    @property
+    def _full_rounds(self) -> int:
+        return self._remaining // (self.batch_size * self.world_size)
+
+    @property
+    def _last_round_batch(self) -> int:
+        """Rows per rank in the incomplete last round (0 when there is none)."""
+        if self.drop_last:
+            return 0
+        rem = self._remaining - self._full_rounds * self.batch_size * self.world_size
+        return -(-rem // self.world_size)
+
+    @property
+    def batches_per_rank(self) -> int:
+        return self._full_rounds + (1 if self._last_round_batch else 0)
+
+    @property
+    def samples_per_rank(self) -> int:
+        """Rows every rank receives over the epoch (pad rows included)."""
+        return self._full_rounds * self.batch_size + self._last_round_batch
+
+    def positions(self, rank: int, k: int) -> np.ndarray:
+        """Positions in the epoch order (already wrapped) of batch k of `rank`."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        if not 0 <= k < self.batches_per_rank:
+            raise IndexError(f"batch {k} out of range: rank {rank} has {self.batches_per_rank} batches")
+        B, W = self.batch_size, self.world_size
+        if k < self._full_rounds:
+            first = self.start + (k * W + rank) * B
+            return np.arange(first, first + B, dtype=np.int64)
+        b = self._last_round_batch
+        first = self.start + self._full_rounds * B * W + rank * b
+        return np.arange(first, first + b, dtype=np.int64) % self.num_samples
+
+    def batch_ids(self, order: np.ndarray, rank: int, k: int) -> np.ndarray:
+        """Sample ids of batch k of `rank`, given the epoch's order."""
+        return order[self.positions(rank, k)]
+
+    def consumed(self, batches_done: int) -> int:
+        """Positions of the order fully dealt once every rank has taken `batches_done` batches."""
+        if not 0 <= batches_done <= self.batches_per_rank:
+            raise ValueError(f"batches_done must be in [0, {self.batches_per_rank}], got {batches_done}")
+        full = min(batches_done, self._full_rounds)
+        dealt = self.start + full * self.batch_size * self.world_size
+        if batches_done > self._full_rounds:
+            dealt = self.num_samples
+        return dealt
