@@ -1,0 +1,231 @@
+"""The loader end to end on a local Ray: delivery, determinism, bad input, shutdown."""
+from __future__ import annotations
+
+import collections
+import shutil
+import time
+
+import numpy as np
+import pytest
+import ray
+
+import raydl
+from raydl.errors import DataSourceError, LoaderError, SampleDecodeError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _pipeline(root):
+    return raydl.read_images(str(root)).decode().random_resized_crop(32).random_hflip().normalize("imagenet")
+
+
+def _epoch(it):
+    return list(it.iter_batches())
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_every_sample_once_per_epoch(ray_local, image_folder, world_size):
+    """Over all ranks an epoch delivers every sample; only pad rows repeat, and ranks get equal batch counts."""
+    n = 61
+    with _pipeline(image_folder).loader(batch_size=8, world_size=world_size, seed=3) as loader:
+        its = [loader.iterator(r) for r in range(world_size)]
+        per_rank = [_epoch(it) for it in its]
+    assert len({len(b) for b in per_rank}) == 1
+    assert all(len(b) == len(it) for b, it in zip(per_rank, its))
+    ids = np.concatenate([b["id"] for batches in per_rank for b in batches])
+    counts = collections.Counter(ids.tolist())
+    assert set(counts) == set(range(n))
+    pads = len(ids) - n
+    assert 0 <= pads < world_size
+    assert sum(c - 1 for c in counts.values()) == pads
+    for batches in per_rank:
+        for b in batches:
+            assert b["image"].shape[1:] == (3, 32, 32) and b["image"].dtype == np.float32
+            assert b["label"].dtype == np.int64 and b["id"].dtype == np.int64
+            assert len(b["key"]) == len(b["id"])
+
+
+def test_same_seed_same_ids_and_pixels_any_actor_count(ray_local, image_folder):
+    """Two loaders with one seed but different actor counts give identical ids and pixels; another epoch reshuffles."""
+    with _pipeline(image_folder).loader(batch_size=16, seed=7, num_workers=1) as a:
+        ita = a.iterator(0)
+        e0a, e1a = _epoch(ita), _epoch(ita)
+    with _pipeline(image_folder).loader(batch_size=16, seed=7, num_workers=2, threads_per_worker=1) as b:
+        e0b = _epoch(b.iterator(0))
+    for x, y in zip(e0a, e0b):
+        np.testing.assert_array_equal(x["id"], y["id"])
+        np.testing.assert_array_equal(x["image"], y["image"])
+        assert x["key"] == y["key"]
+    order0 = np.concatenate([x["id"] for x in e0a])
+    order1 = np.concatenate([x["id"] for x in e1a])
+    assert sorted(order0) == sorted(order1) and not np.array_equal(order0, order1)
+
+
+def test_keys_and_labels_follow_the_catalog(ray_local, image_folder):
+    """key is the path under the root and label the index of its sorted class folder."""
+    ds = raydl.read_images(str(image_folder)).decode().center_crop(16)
+    with ds.loader(batch_size=64, shuffle=False) as loader:
+        (batch,) = _epoch(loader.iterator(0))
+    assert batch["image"].dtype == np.uint8 and batch["image"].shape[1:] == (16, 16, 3)
+    np.testing.assert_array_equal(batch["id"], np.arange(61))
+    classes = sorted({k.split("/")[0] for k in batch["key"]})
+    assert [classes.index(k.split("/")[0]) for k in batch["key"]] == batch["label"].tolist()
+    assert batch["key"] == sorted(batch["key"])
+
+
+def test_batches_are_zero_copy_views_of_the_object_store(ray_local, image_folder):
+    """A batch's image array is a read-only view of the object store, not a private copy."""
+    with _pipeline(image_folder).loader(batch_size=8) as loader:
+        batch = next(loader.iterator(0).iter_batches())
+    assert not batch["image"].flags.writeable
+    assert not batch["image"].flags.owndata
+
+
+def test_torch_batches(ray_local, image_folder):
+    """iter_torch_batches yields tensors (converted dtype where asked) sharing the numpy layout."""
+    torch = pytest.importorskip("torch")
+    with _pipeline(image_folder).loader(batch_size=8) as loader:
+        it = loader.iterator(0)
+        batch = next(it.iter_torch_batches(dtypes=torch.float16))
+    assert batch["image"].dtype == torch.float16 and tuple(batch["image"].shape) == (8, 3, 32, 32)
+    assert batch["label"].dtype == torch.int64 and isinstance(batch["key"], list)
+
+
+def test_cuda_device(ray_local, image_folder):
+    """device='cuda' with pin_memory lands batches on the GPU."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    with _pipeline(image_folder).loader(batch_size=8) as loader:
+        batch = next(loader.iterator(0).iter_torch_batches(device="cuda", pin_memory=True))
+    assert batch["image"].is_cuda
+
+
+def test_pin_memory_without_cuda_is_a_clear_error(ray_local, image_folder):
+    """pin_memory=True without a CUDA device fails with a message saying so."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with _pipeline(image_folder).loader(batch_size=8) as loader:
+        with pytest.raises(RuntimeError, match="CUDA"):
+            next(loader.iterator(0).iter_torch_batches(pin_memory=True))
+
+
+def test_break_continues_the_same_epoch(ray_local, image_folder):
+    """Leaving iter_batches part-way and calling it again continues that epoch where it stopped."""
+    with _pipeline(image_folder).loader(batch_size=8, seed=1) as loader:
+        full = np.concatenate([b["id"] for b in _epoch(loader.iterator(0))])
+        it = loader.iterator(0)
+        first = []
+        for i, b in enumerate(it.iter_batches()):
+            first.append(b["id"])
+            if i == 2:
+                break
+        rest = [b["id"] for b in it.iter_batches()]
+    np.testing.assert_array_equal(np.concatenate(first + rest), full)
+    assert it.stats().epoch == 1
+
+
+def _folder_with_broken_files(tmp_path, shared_data):
+    """Good generated images plus real broken files from Pillow's test suite."""
+    from raydl.demo import make_images
+
+    root = tmp_path / "mixed"
+    make_images(str(root), 12, classes=2, seed=2, corrupt=0)
+    broken = ["truncated_jpeg.jpg", "truncated_image.png", "broken_data_stream.png"]
+    present = [f for f in broken if (shared_data / "pillow" / f).exists()]
+    if not present:
+        pytest.skip("Pillow's broken test images are not in ../shared/data/pillow")
+    for f in present:
+        shutil.copy(shared_data / "pillow" / f, root / "c00" / f)
+    return root, present
+
+
+def test_broken_files_are_skipped_and_counted(ray_local, tmp_path, shared_data):
+    """on_error='skip': real broken files are left out of their batches, counted, and named."""
+    root, broken = _folder_with_broken_files(tmp_path, shared_data)
+    with _pipeline(root).loader(batch_size=4, shuffle=False) as loader:
+        it = loader.iterator(0)
+        batches = _epoch(it)
+    stats = it.stats()
+    assert stats.samples_skipped == len(broken)
+    assert stats.samples_delivered == 12
+    assert sorted(u.rsplit("/", 1)[1] for u in stats.skipped_uris) == sorted(broken)
+    assert len(batches) == len(it)  # every batch keeps its place, some are shorter
+    assert sum(len(b["id"]) for b in batches) == 12
+
+
+def test_broken_file_raises_naming_it(ray_local, tmp_path, shared_data):
+    """on_error='raise': the epoch stops with SampleDecodeError naming the broken file."""
+    root, broken = _folder_with_broken_files(tmp_path, shared_data)
+    with _pipeline(root).loader(batch_size=4, shuffle=False, on_error="raise") as loader:
+        with pytest.raises(SampleDecodeError) as info:
+            _epoch(loader.iterator(0))
+    assert any(name in str(info.value) for name in broken)
+    assert info.value.uri.rsplit("/", 1)[1] in broken
+
+
+def test_missing_file_is_an_error_naming_it(ray_local, tmp_path):
+    """A file listed in the catalog but gone when read is an error naming it, even with on_error='skip'."""
+    from raydl.demo import make_images
+
+    root = tmp_path / "vanishing"
+    paths = make_images(str(root), 6, classes=2, seed=4, corrupt=0)
+    ds = _pipeline(root)
+    (root / paths[2].split(str(root) + "/")[1]).unlink()
+    with ds.loader(batch_size=3, shuffle=False) as loader:
+        with pytest.raises(DataSourceError, match=paths[2].rsplit("/", 1)[1]):
+            _epoch(loader.iterator(0))
+
+
+def test_invalid_arguments_name_the_parameter(ray_local, image_folder):
+    """Bad loader/iterator arguments raise ValueError naming the parameter, before any actor starts."""
+    ds = _pipeline(image_folder)
+    with pytest.raises(ValueError, match="batch_size"):
+        ds.loader(batch_size=0)
+    with ds.loader(batch_size=8, world_size=2) as loader:
+        with pytest.raises(ValueError, match="rank"):
+            loader.iterator(2)
+        with pytest.raises(ValueError, match="prefetch_batches"):
+            loader.iterator(0).iter_batches(prefetch_batches=0)
+    with pytest.raises(ValueError, match="shape"):
+        raydl.read_images(str(image_folder)).decode().loader(batch_size=4)
+
+
+def _wait_for_free_cpus(total: float, timeout_s: float = 10.0) -> bool:
+    """Ray returns a killed actor's CPUs asynchronously: poll, bounded in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0) == total:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_shutdown_frees_the_actors(ray_local, image_folder):
+    """shutdown() kills the actors (their CPUs come back), is idempotent, and the iterator then refuses."""
+    total = ray.cluster_resources()["CPU"]
+    assert _wait_for_free_cpus(total)  # earlier tests' actors are gone
+    loader = _pipeline(image_folder).loader(batch_size=8, num_workers=2)
+    it = loader.iterator(0)
+    next(it.iter_batches())
+    assert ray.available_resources().get("CPU", 0) == total - 2
+    loader.shutdown()
+    loader.shutdown()
+    assert _wait_for_free_cpus(total)
+    with pytest.raises(LoaderError):
+        next(it.iter_batches())
+
+
+def test_a_killed_actor_is_replaced_and_its_batches_rerun(ray_local, image_folder):
+    """Killing a loader actor mid-epoch: its batches run again on a replacement and the epoch is complete."""
+    with _pipeline(image_folder).loader(batch_size=8, seed=5, num_workers=1) as loader:
+        expected = np.concatenate([b["id"] for b in _epoch(loader.iterator(0))])
+        it = loader.iterator(0)
+        got = []
+        for i, b in enumerate(it.iter_batches()):
+            got.append(b["id"])
+            if i == 1:
+                ray.kill(loader.workers()[0].handle, no_restart=True)
+        assert it.stats().retries >= 1
+    np.testing.assert_array_equal(np.concatenate(got), expected)
