@@ -25,6 +25,9 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    cffi_modules=["raydl/native/_build_kernels.py:ffibuilder"],
+    cffi_modules=[
+        "raydl/native/_build_kernels.py:ffibuilder",
+        "raydl/native/_build_kernels.py:jpeg_ffibuilder",
+    ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -9,6 +9,7 @@ crop, resize, flip, normalize and write the batch slot.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -231,20 +232,29 @@ class SampleProgram:
         """Decode `data` and write the transformed sample into `out` (its batch slot)."""
         h, w = decode.image_size(data)
         box, flip = self.geometry(h, w, seed)
-        oh, ow = self.out_size  # type: ignore[misc]
+        scale, bias = self._affine
+        jpeg = decode.is_jpeg(data)
+        if jpeg and native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias,
+                                                 dct_scaling=self.dct_scaling):
+            return  # decoded only the region the box needs
         factor = 1
-        if self.dct_scaling and decode.is_jpeg(data):
+        if self.dct_scaling and jpeg:
+            oh, ow = self.out_size  # type: ignore[misc]
             factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow)
         img = decode.decode_rgb(data, factor=factor)
         if img.shape[0] != h or img.shape[1] != w:  # downscaled decode: map the box onto it
             sy, sx = img.shape[0] / h, img.shape[1] / w
             box = (box[0] * sx, box[1] * sy, min(box[2] * sx, img.shape[1]), min(box[3] * sy, img.shape[0]))
+        native.crop_resize_into(img, box, out, flip=flip, scale=scale, bias=bias)
+
+    @functools.cached_property
+    def _affine(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Per-channel scale and bias of the normalize stage (None, None without one)."""
         if self.normalize is None:
-            native.crop_resize_into(img, box, out, flip=flip)
-        else:
-            mean = np.asarray(self.normalize.mean, np.float32)
-            std = np.asarray(self.normalize.std, np.float32)
-            native.crop_resize_into(img, box, out, flip=flip, scale=1.0 / (255.0 * std), bias=-mean / std)
+            return None, None
+        mean = np.asarray(self.normalize.mean, np.float32)
+        std = np.asarray(self.normalize.std, np.float32)
+        return (1.0 / (255.0 * std)).astype(np.float32), (-mean / std).astype(np.float32)
 
 
 def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> SampleProgram:

@@ -18,7 +18,9 @@ from raydl.errors import NativeKernelError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["crop_resize_into", "kernel_status", "native_available"]
+__all__ = ["crop_resize_into", "jpeg_available", "jpeg_crop_resize_into", "kernel_status", "native_available"]
+
+_OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED = 0, -1, -2, -3, -4
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,6 +41,28 @@ def _load() -> tuple[Any, Any, str]:
     return _kernels.ffi, _kernels.lib, "loaded"
 
 
+@functools.lru_cache(maxsize=1)
+def _load_jpeg() -> tuple[Any, Any, str]:
+    """(ffi, lib, reason) of the region-decoding JPEG module; lib None when absent."""
+    from raydl import config
+
+    if config.native_disabled():
+        return None, None, "disabled by RAYDL_DISABLE_NATIVE=1"
+    try:
+        from raydl.native import _jpeg  # type: ignore[attr-defined]
+    except ImportError as exc:
+        return None, None, (
+            f"raydl.native._jpeg is missing ({exc}); it needs libjpeg-turbo's headers at install time "
+            "(Debian: libjpeg62-turbo-dev)"
+        )
+    return _jpeg.ffi, _jpeg.lib, "loaded"
+
+
+def jpeg_available() -> bool:
+    """True when JPEGs can be decoded region-only (libjpeg-turbo bound at install time)."""
+    return _load_jpeg()[1] is not None
+
+
 def native_available() -> bool:
     """True when the C kernels are loaded."""
     return _load()[1] is not None
@@ -47,7 +71,10 @@ def native_available() -> bool:
 def kernel_status() -> str:
     """One line saying which kernel path is in use and why."""
     ffi, lib, reason = _load()
-    return "native C kernel (cffi)" if lib is not None else f"numpy/Pillow fallback: {reason}"
+    if lib is None:
+        return f"numpy/Pillow fallback: {reason}"
+    jpeg = "region JPEG decode (libjpeg-turbo)" if jpeg_available() else f"whole-JPEG decode ({_load_jpeg()[2]})"
+    return f"native C kernel (cffi), {jpeg}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,36 +103,78 @@ def crop_resize_into(
         raise ValueError(f"src must be uint8 (H, W, 3), got {src.dtype} {src.shape}")
     if not src.flags.c_contiguous:
         src = np.ascontiguousarray(src)
-    if not out.flags.c_contiguous:
-        raise ValueError("out must be C-contiguous")
-    if out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3:
-        out_h, out_w, fmt = out.shape[0], out.shape[1], 0
-    elif out.dtype == np.float32 and out.ndim == 3 and out.shape[0] == 3:
-        out_h, out_w, fmt = out.shape[1], out.shape[2], 1
-        if scale is None or bias is None:
-            raise ValueError("float32 output needs scale and bias")
-    else:
-        raise ValueError(f"out must be uint8 (H, W, 3) or float32 (3, H, W), got {out.dtype} {out.shape}")
-
+    out_h, out_w, fmt = _out_format(out, scale, bias)
     ffi, lib, _ = _load()
     if lib is None:
         _warn_fallback()
         _crop_resize_python(src, box, out, flip=flip, scale=scale, bias=bias)
         return
-    if fmt == 1:
-        scale_c = ffi.from_buffer("float[]", np.ascontiguousarray(scale, dtype=np.float32))
-        bias_c = ffi.from_buffer("float[]", np.ascontiguousarray(bias, dtype=np.float32))
-    else:
-        scale_c = bias_c = ffi.NULL
+    scale_c, bias_c = _affine(ffi, fmt, scale, bias)
     rc = lib.raydl_crop_resize(
         ffi.from_buffer("uint8_t[]", src), src.shape[0], src.shape[1], src.strides[0],
         float(box[0]), float(box[1]), float(box[2]), float(box[3]),
         out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, ffi.from_buffer(out, require_writable=True),
     )
-    if rc != 0:
+    if rc != _OK:
         raise NativeKernelError(
             f"raydl_crop_resize failed with code {rc} (src {src.shape}, box {box}, out {out.shape})"
         )
+
+
+def jpeg_crop_resize_into(
+    data: bytes,
+    box: tuple[float, float, float, float],
+    out: np.ndarray,
+    *,
+    flip: bool,
+    scale: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    dct_scaling: bool = True,
+) -> bool:
+    """As crop_resize_into, decoding from JPEG bytes only the region the box needs.
+
+    Returns False when this path cannot take the image (module not built, CMYK
+    JPEG): decode it another way then. Raises ValueError for corrupt data.
+    """
+    ffi, lib, _ = _load_jpeg()
+    if lib is None:
+        return False
+    out_h, out_w, fmt = _out_format(out, scale, bias)
+    scale_c, bias_c = _affine(ffi, fmt, scale, bias)
+    err = ffi.new("char[]", 200)
+    rc = lib.raydl_jpeg_crop_resize(
+        ffi.from_buffer("uint8_t[]", data), len(data),
+        float(box[0]), float(box[1]), float(box[2]), float(box[3]),
+        out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, ffi.from_buffer(out, require_writable=True),
+        int(bool(dct_scaling)), err, 200,
+    )
+    if rc == _OK:
+        return True
+    if rc == _EUNSUPPORTED:
+        return False
+    if rc == _EJPEG:
+        raise ValueError(f"corrupt JPEG: {ffi.string(err).decode(errors='replace')}")
+    raise NativeKernelError(f"raydl_jpeg_crop_resize failed with code {rc} (box {box}, out {out.shape})")
+
+
+def _out_format(out: np.ndarray, scale, bias) -> tuple[int, int, int]:
+    """(out_h, out_w, format code) of a batch slot, checking its layout."""
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    if out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3:
+        return out.shape[0], out.shape[1], 0
+    if out.dtype == np.float32 and out.ndim == 3 and out.shape[0] == 3:
+        if scale is None or bias is None:
+            raise ValueError("float32 output needs scale and bias")
+        return out.shape[1], out.shape[2], 1
+    raise ValueError(f"out must be uint8 (H, W, 3) or float32 (3, H, W), got {out.dtype} {out.shape}")
+
+
+def _affine(ffi, fmt: int, scale, bias):
+    if fmt == 0:
+        return ffi.NULL, ffi.NULL
+    return (ffi.from_buffer("float[]", np.ascontiguousarray(scale, dtype=np.float32)),
+            ffi.from_buffer("float[]", np.ascontiguousarray(bias, dtype=np.float32)))
 
 
 def _crop_resize_python(src, box, out, *, flip, scale, bias) -> None:

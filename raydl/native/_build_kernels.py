@@ -1,18 +1,22 @@
-"""cffi builder for raydl's C kernels (API mode, out-of-line).
+"""cffi builders for raydl's C kernels (API mode, out-of-line).
 
-Used by setup.py (`cffi_modules`) at install time, and runnable by hand:
-`python -m raydl.native._build_kernels` builds `raydl/native/_kernels*.so` in place.
+- `ffibuilder` -> raydl.native._kernels: crop/resize/flip/normalize (always).
+- `jpeg_ffibuilder` -> raydl.native._jpeg: the same plus a libjpeg-turbo
+  decoder of only the crop's region; needs jpeglib.h (Debian
+  libjpeg62-turbo-dev). When it cannot be built raydl decodes JPEGs whole with
+  simplejpeg instead.
+
+setup.py builds both at install time (`cffi_modules`); by hand:
+`python -m raydl.native._build_kernels` builds them in place.
 """
-from pathlib import Path
-
 from cffi import FFI
 
-_HERE = Path(__file__).resolve().parent
-
-CDEF = """
+_COMMON = """
 #define RAYDL_OK 0
 #define RAYDL_EINVAL -1
 #define RAYDL_ENOMEM -2
+#define RAYDL_EJPEG -3
+#define RAYDL_EUNSUPPORTED -4
 #define RAYDL_OUT_U8_HWC 0
 #define RAYDL_OUT_F32_CHW 1
 int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
@@ -20,21 +24,36 @@ int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       int out_h, int out_w, int flip, int out_format,
                       const float *scale, const float *bias, void *dst);
 """
+_JPEG = """
+int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
+                           double box_x0, double box_y0, double box_x1, double box_y1,
+                           int out_h, int out_w, int flip, int out_format,
+                           const float *scale, const float *bias, void *dst,
+                           int dct_scaling, char *errbuf, int errbuf_len);
+"""
+# Paths relative to the project root: setup.py runs the build from there.
+_ARGS = dict(include_dirs=["raydl/native"], extra_compile_args=["-O3", "-std=gnu99"], libraries=["m"])
 
 ffibuilder = FFI()
-ffibuilder.cdef(CDEF)
-ffibuilder.set_source(
-    "raydl.native._kernels",
-    '#include "kernels.h"',
-    # Paths relative to the project root: setup.py runs the build from there.
-    sources=["raydl/native/kernels.c"],
-    include_dirs=["raydl/native"],
-    extra_compile_args=["-O3", "-std=c99"],
-    libraries=["m"],
+ffibuilder.cdef(_COMMON)
+ffibuilder.set_source("raydl.native._kernels", '#include "kernels.h"',
+                      sources=["raydl/native/kernels.c"], **_ARGS)
+
+jpeg_ffibuilder = FFI()
+jpeg_ffibuilder.cdef(_COMMON + _JPEG)
+jpeg_ffibuilder.set_source(
+    "raydl.native._jpeg", '#include "kernels.h"',
+    sources=["raydl/native/jpeg.c", "raydl/native/kernels.c"],
+    **{**_ARGS, "libraries": ["jpeg", "m"]},
 )
 
 if __name__ == "__main__":
     import os
+    from pathlib import Path
 
-    os.chdir(_HERE.parent.parent)
-    ffibuilder.compile(verbose=True)
+    os.chdir(Path(__file__).resolve().parents[2])
+    ffibuilder.compile(verbose=False)
+    try:
+        jpeg_ffibuilder.compile(verbose=False)
+    except Exception as exc:  # noqa: BLE001 - optional module
+        print(f"raydl.native._jpeg not built: {exc}")

@@ -1,0 +1,149 @@
+/* Decode only the part of a JPEG that a crop needs, then resample it.
+ *
+ * libjpeg-turbo can skip the IDCT, upsampling and colour conversion of rows
+ * above the crop (jpeg_skip_scanlines) and of columns left and right of it
+ * (jpeg_crop_scanline), stop after the last row the crop reads, and scale by
+ * 1/2, 1/4 or 1/8 in the DCT domain. What it decodes is handed to
+ * raydl_crop_resize with a margin of rows and columns around the box, so the
+ * filter sees exactly the pixels it would see in a full decode.
+ *
+ * libjpeg reports fatal errors through error_exit, which must not return:
+ * we longjmp back here and turn it into RAYDL_EJPEG with the message.
+ * Warnings (corrupt or truncated data that libjpeg patches over) are errors
+ * too, as in simplejpeg's strict mode.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+#include "kernels.h"
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char msg[JMSG_LENGTH_MAX];
+} err_mgr_t;
+
+static void on_error_exit(j_common_ptr cinfo) {
+    err_mgr_t *err = (err_mgr_t *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->msg);
+    longjmp(err->jump, 1);
+}
+
+static void on_emit_message(j_common_ptr cinfo, int level) {
+    err_mgr_t *err = (err_mgr_t *)cinfo->err;
+    if (level < 0) { /* a warning: keep the first one */
+        if (cinfo->err->num_warnings == 0) (*cinfo->err->format_message)(cinfo, err->msg);
+        cinfo->err->num_warnings++;
+    }
+}
+
+static void copy_msg(char *dst, int dst_len, const char *src) {
+    if (dst && dst_len > 0) {
+        strncpy(dst, src, (size_t)dst_len - 1);
+        dst[dst_len - 1] = '\0';
+    }
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
+                           double box_x0, double box_y0, double box_x1, double box_y1,
+                           int out_h, int out_w, int flip, int out_format,
+                           const float *scale, const float *bias, void *dst,
+                           int dct_scaling, char *errbuf, int errbuf_len) {
+    struct jpeg_decompress_struct cinfo;
+    err_mgr_t err;
+    /* volatile: these change after setjmp and are read after a longjmp */
+    uint8_t *volatile buf = NULL;
+    volatile int started = 0;
+
+    memset(&cinfo, 0, sizeof cinfo);
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error_exit;
+    err.pub.emit_message = on_emit_message;
+    err.msg[0] = '\0';
+    if (setjmp(err.jump)) {
+        copy_msg(errbuf, errbuf_len, err.msg);
+        jpeg_destroy_decompress(&cinfo);
+        free(buf);
+        return RAYDL_EJPEG;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, data, (unsigned long)len);
+    jpeg_read_header(&cinfo, TRUE);
+    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+        jpeg_destroy_decompress(&cinfo);
+        copy_msg(errbuf, errbuf_len, "CMYK/YCCK JPEG: not converted here");
+        return RAYDL_EUNSUPPORTED;
+    }
+    int full_w = (int)cinfo.image_width, full_h = (int)cinfo.image_height;
+    if (box_x0 < 0 || box_y0 < 0 || box_x1 > full_w || box_y1 > full_h || box_x1 <= box_x0 || box_y1 <= box_y0) {
+        jpeg_destroy_decompress(&cinfo);
+        copy_msg(errbuf, errbuf_len, "crop box outside the image");
+        return RAYDL_EINVAL;
+    }
+    int denom = 1;
+    if (dct_scaling) {
+        for (int d = 2; d <= 8; d *= 2)
+            if ((box_x1 - box_x0) / d >= out_w && (box_y1 - box_y0) / d >= out_h) denom = d;
+    }
+    cinfo.out_color_space = JCS_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)denom;
+    jpeg_start_decompress(&cinfo);
+    started = 1;
+
+    /* The box in the (possibly scaled) output, and the rows/columns the filter reads. */
+    int ow = (int)cinfo.output_width, oh = (int)cinfo.output_height;
+    double sx = (double)ow / full_w, sy = (double)oh / full_h;
+    double bx0 = box_x0 * sx, by0 = box_y0 * sy;
+    double bx1 = fmin(box_x1 * sx, ow), by1 = fmin(box_y1 * sy, oh);
+    double sup_x = fmax(1.0, (bx1 - bx0) / out_w), sup_y = fmax(1.0, (by1 - by0) / out_h);
+    int col0 = clampi((int)floor(bx0 - sup_x) - 1, 0, ow);
+    int col1 = clampi((int)ceil(bx1 + sup_x) + 1, 0, ow);
+    int row0 = clampi((int)floor(by0 - sup_y) - 1, 0, oh);
+    int row1 = clampi((int)ceil(by1 + sup_y) + 1, 0, oh);
+
+    JDIMENSION xoff = (JDIMENSION)col0, cw = (JDIMENSION)(col1 - col0);
+    if (cw < (JDIMENSION)ow) jpeg_crop_scanline(&cinfo, &xoff, &cw); /* widens to iMCU bounds */
+    if (row0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)row0);
+    int rows = row1 - row0;
+    size_t stride = (size_t)cinfo.output_width * 3; /* output_width == cw after cropping */
+    buf = malloc(stride * (size_t)rows);
+    if (!buf) {
+        jpeg_abort_decompress(&cinfo);
+        jpeg_destroy_decompress(&cinfo);
+        return RAYDL_ENOMEM;
+    }
+    for (int got = 0; got < rows;) {
+        JSAMPROW row = buf + stride * (size_t)got;
+        JDIMENSION n = jpeg_read_scanlines(&cinfo, &row, 1);
+        if (n == 0) {
+            copy_msg(errbuf, errbuf_len, "JPEG data ended before the crop's last row");
+            jpeg_abort_decompress(&cinfo);
+            jpeg_destroy_decompress(&cinfo);
+            free(buf);
+            return RAYDL_EJPEG;
+        }
+        got += (int)n;
+    }
+    int warned = err.pub.num_warnings > 0;
+    if (warned) copy_msg(errbuf, errbuf_len, err.msg);
+    (void)started;
+    jpeg_abort_decompress(&cinfo); /* the rows below the crop are never decoded */
+    jpeg_destroy_decompress(&cinfo);
+    if (warned) {
+        free(buf);
+        return RAYDL_EJPEG;
+    }
+    int rc = raydl_crop_resize(buf, rows, (int)cw, (int)stride,
+                               bx0 - (double)xoff, by0 - row0, bx1 - (double)xoff, by1 - row0,
+                               out_h, out_w, flip, out_format, scale, bias, dst);
+    free(buf);
+    return rc;
+}
