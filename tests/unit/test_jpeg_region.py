@@ -1,0 +1,85 @@
+"""Region-only JPEG decoding gives the pixels a full decode would."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from raydl import decode, native
+from raydl.errors import NativeKernelError
+from raydl.transforms import Decode, Normalize, RandomHFlip, RandomResizedCrop, compile_stages
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not native.jpeg_available(), reason="raydl.native._jpeg not built (no jpeglib.h)"),
+]
+
+
+def _jpeg(h: int, w: int, seed: int, *, subsampling: int = 2, mode: str = "RGB", progressive=False) -> bytes:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([(xx * (c + 1) + yy * (3 - c)) % 256 for c in range(3)], -1).astype(np.float64)
+    img += rng.normal(0, 20, img.shape)
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).convert(mode).save(
+        buf, "JPEG", quality=90, subsampling=subsampling, progressive=progressive
+    )
+    return buf.getvalue()
+
+
+def _program():
+    return compile_stages((Decode(), RandomResizedCrop(64), RandomHFlip(), Normalize.make("imagenet", None)))
+
+
+@pytest.mark.parametrize("subsampling,mode,progressive", [(2, "RGB", False), (0, "RGB", False),
+                                                         (1, "RGB", True), (2, "L", False)])
+def test_region_decode_matches_full_decode(subsampling, mode, progressive):
+    """For many random crops, decoding only the region then resampling equals full decode then resampling."""
+    prog = _program()
+    scale, bias = prog._affine
+    out = np.empty((3, 64, 64), np.float32)
+    ref = np.empty_like(out)
+    for seed in range(40):
+        data = _jpeg(97 + 13 * seed, 131 + 7 * seed, seed, subsampling=subsampling, mode=mode,
+                     progressive=progressive)
+        h, w = decode.image_size(data)
+        box, flip = prog.geometry(h, w, seed)
+        assert native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias, dct_scaling=False)
+        native.crop_resize_into(decode.decode_rgb(data), box, ref, flip=flip, scale=scale, bias=bias)
+        np.testing.assert_allclose(out, ref, atol=1e-4)
+
+
+def test_dct_scaled_region_is_close_to_full_decode():
+    """With DCT scaling on a large image the result stays close to the full-resolution path."""
+    prog = _program()
+    scale, bias = prog._affine
+    data = _jpeg(1200, 1600, 0)
+    out = np.empty((3, 64, 64), np.float32)
+    ref = np.empty_like(out)
+    box = (100.0, 50.0, 1500.0, 1150.0)
+    assert native.jpeg_crop_resize_into(data, box, out, flip=False, scale=scale, bias=bias, dct_scaling=True)
+    native.crop_resize_into(decode.decode_rgb(data), box, ref, flip=False, scale=scale, bias=bias)
+    assert np.abs(out - ref).mean() < 0.05  # in normalized units: about 3 grey levels
+
+
+def test_corrupt_and_cmyk_jpegs():
+    """Truncated data raises ValueError; CMYK is declined (False) so the caller uses Pillow."""
+    data = _jpeg(200, 300, 1)
+    out = np.empty((64, 64, 3), np.uint8)
+    with pytest.raises(ValueError, match="corrupt JPEG"):
+        native.jpeg_crop_resize_into(data[: len(data) // 2], (0, 0, 300, 200), out, flip=False)
+    with pytest.raises(ValueError, match="corrupt JPEG"):
+        native.jpeg_crop_resize_into(b"\xff\xd8\xff\xe0garbage" * 3, (0, 0, 1, 1), out, flip=False)
+    buf = io.BytesIO()
+    Image.new("CMYK", (80, 60), (10, 20, 30, 40)).save(buf, "JPEG")
+    assert native.jpeg_crop_resize_into(buf.getvalue(), (0, 0, 80, 60), out, flip=False) is False
+
+
+def test_box_outside_the_image_is_refused():
+    """A box beyond the image is an error, not an out-of-bounds read."""
+    data = _jpeg(100, 100, 2)
+    out = np.empty((64, 64, 3), np.uint8)
+    with pytest.raises(NativeKernelError, match="failed"):
+        native.jpeg_crop_resize_into(data, (0, 0, 101, 100), out, flip=False)
