@@ -5,9 +5,9 @@ This is the only module that reads environment variables.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-__all__ = ["LoaderConfig", "native_disabled"]
+__all__ = ["LoaderConfig", "load_loader_config", "native_disabled"]
 
 _ON_ERROR = ("skip", "raise")
 
@@ -51,3 +51,18 @@ class LoaderConfig:
             _positive_int("threads_per_worker", self.threads_per_worker)
         if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker >= 0):
             raise ValueError(f"cpus_per_worker must be a number >= 0, got {self.cpus_per_worker!r}")
+
+
+def load_loader_config(path: str, **overrides: object) -> LoaderConfig:
+    """A LoaderConfig from a YAML file of its fields; keyword overrides win. Unknown keys are an error."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of LoaderConfig fields, got {type(data).__name__}")
+    known = {f.name for f in fields(LoaderConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown loader settings {unknown}; known: {sorted(known)}")
+    return LoaderConfig(**{**data, **overrides})

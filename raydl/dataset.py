@@ -95,6 +95,10 @@ class Dataset:
             on_error=on_error, num_workers=num_workers, threads_per_worker=threads_per_worker,
             cpus_per_worker=cpus_per_worker, prefetch_batches=prefetch_batches,
         )
+        return self.loader_from_config(config)
+
+    def loader_from_config(self, config: LoaderConfig) -> Loader:
+        """As `loader(...)`, with the settings in a LoaderConfig (e.g. from `load_loader_config`)."""
         return Loader(self.catalog, compile_stages(self.stages), config)
 
     def __len__(self) -> int:

@@ -59,6 +59,7 @@ def main(args) -> int:
     import ray
 
     import raydl
+    from raydl.config import LoaderConfig, load_loader_config
 
     tmp = None
     root = args.dir
@@ -75,8 +76,12 @@ def main(args) -> int:
               f"({int(ray.cluster_resources().get('CPU', 0))} CPUs)", flush=True)
         ds = raydl.read_images(root).decode().random_resized_crop(224).random_hflip().normalize("imagenet")
         print(ds)
-        world_size = 2
-        with ds.loader(batch_size=args.batch_size, world_size=world_size, seed=0) as loader:
+        if args.config:
+            config = load_loader_config(args.config)
+        else:
+            config = LoaderConfig(batch_size=args.batch_size, world_size=2, seed=0)
+        world_size = config.world_size
+        with ds.loader_from_config(config) as loader:
             its = [loader.iterator(r) for r in range(world_size)]
             results: dict = {}
             threads = [threading.Thread(target=_run_rank, args=(its[r], results, r)) for r in range(world_size)]
