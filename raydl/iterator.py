@@ -78,6 +78,7 @@ class DataIterator:
         self._n = len(loader.catalog)
         self._epoch = 0
         self._next = 0  # next batch index of the current epoch
+        self._start = 0  # position in the epoch order where this epoch's plan starts (elastic resume)
         self._pending: dict[int, tuple[ray.ObjectRef, _Worker, int]] = {}  # k -> (ref, worker, attempt)
         self._rr = rank  # round-robin start, spread over ranks
         self._stats = IteratorStats(rank=rank)
@@ -87,7 +88,7 @@ class DataIterator:
     # -- plan ---------------------------------------------------------------------------
     def _plan(self) -> EpochPlan:
         c = self._config
-        return EpochPlan(self._n, c.world_size, c.batch_size, c.drop_last)
+        return EpochPlan(self._n, c.world_size, c.batch_size, c.drop_last, start=self._start)
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (the same on every rank)."""
@@ -194,6 +195,7 @@ class DataIterator:
             yield result.batch
         self._epoch += 1
         self._next = 0
+        self._start = 0
         self._stats.epoch = self._epoch
 
     def iter_torch_batches(
@@ -215,6 +217,54 @@ class DataIterator:
 
         batches = self.iter_batches(prefetch_batches=prefetch_batches, timeout_s=timeout_s)
         return torch_batches(batches, device=device, dtypes=dtypes, pin_memory=pin_memory)
+
+    # -- resume -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank stands, as plain JSON-serializable values.
+
+        Load it into an iterator of a loader built the same way to continue the
+        interrupted epoch exactly; at another world size, the rest of the epoch
+        is re-dealt (every rank must have consumed the same number of batches).
+        """
+        c = self._config
+        return {
+            "version": 1,
+            "epoch": self._epoch,
+            "batches_done": self._next,
+            "start": self._start,
+            "rank": self._rank,
+            "world_size": c.world_size,
+            "batch_size": c.batch_size,
+            "seed": c.seed,
+            "shuffle": c.shuffle,
+            "drop_last": c.drop_last,
+            "num_samples": self._n,
+            "fingerprint": self._loader.catalog.fingerprint,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (see state_dict). Mismatched data or seed is a ValueError."""
+        c = self._config
+        if state.get("version") != 1:
+            raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
+        mine = {"fingerprint": self._loader.catalog.fingerprint, "num_samples": self._n, "seed": c.seed,
+                "shuffle": c.shuffle, "drop_last": c.drop_last}
+        for key, value in mine.items():
+            if state.get(key) != value:
+                raise ValueError(f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
+                                 f"{value!r}; build the loader over the same data with the same settings")
+        old = EpochPlan(self._n, int(state["world_size"]), int(state["batch_size"]), c.drop_last,
+                        start=int(state["start"]))
+        done = int(state["batches_done"])
+        epoch, start, next_batch = int(state["epoch"]), old.start, done
+        if (int(state["world_size"]), int(state["batch_size"])) != (c.world_size, c.batch_size):
+            start, next_batch = old.consumed(done), 0  # re-deal the rest of the epoch
+            if start >= self._n or EpochPlan(self._n, c.world_size, c.batch_size, c.drop_last,
+                                             start=start).batches_per_rank == 0:
+                epoch, start = epoch + 1, 0
+        self._epoch, self._start, self._next = epoch, start, next_batch
+        self._pending.clear()
+        self._stats.epoch = epoch
 
     def stats(self) -> IteratorStats:
         """A snapshot of this rank's counters."""
