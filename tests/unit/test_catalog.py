@@ -1,0 +1,131 @@
+"""read_images lists an image folder into the catalog: ids, keys, labels, sizes, fingerprint, and its errors."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from raydl import read_images
+from raydl.catalog import IMAGE_EXTENSIONS, list_image_folder
+from raydl.errors import DataSourceError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def touch(path, data: bytes = b"x") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """root/{dog,cat,bird}/... with nested folders, mixed extensions and non-image files (contents are not decoded)."""
+    root = tmp_path / "root"
+    touch(root / "dog" / "b.jpg", b"12345")
+    touch(root / "dog" / "a.JPEG", b"1")
+    touch(root / "cat" / "z.png", b"123")
+    touch(root / "cat" / "deep" / "er" / "y.webp", b"12")
+    touch(root / "cat" / "notes.txt", b"not an image")
+    touch(root / "bird" / "x.bmp", b"1234")
+    touch(root / "bird" / "x.gif", b"gif is not listed")
+    touch(root / "empty_class" / "README", b"no images here")
+    return root
+
+
+def columns(ds):
+    t = ds.catalog.table
+    return t.column("key").to_pylist(), t.column("label").to_pylist(), t.column("size").to_pylist()
+
+
+def test_keys_labels_and_sizes(tree):
+    """Keys sorted, recursive, image extensions only (any case); labels index the sorted top-level folders."""
+    ds = read_images(str(tree))
+    keys, labels, sizes = columns(ds)
+    assert keys == ["bird/x.bmp", "cat/deep/er/y.webp", "cat/z.png", "dog/a.JPEG", "dog/b.jpg"]
+    assert ds.catalog.classes == ("bird", "cat", "dog")  # folders without images are no class
+    assert labels == [0, 1, 1, 2, 2]
+    assert sizes == [4, 2, 3, 1, 5]
+    assert len(ds) == len(ds.catalog) == 5
+    assert ds.catalog.table.column_names == ["key", "label", "size"]
+
+
+def test_sample_ids_are_rows_and_uris_name_files(tree):
+    """Sample id i is row i; the storage maps each key back to its file under root."""
+    ds = read_images(tree)  # a Path works as well as a str
+    keys, _, sizes = columns(ds)
+    for key, size in zip(keys, sizes):
+        assert os.path.getsize(ds.catalog.storage.uri(key)) == size
+    assert ds.catalog.storage.read(keys[4]) == b"12345"
+
+
+def test_labels_none_gives_minus_one_and_allows_loose_files(tree):
+    """labels=None: every label is -1, no classes, and images directly in root are fine."""
+    touch(tree / "loose.jpg")
+    ds = read_images(str(tree), labels=None)
+    keys, labels, _ = columns(ds)
+    assert "loose.jpg" in keys
+    assert set(labels) == {-1} and ds.catalog.classes == ()
+
+
+def test_only_image_extensions_are_listed(tmp_path):
+    """Exactly .jpg/.jpeg/.png/.webp/.bmp (any case) are samples; other files are ignored."""
+    assert IMAGE_EXTENSIONS == (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+    for name in ("a.jpg", "b.JPG", "c.jpeg", "d.png", "e.webp", "f.bmp", "g.gif", "h.tiff", "i.jpg.txt", "jpg"):
+        touch(tmp_path / "c" / name)
+    keys, _, _ = columns(read_images(str(tmp_path)))
+    assert keys == ["c/a.jpg", "c/b.JPG", "c/c.jpeg", "c/d.png", "c/e.webp", "c/f.bmp"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "file", "no-images"])
+def test_bad_roots_raise_data_source_error_naming_the_root(tmp_path, kind):
+    """A missing root, an empty one, a file given as root, or a root without images: DataSourceError naming it."""
+    root = tmp_path / "data"
+    if kind == "empty":
+        root.mkdir()
+    elif kind == "file":
+        touch(root)
+    elif kind == "no-images":
+        touch(root / "c" / "notes.txt")
+    with pytest.raises(DataSourceError) as info:
+        read_images(str(root))
+    assert str(root) in str(info.value)
+    assert info.value.uri == str(root)
+
+
+def test_loose_image_with_folder_labels_names_the_file(tree):
+    """labels='folder' with an image directly in root: DataSourceError naming that file."""
+    touch(tree / "stray.png")
+    with pytest.raises(DataSourceError, match="stray.png") as info:
+        read_images(str(tree))
+    assert info.value.uri == os.path.join(str(tree), "stray.png")
+
+
+def test_bad_labels_argument(tree):
+    """labels other than 'folder' or None is a ValueError."""
+    with pytest.raises(ValueError, match="labels"):
+        list_image_folder(str(tree), labels="filename")
+
+
+def test_fingerprint_is_stable_and_content_sensitive(tree, tmp_path):
+    """Same listing, same fingerprint (also from a copy elsewhere); a new, resized, renamed or moved file changes it."""
+    fp = read_images(str(tree)).catalog.fingerprint
+    assert len(fp) == 32 and int(fp, 16) >= 0
+    assert read_images(str(tree)).catalog.fingerprint == fp
+    copy = tmp_path / "copy"
+    shutil.copytree(tree, copy)
+    assert read_images(str(copy)).catalog.fingerprint == fp
+
+    seen = {fp}
+
+    def changed(step):
+        step()
+        new = read_images(str(copy)).catalog.fingerprint
+        assert new not in seen
+        seen.add(new)
+
+    changed(lambda: touch(copy / "dog" / "c.jpg"))  # a new file
+    changed(lambda: touch(copy / "dog" / "c.jpg", b"longer"))  # a size change
+    changed(lambda: os.rename(copy / "dog" / "c.jpg", copy / "dog" / "d.jpg"))  # a rename
+    changed(lambda: os.rename(copy / "dog" / "d.jpg", copy / "cat" / "d.jpg"))  # another label
+    assert read_images(str(copy), labels=None).catalog.fingerprint not in seen  # labels are content too
