@@ -32,10 +32,12 @@ class LoaderConfig:
     shuffle: bool = True
     drop_last: bool = False
     on_error: str = "skip"
-    num_workers: int | None = None
+    num_workers: int = 1
     threads_per_worker: int | None = None
     cpus_per_worker: float = 1.0
+    node_resource: str | None = None
     prefetch_batches: int = 2
+    object_store_budget: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int("batch_size", self.batch_size)
@@ -45,8 +47,11 @@ class LoaderConfig:
             raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
         if self.on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {self.on_error!r}")
-        if self.num_workers is not None:
-            _positive_int("num_workers", self.num_workers)
+        _positive_int("num_workers", self.num_workers)
+        if self.object_store_budget is not None:
+            _positive_int("object_store_budget", self.object_store_budget)
+        if self.node_resource is not None and not (isinstance(self.node_resource, str) and self.node_resource):
+            raise ValueError(f"node_resource must be a non-empty resource name, got {self.node_resource!r}")
         if self.threads_per_worker is not None:
             _positive_int("threads_per_worker", self.threads_per_worker)
         if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker >= 0):

@@ -78,22 +78,30 @@ class Dataset:
         shuffle: bool = True,
         drop_last: bool = False,
         on_error: str = "skip",
-        num_workers: int | None = None,
+        num_workers: int = 1,
         threads_per_worker: int | None = None,
         cpus_per_worker: float = 1.0,
+        node_resource: str | None = None,
         prefetch_batches: int = 2,
+        object_store_budget: int | None = None,
     ) -> Loader:
         """Start loader actors on Ray (ray.init() first if needed) and return the Loader.
 
         on_error="skip" leaves undecodable samples out of their batch and counts
         them; "raise" stops the epoch with SampleDecodeError naming the file.
-        num_workers defaults to one actor per alive node with CPUs; each decodes
-        on `threads_per_worker` threads (default: the CPUs it may run on).
+        num_workers actors start on every alive node that has cpus_per_worker
+        CPUs (and the custom resource `node_resource`, when given), and on nodes
+        that join later; each decodes on `threads_per_worker` threads (default:
+        the CPUs it may run on). Each rank keeps at most prefetch_batches batch
+        tasks in flight, fewer when the loader's batches would not fit
+        `object_store_budget` bytes (default: a quarter of the smallest node's
+        object store).
         """
         config = LoaderConfig(
             batch_size=batch_size, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
             on_error=on_error, num_workers=num_workers, threads_per_worker=threads_per_worker,
-            cpus_per_worker=cpus_per_worker, prefetch_batches=prefetch_batches,
+            cpus_per_worker=cpus_per_worker, node_resource=node_resource, prefetch_batches=prefetch_batches,
+            object_store_budget=object_store_budget,
         )
         return self.loader_from_config(config)
 

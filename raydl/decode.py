@@ -31,8 +31,11 @@ def image_size(data: bytes) -> tuple[int, int]:
             return h, w
         except ValueError:
             pass  # Pillow may still read it (e.g. some CMYK or arithmetic-coded files)
-    with Image.open(io.BytesIO(data)) as im:
-        w, h = im.size
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+    except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
+        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
     return h, w
 
 

@@ -64,3 +64,10 @@ class BatchTimeoutError(LoaderError, TimeoutError):
         super().__init__(message)
         self.rank = rank
         self.batch_index = batch_index
+
+    def __reduce__(self):  # keep the keyword-only fields across pickling (Ray)
+        return (_rebuild_timeout_error, (str(self), self.rank, self.batch_index))
+
+
+def _rebuild_timeout_error(message: str, rank: int, batch_index: int) -> BatchTimeoutError:
+    return BatchTimeoutError(message, rank=rank, batch_index=batch_index)

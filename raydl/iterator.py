@@ -21,6 +21,7 @@ import ray
 from raydl.actors.loader_worker import BatchResult, BatchTask
 from raydl.errors import BatchTimeoutError, DataSourceError, LoaderError, SampleDecodeError
 from raydl.plan import EpochPlan, augmentation_seeds, epoch_order
+from raydl.scheduling import choose_worker, prefetch_depth
 
 if TYPE_CHECKING:
     from raydl.loader import Loader, _Worker
@@ -75,12 +76,12 @@ class DataIterator:
         self._loader = loader
         self._config = loader.config
         self._rank = rank
-        self._n = len(loader.catalog)
+        self._n = loader.num_samples
         self._epoch = 0
         self._next = 0  # next batch index of the current epoch
         self._start = 0  # position in the epoch order where this epoch's plan starts (elastic resume)
         self._pending: dict[int, tuple[ray.ObjectRef, _Worker, int]] = {}  # k -> (ref, worker, attempt)
-        self._rr = rank  # round-robin start, spread over ranks
+        self._node = ray.get_runtime_context().get_node_id()
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
         self._logged: set[str] = set()
@@ -104,8 +105,10 @@ class DataIterator:
         workers = self._loader.workers()
         if not workers:
             raise LoaderError(f"rank {self._rank}: the loader has no live actors")
-        w = workers[self._rr % len(workers)]
-        self._rr += 1
+        inflight: dict[str, int] = {}
+        for _ref, pw, _a in self._pending.values():
+            inflight[pw.name] = inflight.get(pw.name, 0) + 1
+        w = workers[choose_worker([(x.name, x.node_id) for x in workers], inflight, self._node)]
         self._pending[task.index] = (w.handle.run_batch.remote(task), w, attempt)
 
     def _get(self, task_of, k: int, timeout_s: float | None) -> BatchResult:
@@ -161,13 +164,15 @@ class DataIterator:
             raise ValueError(f"prefetch_batches must be a positive int, got {prefetch_batches!r}")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        depth = prefetch_depth(depth, batch_bytes=self._loader.batch_bytes,
+                               budget_bytes=self._loader.object_store_budget, world_size=self._config.world_size)
         return self._epoch_batches(depth, timeout_s)
 
     def _epoch_batches(self, depth: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
         c = self._config
         plan = self._plan()
         order = epoch_order(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
-                            fingerprint=self._loader.catalog.fingerprint)
+                            fingerprint=self._loader.fingerprint)
         nb = plan.batches_per_rank
 
         def task_of(k: int) -> BatchTask:
@@ -177,6 +182,7 @@ class DataIterator:
         started = time.perf_counter()
         while self._next < nb:
             k = self._next
+            self._loader.refresh()  # at most every few seconds: actors for nodes that joined
             for j in range(k, min(k + depth, nb)):
                 if j not in self._pending:
                     self._submit(task_of(j))
@@ -239,7 +245,7 @@ class DataIterator:
             "shuffle": c.shuffle,
             "drop_last": c.drop_last,
             "num_samples": self._n,
-            "fingerprint": self._loader.catalog.fingerprint,
+            "fingerprint": self._loader.fingerprint,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -247,7 +253,7 @@ class DataIterator:
         c = self._config
         if state.get("version") != 1:
             raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
-        mine = {"fingerprint": self._loader.catalog.fingerprint, "num_samples": self._n, "seed": c.seed,
+        mine = {"fingerprint": self._loader.fingerprint, "num_samples": self._n, "seed": c.seed,
                 "shuffle": c.shuffle, "drop_last": c.drop_last}
         for key, value in mine.items():
             if state.get(key) != value:

@@ -1,8 +1,14 @@
 """Loader: starts and owns the loader actors, and hands out per-rank iterators.
 
 The catalog goes into the object store once and every actor maps it. Actors
-are the plain `LoaderWorker` class wrapped with `ray.remote` here, one per node
-by default, each decoding on a thread pool as wide as its node's CPUs.
+are the plain `LoaderWorker` class wrapped with `ray.remote` here and pinned
+to nodes: `num_workers` per eligible node (one with enough CPUs, and the
+`node_resource` label when one is given), each decoding on a thread pool as
+wide as its node's CPUs. Nodes that join get actors at the next refresh; a
+dead actor is replaced on the live node with the fewest.
+
+A Loader pickles into a handle (for Ray Train workers): the copy drives the
+same actors, and only the original's shutdown() kills them.
 """
 from __future__ import annotations
 
@@ -13,7 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raydl import scheduling
 from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig
@@ -27,13 +35,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Loader"]
 
-_READY_TIMEOUT_S = 120.0
+_READY_TIMEOUT_S = 60.0
+_REFRESH_S = 5.0  # how often iterators look for joined nodes
 # Concurrent batch calls per actor: enough for the next batch's samples to queue
 # on the decode pool while the current one finishes, so threads never idle.
 _ACTOR_CONCURRENCY = 4
+_DEFAULT_BUDGET_FRACTION = 0.25
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Worker:
     handle: ray.actor.ActorHandle
     node_id: str
@@ -49,74 +59,110 @@ class Loader:
 
     def __init__(self, catalog: Catalog, program: SampleProgram, config: LoaderConfig) -> None:
         program.slot_shape()  # fail before any actor starts if batches cannot have one shape
-        self.catalog = catalog
-        self.program = program
         self.config = config
+        self.program = program
+        self.num_samples = len(catalog)
+        self.fingerprint = catalog.fingerprint
+        self.root = catalog.storage.root
         self._lock = threading.Lock()
         self._closed = False
+        self._owner = True
         if not ray.is_initialized():
             ray.init(logging_level=logging.WARNING, log_to_driver=False)
+        self.batch_bytes = config.batch_size * program.dtype.itemsize * _prod(program.slot_shape())
+        self.object_store_budget = config.object_store_budget or _default_budget()
         self._catalog_ref = ray.put(catalog.table)
         self._spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker)
-        self._workers: list[_Worker] = self._start_workers()
+        self._workers: list[_Worker] = []
+        self._last_refresh = 0.0
+        self.refresh(force=True)
+        if not self._workers:
+            raise LoaderError(
+                f"no node can host a loader actor (cpus_per_worker={config.cpus_per_worker}, "
+                f"node_resource={config.node_resource!r}); nodes: {[(n.node_id[:8], n.cpus) for n in _nodes()]}"
+            )
 
     # -- actors -------------------------------------------------------------------------
-    def _num_workers(self) -> int:
-        if self.config.num_workers is not None:
-            return self.config.num_workers
-        return max(1, sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0))
+    def _eligible(self) -> list[str]:
+        c = self.config
+        return scheduling.eligible_nodes(_nodes(), cpus_per_worker=c.cpus_per_worker, node_resource=c.node_resource)
 
-    def _actor_class(self):
-        return ray.remote(LoaderWorker).options(
+    def _counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for w in self._workers:
+            counts[w.node_id] = counts.get(w.node_id, 0) + 1
+        return counts
+
+    def _start(self, node_id: str, count: int, *, soft: bool) -> list:
+        cls = ray.remote(LoaderWorker).options(
             num_cpus=self.config.cpus_per_worker,
             max_concurrency=_ACTOR_CONCURRENCY,
             max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=soft),
         )
-
-    def _start_workers(self) -> list[_Worker]:
-        n = self._num_workers()
-        need = n * self.config.cpus_per_worker
-        have = ray.cluster_resources().get("CPU", 0.0)
-        if need > have:
-            raise ValueError(
-                f"num_workers={n} x cpus_per_worker={self.config.cpus_per_worker} needs {need} CPUs, "
-                f"but the Ray cluster has {have}; lower num_workers or cpus_per_worker"
-            )
-        cls = self._actor_class()
-        handles = [cls.remote(self._spec, self._catalog_ref) for _ in range(n)]
-        return self._await_ready(handles)
+        return [cls.remote(self._spec, self._catalog_ref) for _ in range(count)]
 
     def _await_ready(self, handles: list) -> list[_Worker]:
         refs = [h.ready.remote() for h in handles]
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=_READY_TIMEOUT_S)
+        _ready, pending = ray.wait(refs, num_returns=len(refs), timeout=_READY_TIMEOUT_S)
         if pending:
             for h in handles:
-                ray.kill(h)
+                ray.kill(h, no_restart=True)
             raise LoaderError(f"{len(pending)} of {len(handles)} loader actors did not start within "
-                              f"{_READY_TIMEOUT_S:.0f} s; is the cluster short of CPUs?")
+                              f"{_READY_TIMEOUT_S:.0f} s; is the cluster short of CPUs "
+                              f"(cpus_per_worker={self.config.cpus_per_worker})?")
         infos = ray.get(refs)
         return [_Worker(h, i["node_id"], i["name"]) for h, i in zip(handles, infos)]
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Start actors on eligible nodes that have fewer than num_workers (nodes that joined)."""
+        now = time.monotonic()
+        if not force and now - self._last_refresh < _REFRESH_S:
+            return
+        self._last_refresh = now
+        with self._lock:
+            self._check_open()
+            deficit = scheduling.placement_deficit(self._eligible(), self._counts(), self.config.num_workers)
+        if not deficit:
+            return
+        handles = [h for node, k in deficit.items() for h in self._start(node, k, soft=False)]
+        new = self._await_ready(handles)
+        with self._lock:
+            if self._closed:
+                for w in new:
+                    ray.kill(w.handle, no_restart=True)
+                self._check_open()
+            self._workers.extend(new)
+        if not force:
+            logger.info("raydl: started %d loader actors on joined nodes", len(new))
 
     def workers(self) -> list[_Worker]:
         """The live workers (a snapshot)."""
         with self._lock:
-            if self._closed:
-                raise LoaderError("the loader is shut down")
+            self._check_open()
             return list(self._workers)
 
-    def replace_worker(self, dead: _Worker) -> _Worker:
-        """Start a replacement for a dead worker; returns the new one (or the one already started)."""
+    def replace_worker(self, dead: _Worker) -> None:
+        """Forget a dead worker and start its replacement on the live eligible node with the fewest actors."""
         with self._lock:
-            if self._closed:
-                raise LoaderError("the loader is shut down")
+            self._check_open()
             if dead not in self._workers:
-                return self._workers[0]
-            idx = self._workers.index(dead)
-        logger.warning("raydl: loader actor %s died; starting a replacement", dead.name)
-        new = self._await_ready([self._actor_class().remote(self._spec, self._catalog_ref)])[0]
+                return  # another rank already replaced it
+            self._workers.remove(dead)
+            alive = set(self._eligible())
+            self._workers = [w for w in self._workers if w.node_id in alive]  # actors of dead nodes too
+            node = scheduling.replacement_node(sorted(alive), self._counts())
+        logger.warning("raydl: loader actor %s died; replacing it on node %s", dead.name, node and node[:8])
+        if node is None:
+            return
+        new = self._await_ready(self._start(node, 1, soft=True))
         with self._lock:
-            self._workers[idx] = new
-        return new
+            self._check_open()
+            self._workers.extend(new)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LoaderError("the loader is shut down")
 
     # -- public -------------------------------------------------------------------------
     def iterator(self, rank: int = 0) -> DataIterator:
@@ -128,24 +174,30 @@ class Loader:
         return DataIterator(self, rank)
 
     def shutdown(self) -> None:
-        """Kill the actors and drop the loader's objects. Safe to call more than once."""
+        """Kill the actors and drop the loader's objects. Safe to call more than once.
+
+        On a copy of the loader (a handle passed to another process) this only
+        stops that copy; the original owns the actors.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             workers, self._workers = self._workers, []
+            self._catalog_ref = None
+        if not self._owner:
+            return
         for w in workers:
             try:
                 ray.kill(w.handle, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead is fine
                 pass
-        self._catalog_ref = None
         deadline = time.monotonic() + 10.0
-        while workers and time.monotonic() < deadline:  # kill is async: wait until Ray releases the CPUs
-            alive = [w for w in workers if _actor_alive(w.handle)]
-            if not alive:
-                break
-            time.sleep(0.05)
+        pending = list(workers)
+        while pending and time.monotonic() < deadline:  # kill is asynchronous: wait until they are gone
+            pending = [w for w in pending if _actor_alive(w.handle)]
+            if pending:
+                time.sleep(0.05)
 
     @property
     def closed(self) -> bool:
@@ -157,10 +209,41 @@ class Loader:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_owner"] = False
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __repr__(self) -> str:
         c = self.config
-        return (f"Loader(samples={len(self.catalog)}, batch_size={c.batch_size}, world_size={c.world_size}, "
+        return (f"Loader(samples={self.num_samples}, batch_size={c.batch_size}, world_size={c.world_size}, "
                 f"workers={len(self._workers)}, closed={self._closed})")
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _nodes() -> list[scheduling.NodeInfo]:
+    return [
+        scheduling.NodeInfo(n["NodeID"], n["Resources"].get("CPU", 0.0), dict(n["Resources"]))
+        for n in ray.nodes() if n["Alive"]
+    ]
+
+
+def _default_budget() -> int:
+    """A quarter of the smallest node's object store: batches never crowd out the training job's objects."""
+    stores = [n["Resources"].get("object_store_memory", 0) for n in ray.nodes() if n["Alive"]]
+    stores = [s for s in stores if s > 0]
+    return int(_DEFAULT_BUDGET_FRACTION * min(stores)) if stores else 1 << 30
 
 
 def _actor_alive(handle) -> bool:

@@ -36,7 +36,12 @@ NORMALIZE_PRESETS = {
 
 def _size2(name: str, size: int | tuple[int, int]) -> tuple[int, int]:
     """(height, width) from an int or a pair; positive ints only."""
-    hw = (size, size) if isinstance(size, int) and not isinstance(size, bool) else tuple(size)
+    if isinstance(size, int) and not isinstance(size, bool):
+        hw = (size, size)
+    elif isinstance(size, (tuple, list)):
+        hw = tuple(size)
+    else:
+        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
     if len(hw) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw):
         raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
     return hw  # type: ignore[return-value]
@@ -211,12 +216,7 @@ class SampleProgram:
                 x0, y0, bw, bh = x0 + left * sx, y0 + top * sy, cw * sx, ch * sy
                 lh, lw = st.size
             elif isinstance(st, Resize):
-                if isinstance(st.size, tuple):
-                    lh, lw = st.size
-                elif lh <= lw:
-                    lh, lw = st.size, int(st.size * lw / lh)
-                else:
-                    lh, lw = int(st.size * lh / lw), st.size
+                lh, lw = _resized((lh, lw), st.size)  # type: ignore[misc]
             elif isinstance(st, CenterCrop):
                 ch, cw = min(st.size[0], lh), min(st.size[1], lw)
                 top, left = int(round((lh - ch) / 2.0)), int(round((lw - cw) / 2.0))
@@ -257,6 +257,16 @@ class SampleProgram:
         return (1.0 / (255.0 * std)).astype(np.float32), (-mean / std).astype(np.float32)
 
 
+def _resized(size: tuple[int, int] | None, target: int | tuple[int, int]) -> tuple[int, int] | None:
+    """Output size after Resize(target) of an image of `size` (None: varies per image)."""
+    if isinstance(target, tuple):
+        return target
+    if size is None:
+        return None
+    h, w = size
+    return (target, int(target * w / h)) if h <= w else (int(target * h / w), target)
+
+
 def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> SampleProgram:
     """Check the order of the stages and compile them into a SampleProgram."""
     if not stages or not isinstance(stages[0], Decode):
@@ -271,7 +281,7 @@ def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> Sa
         if isinstance(st, (RandomResizedCrop, CenterCrop)):
             out_size = st.size
         elif isinstance(st, Resize):
-            out_size = st.size if isinstance(st.size, tuple) else None
+            out_size = _resized(out_size, st.size)
         elif isinstance(st, Normalize):
             normalize = st
     return SampleProgram(stages=tuple(stages[1:]), out_size=out_size, normalize=normalize,

@@ -104,6 +104,7 @@ def crop_resize_into(
     if not src.flags.c_contiguous:
         src = np.ascontiguousarray(src)
     out_h, out_w, fmt = _out_format(out, scale, bias)
+    _check_box(box, src.shape[0], src.shape[1])
     ffi, lib, _ = _load()
     if lib is None:
         _warn_fallback()
@@ -164,13 +165,23 @@ def _out_format(out: np.ndarray, scale, bias) -> tuple[int, int, int]:
     if out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3:
         return out.shape[0], out.shape[1], 0
     if out.dtype == np.float32 and out.ndim == 3 and out.shape[0] == 3:
-        if scale is None or bias is None:
-            raise ValueError("float32 output needs scale and bias")
+        for name, v in (("scale", scale), ("bias", bias)):
+            a = None if v is None else np.asarray(v, dtype=np.float32)
+            if a is None or a.shape != (3,) or not np.isfinite(a).all():
+                raise ValueError(f"float32 output needs {name} of 3 finite values (one per channel), got {v!r}")
         return out.shape[1], out.shape[2], 1
     raise ValueError(f"out must be uint8 (H, W, 3) or float32 (3, H, W), got {out.dtype} {out.shape}")
 
 
+def _check_box(box, h: int, w: int) -> None:
+    """The same rule the C kernel applies, so both paths refuse the same boxes (NaN included)."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    if not (0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h):
+        raise NativeKernelError(f"box {box} is empty or outside the {w}x{h} image")
+
+
 def _affine(ffi, fmt: int, scale, bias):
+    """C pointers to the per-channel scale and bias (checked by _out_format; NULL for uint8 output)."""
     if fmt == 0:
         return ffi.NULL, ffi.NULL
     return (ffi.from_buffer("float[]", np.ascontiguousarray(scale, dtype=np.float32)),

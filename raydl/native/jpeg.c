@@ -82,7 +82,8 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
         return RAYDL_EUNSUPPORTED;
     }
     int full_w = (int)cinfo.image_width, full_h = (int)cinfo.image_height;
-    if (box_x0 < 0 || box_y0 < 0 || box_x1 > full_w || box_y1 > full_h || box_x1 <= box_x0 || box_y1 <= box_y0) {
+    if (!(box_x0 >= 0 && box_y0 >= 0 && box_x1 <= full_w && box_y1 <= full_h && box_x1 > box_x0 &&
+          box_y1 > box_y0)) { /* NaN-proof */
         jpeg_destroy_decompress(&cinfo);
         copy_msg(errbuf, errbuf_len, "crop box outside the image");
         return RAYDL_EINVAL;

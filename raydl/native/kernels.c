@@ -89,8 +89,9 @@ int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       const float *scale, const float *bias, void *dst) {
     if (!src || !dst || src_h <= 0 || src_w <= 0 || out_h <= 0 || out_w <= 0)
         return RAYDL_EINVAL;
-    if (box_x0 < 0 || box_y0 < 0 || box_x1 > src_w || box_y1 > src_h ||
-        box_x1 <= box_x0 || box_y1 <= box_y0)
+    /* Written as what must hold, so that NaN (every comparison false) is refused too. */
+    if (!(box_x0 >= 0 && box_y0 >= 0 && box_x1 <= src_w && box_y1 <= src_h &&
+          box_x1 > box_x0 && box_y1 > box_y0))
         return RAYDL_EINVAL;
 
     coeffs_t cx, cy;

@@ -55,8 +55,8 @@ def test_loader_config_defaults_and_frozen():
     """Valid configs build with the documented defaults and cannot be changed afterwards."""
     cfg = LoaderConfig(batch_size=256)
     assert (cfg.world_size, cfg.seed, cfg.shuffle, cfg.drop_last, cfg.on_error, cfg.num_workers,
-            cfg.threads_per_worker, cfg.cpus_per_worker, cfg.prefetch_batches) == (1, 0, True, False, "skip", None,
-                                                                                   None, 1.0, 2)
+            cfg.threads_per_worker, cfg.cpus_per_worker, cfg.node_resource, cfg.prefetch_batches,
+            cfg.object_store_budget) == (1, 0, True, False, "skip", 1, None, 1.0, None, 2, None)
     LoaderConfig(batch_size=1, world_size=64, seed=2**63 - 1, on_error="raise", num_workers=3, cpus_per_worker=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.batch_size = 1  # type: ignore[misc]
@@ -98,8 +98,6 @@ def test_data_source_error_survives_pickling():
     assert (type(back), str(back), back.uri) == (errors.DataSourceError, "no root /x", "/x")
 
 
-@pytest.mark.xfail(strict=True, reason="BatchTimeoutError.__init__ takes required keyword-only rank/batch_index and "
-                   "has no __reduce__, so unpickling calls BatchTimeoutError(message) and raises TypeError")
 def test_batch_timeout_error_survives_pickling():
     """BatchTimeoutError keeps its message, rank and batch_index through pickle (e.g. out of a Ray Train worker)."""
     back = pickle.loads(pickle.dumps(errors.BatchTimeoutError("late", rank=2, batch_index=9)))

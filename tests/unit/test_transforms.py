@@ -251,8 +251,6 @@ def test_stages_validate_their_arguments(make):
         make()
 
 
-@pytest.mark.xfail(strict=True, reason="transforms._size2 calls tuple(size) on anything that is not a non-bool int, "
-                   "so True/2.5/None raise TypeError ('not iterable') instead of its ValueError")
 @pytest.mark.parametrize("size", [True, 2.5, None])
 @pytest.mark.parametrize("stage", [RandomResizedCrop, CenterCrop, Resize])
 def test_non_int_sizes_are_value_errors(stage, size):
@@ -357,3 +355,11 @@ def test_dct_scaling_matches_full_decode(stages):
         diff = np.abs(grey_levels(run(fast, data, seed), fast) - grey_levels(run(full, data, seed), full))
         assert diff.mean() < 6, (seed, diff.mean())
     assert max(factors) > 1  # the DCT path really ran
+
+
+def test_resize_after_a_fixed_size_keeps_a_fixed_size():
+    """random_resized_crop(224).resize(256) has the fixed output 256x256 (the short side of a square)."""
+    prog = compile_stages((Decode(), RandomResizedCrop(224), Resize(256)))
+    assert prog.slot_shape() == (256, 256, 3)
+    prog = compile_stages((Decode(), CenterCrop((100, 200)), Resize(50)))
+    assert prog.slot_shape() == (50, 100, 3)

@@ -1,0 +1,87 @@
+"""The contract between a peer and the runner: what a peer is given, and how it is timed.
+
+A peer calls `clock.start()` just before it constructs its loader and
+`clock.batch(images)` for each batch in hand; the runner hooks its CPU and
+memory sampler onto the start and the end of that window.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["EpochClock", "Measurement", "PeerSpec"]
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """What every peer is given: one folder, one CPU budget, one batch size."""
+
+    data: str
+    cpus: int
+    batch_size: int
+    seed: int
+    expected: int  # images in the folder; the batch that reaches it closes the clock
+
+
+@dataclass(frozen=True)
+class Measurement:
+    images: int
+    first_batch_s: float  # construction to the first batch in hand
+    steady_images: int  # images delivered after the first batch
+    steady_s: float  # first batch to last batch
+    batch_shape: tuple[int, ...]
+    batch_dtype: str
+
+    @property
+    def images_per_s(self) -> float:
+        return self.steady_images / self.steady_s if self.steady_s > 0 else 0.0
+
+
+class EpochClock:
+    """Times one epoch. The hooks let the runner sample CPU exactly at the start and end."""
+
+    def __init__(self, expected: int, on_start: Callable[[], None], on_finish: Callable[[], None]):
+        self._expected = expected
+        self._on_start, self._on_finish = on_start, on_finish
+        self._t0 = self._first = self._last = None
+        self._n = self._n_first = 0
+        self._shape: tuple[int, ...] = ()
+        self._dtype = ""
+        self._finished = False
+
+    def start(self) -> None:
+        self._on_start()
+        self._t0 = time.perf_counter()
+
+    def batch(self, images) -> None:
+        now = time.perf_counter()
+        n = int(images.shape[0])
+        if self._first is None:
+            self._first, self._n_first = now, n
+            self._shape = tuple(int(d) for d in images.shape)
+            self._dtype = str(images.dtype).removeprefix("torch.")
+        self._n += n
+        self._last = now
+        # Close at the last expected batch, before the peer tears anything down:
+        # torch's workers exit as soon as the iterator runs dry, taking their CPU times.
+        if self._n >= self._expected:
+            self.finish()
+
+    def finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._on_finish()
+
+    def result(self) -> Measurement:
+        self.finish()
+        if self._first is None:
+            raise RuntimeError("the peer delivered no batch")
+        return Measurement(
+            images=self._n,
+            first_batch_s=self._first - self._t0,
+            steady_images=self._n - self._n_first,
+            steady_s=self._last - self._first,
+            batch_shape=self._shape,
+            batch_dtype=self._dtype,
+        )

@@ -1,0 +1,190 @@
+"""Run one peer for one epoch in a fresh process and print one JSON line on stdout.
+
+    python -m raydl.bench._runner --peer torch --data DIR --cpus 2 --expected 4000
+
+A fresh process per run means no peer inherits another's warm caches, threads
+or Ray instance, and "the process tree" is exactly what the peer started: the
+runner, its torch workers, or, when it calls `ray.init()` itself, the raylet,
+GCS and Ray workers. A thread samples that tree every 0.25 s:
+
+* peak memory is the largest sum of PSS (proportional set size, so pages shared
+  between processes, such as plasma's or forked workers', count once) seen
+  while the epoch runs;
+* CPU is, per process, the largest user+system time seen minus its value when
+  the epoch started, summed over the tree, less the sampler's own CPU.
+
+Everything a library prints on stdout is sent to stderr, so stdout carries the
+JSON line alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import psutil
+
+from raydl.bench._clock import EpochClock, PeerSpec
+from raydl.bench.peers import PEERS
+
+_MIB = 1024 * 1024
+
+
+class TreeSampler:
+    """Peak PSS and CPU seconds of this process and all its descendants, over one window."""
+
+    def __init__(self, interval: float = 0.25):
+        self._root = psutil.Process()
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._state = "before"  # before -> open -> closed; nothing is recorded once closed
+        self._base: dict[psutil.Process, float] = {}  # CPU at window start; psutil hashes (pid, start time)
+        self._max: dict[psutil.Process, float] = {}
+        self._overhead = 0.0  # CPU the sampling itself cost, inside the window
+        self.peak_pss = 0
+        self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample(memory=True)
+
+    def _sample(self, *, memory: bool) -> None:
+        t0 = time.thread_time()
+        with self._lock:
+            if self._state == "closed":
+                return
+            try:
+                procs = [self._root, *self._root.children(recursive=True)]
+            except psutil.Error:
+                procs = [self._root]
+            pss = 0
+            for proc in procs:
+                try:
+                    with proc.oneshot():
+                        times = proc.cpu_times()
+                        if memory:
+                            pss += _pss(proc)
+                except psutil.Error:  # exited between listing and reading
+                    continue
+                cpu = times.user + times.system
+                if cpu > self._max.get(proc, -1.0):
+                    self._max[proc] = cpu
+                if self._state == "before":
+                    self._base[proc] = cpu
+            if self._state == "open":
+                self.peak_pss = max(self.peak_pss, pss)
+                self._overhead += time.thread_time() - t0
+
+    def open_window(self) -> None:
+        """Called just before the loader is built: the CPU baseline and the start of the peak."""
+        self._sample(memory=False)
+        with self._lock:
+            self._state = "open"
+            self.peak_pss = 0
+        self._sample(memory=True)
+
+    def close_window(self) -> None:
+        """Called at the last batch, while every process that did the work is still alive."""
+        if self._state == "open":
+            self._sample(memory=True)
+        with self._lock:
+            self._state = "closed"
+        self._stop.set()
+
+    def cpu_seconds(self) -> float:
+        with self._lock:
+            used = sum(peak - self._base.get(proc, 0.0) for proc, peak in self._max.items())
+            return max(0.0, used - self._overhead)
+
+    def overhead(self) -> float:
+        return self._overhead
+
+    def processes(self) -> int:
+        return len(self._max)
+
+
+def _pss(proc: psutil.Process) -> int:
+    try:
+        return proc.memory_full_info().pss
+    except (AttributeError, psutil.AccessDenied):  # no smaps here: RSS over-counts shared pages
+        return proc.memory_info().rss
+
+
+def _pin(cpus: int) -> list[int]:
+    """Hold the tree to `cpus` cores, so native pools (Rust, OpenMP) see the same budget."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpus < len(allowed):
+        allowed = allowed[:cpus]
+        os.sched_setaffinity(0, allowed)
+    return allowed
+
+
+def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wall: float) -> dict:
+    m = clock.result()
+    cpu = sampler.cpu_seconds()
+    row = {
+        "peer": peer, "ok": True, "images": m.images,
+        "images_per_s": m.images_per_s, "first_batch_s": m.first_batch_s,
+        "steady_images": m.steady_images, "steady_s": m.steady_s,
+        # Start-up included: what a short job sees, and what prefetch cannot flatter.
+        "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
+        "peak_pss_mib": sampler.peak_pss / _MIB, "cpu_s": cpu,
+        "cpu_s_per_image": cpu / m.images if m.images else None,
+        "batch_shape": list(m.batch_shape), "batch_dtype": m.batch_dtype,
+        "processes": sampler.processes(), "sampler_cpu_s": sampler.overhead(), "wall_s": wall,
+    }
+    # A peer that returns the wrong tensors is not doing the workload; say so loudly.
+    if peer != "ceiling" and (m.batch_shape[1:] != (3, 224, 224) or m.batch_dtype != "float32"):
+        row.update(ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, "
+                                   f"not float32 [B, 3, 224, 224]")
+    if m.images != spec.expected:
+        row["warning"] = f"delivered {m.images} images of {spec.expected}"
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m raydl.bench._runner")
+    p.add_argument("--peer", required=True, choices=sorted(PEERS))
+    p.add_argument("--data", required=True)
+    p.add_argument("--cpus", type=int, required=True)
+    p.add_argument("--expected", type=int, required=True, help="images in --data")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-pin", action="store_true", help="do not set CPU affinity")
+    args = p.parse_args(argv)
+
+    cores = list(range(os.cpu_count() or 1)) if args.no_pin else _pin(args.cpus)
+    # Native pools size themselves when first imported; these must be set before that.
+    os.environ["DATAIO_CPU_WORKERS"] = str(args.cpus)
+    os.environ["DATAGO_MAX_TASKS"] = str(args.cpus)
+    json_out = os.dup(1)
+    os.dup2(2, 1)  # Ray, Rust loggers and children print to fd 1; keep it for the JSON line
+
+    spec = PeerSpec(data=args.data, cpus=args.cpus, batch_size=args.batch_size,
+                    seed=args.seed, expected=args.expected)
+    sampler = TreeSampler()
+    clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window)
+    t0 = time.perf_counter()
+    try:
+        PEERS[args.peer](spec, clock)
+        row = _row(args.peer, spec, sampler, clock, time.perf_counter() - t0)
+    except BaseException as exc:  # noqa: BLE001 - any failure becomes a row, not a lost run
+        row = {"peer": args.peer, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sampler.close_window()
+    row["cores"] = cores
+    sys.stdout.flush()
+    os.write(json_out, (json.dumps(row) + "\n").encode())
+    return 0 if row["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

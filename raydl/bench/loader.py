@@ -1,0 +1,222 @@
+"""`raydl bench loader`: raydl against other loaders, side by side, on the same files.
+
+    raydl bench loader --data /data/in1k --compare torch,raydata,dataio,datago \\
+        --cpus 8 --rounds 3 --json bench.json --plot bench.png
+
+Every run is one epoch of the "train" workload in a fresh subprocess
+(`python -m raydl.bench._runner`), and the peers take turns, A B C A B C ..., so
+that a noisy neighbour or a warming page cache hits them all alike. Each figure
+in the table is the median over the rounds:
+
+* images/s: images after the first batch / time from the first batch to the last;
+* first batch: seconds from constructing the loader (after `ray.init`) to batch one;
+* peak PSS: the process tree's largest summed PSS while the epoch ran;
+* CPU ms/img: user+system CPU of the whole tree during the epoch, per image;
+* x raydl: the peer's images/s over raydl's.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from raydl.bench._transform import list_images
+from raydl.bench.peers import NOTES, PEERS, REQUIRES
+from raydl.bench.report import format_table, peer_versions, summarize, write_plot
+
+__all__ = ["add_parser", "main"]
+
+_COMPARABLE = [p for p in PEERS if p not in ("raydl", "ceiling")]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `loader` to a `raydl bench` subparser group."""
+    p = subparsers.add_parser(
+        "loader", help="compare raydl with other loaders on one image folder",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--data", required=True, help="image folder (DIR/class/*.jpg)")
+    p.add_argument("--workload", default="train", choices=["train"],
+                   help="train: decode, RandomResizedCrop(224), flip, normalize, float32 NCHW")
+    p.add_argument("--compare", default="torch,raydata",
+                   help=f"comma-separated peers from {','.join(_COMPARABLE)} (default: %(default)s)")
+    p.add_argument("--cpus", type=int, default=len(os.sched_getaffinity(0)),
+                   help="CPU budget of every peer (default: all usable cores)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--limit", type=int, help="use only the first N images (sorted by path)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write every round and the medians here")
+    p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
+    p.add_argument("--no-ceiling", action="store_true", help="skip the decode-only ceiling line")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin each run to --cpus cores (pinning keeps native pools in budget)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
+    p.add_argument("-v", "--verbose", action="store_true", help="show each run's own stderr")
+    p.set_defaults(func=main)
+    return p
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _missing(peer: str) -> str | None:
+    """Why a peer cannot run here, with the install line, or None."""
+    modules, hint = REQUIRES[peer]
+    absent = [m for m in modules if importlib.util.find_spec(m) is None]
+    return f"{peer} skipped: {', '.join(absent)} not installed ({hint})" if absent else None
+
+
+def _subset(files: list[str], root: str, into: Path) -> str:
+    """A folder holding only `files`, linked, so that every peer can be given a directory."""
+    for src in files:
+        dst = into / os.path.relpath(src, root)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:  # another filesystem: a symlink (every peer here follows them)
+            os.symlink(os.path.abspath(src), dst)
+    return str(into)
+
+
+def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
+    cmd = [sys.executable, "-m", "raydl.bench._runner", "--peer", peer, "--data", data,
+           "--cpus", str(args.cpus), "--expected", str(expected),
+           "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+    if args.no_pin:
+        cmd.append("--no-pin")
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # every Ray peer must start its own local instance, as a child
+    here = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    log = logdir / f"{peer}.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None if args.verbose else err,
+                                env=env, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            proc.communicate()
+            return {"peer": peer, "ok": False, "error": f"timed out after {args.timeout:.0f} s"}
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = "" if args.verbose else "".join(log.read_text().splitlines(True)[-15:])
+        return {"peer": peer, "ok": False,
+                "error": f"runner exited {proc.returncode} without a result\n{tail}"}
+    row = json.loads(lines[-1])
+    if not row.get("ok") and not args.verbose:
+        row["stderr_tail"] = "".join(log.read_text().splitlines(True)[-15:])
+    return row
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
+    except psutil.Error:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+def _progress(i: int, rounds: int, row: dict, took: float) -> None:
+    head = f"[round {i}/{rounds}] {row['peer']:<8}"
+    if row.get("ok"):
+        _log(f"{head} {row['images_per_s']:8.1f} img/s  first batch {row['first_batch_s']:6.2f} s  "
+             f"peak {row['peak_pss_mib']:7.0f} MiB  {1000 * row['cpu_s_per_image']:6.2f} CPU ms/img"
+             f"  ({took:.0f} s)" + (f"  WARNING {row['warning']}" if "warning" in row else ""))
+    else:
+        _log(f"{head} FAILED: {row.get('error', '?')}")
+        if row.get("stderr_tail"):
+            _log("    " + row["stderr_tail"].replace("\n", "\n    "))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the rounds, print the table, write --json/--plot. 0 when every peer ran at least once."""
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        _log("error: --plot needs matplotlib: pip install 'raydl[bench]'")
+        return 2
+    if args.cpus < 1 or args.rounds < 1 or args.batch_size < 1:
+        _log("error: --cpus, --rounds and --batch-size must be positive")
+        return 2
+    wanted = [p.strip() for p in args.compare.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in _COMPARABLE]
+    if unknown:
+        _log(f"error: unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
+        return 2
+    skipped = {p: why for p in ["raydl", *wanted] if (why := _missing(p))}
+    for why in skipped.values():
+        _log(why)
+    peers = [p for p in dict.fromkeys(["raydl", *wanted]) if p not in skipped]
+    if not args.no_ceiling and not _missing("ceiling"):
+        peers.append("ceiling")
+
+    files = list_images(args.data)[: args.limit]
+    if not files:
+        _log(f"error: no images under {args.data}")
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
+    try:
+        data = _subset(files, args.data, tmp / "data") if args.limit else args.data
+        _log(f"{len(files)} images, batch {args.batch_size}, {args.cpus} CPUs, "
+             f"{args.rounds} round(s) of: {' '.join(peers)}")
+        runs = []
+        for i in range(1, args.rounds + 1):
+            for peer in peers:
+                t0 = time.perf_counter()
+                row = _run_once(peer, args, data, len(files), tmp)
+                _progress(i, args.rounds, row, time.perf_counter() - t0)
+                runs.append({"round": i, **row})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    summary = summarize(peers, runs)
+    notes = [NOTES[p] for p in peers if p in NOTES] + list(skipped.values())
+    notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
+    if len(files) < 8 * args.batch_size:
+        # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.
+        notes.append(f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "
+                     f"noisy and flattered by prefetch; use >= {8 * args.batch_size} images")
+    print(format_table(summary, header=(
+        f"raydl bench loader: workload {args.workload}, {len(files)} images from {args.data}, "
+        f"batch {args.batch_size}, {args.cpus} CPUs, median of {args.rounds} round(s)")))
+    print()
+    for note in notes:
+        print(f"  * {note}")
+    if args.json:
+        report = {
+            "workload": args.workload, "data": args.data, "images": len(files),
+            "batch_size": args.batch_size, "cpus": args.cpus, "rounds": args.rounds,
+            "pinned": not args.no_pin, "peers": peers, "versions": peer_versions(),
+            "summary": summary, "runs": runs, "skipped": skipped, "notes": notes,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _log(f"wrote {args.json}")
+    if args.plot:
+        write_plot(summary, args.plot, title=f"{args.workload}: {len(files)} images, {args.cpus} CPUs")
+        _log(f"wrote {args.plot}")
+    return 0 if all(s["rounds_ok"] > 0 for s in summary) else 1
+
+
+def _cli(argv: list[str] | None = None) -> int:
+    """`python -m raydl.bench.loader ...`, for use before the `raydl` CLI wires it in."""
+    parser = argparse.ArgumentParser(prog="raydl bench")
+    add_parser(parser.add_subparsers(dest="bench", required=True))
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())

@@ -1,0 +1,243 @@
+"""One function per peer: run one epoch of the "train" workload and time it.
+
+Each `run_<peer>(spec, clock)` builds its loader from the same image folder, with
+the same CPU budget, calls `clock.start()` just before the loader (or dataset)
+is constructed, after `ray.init` for the Ray-based peers, so that Ray start-up is
+not charged to the first batch, and `clock.batch(images)` for every batch in
+hand. The function returns the clock's `Measurement`. Memory and CPU are the
+runner's business (`_runner.py`); this module only says what each peer does.
+"""
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from raydl.bench._clock import EpochClock, Measurement, PeerSpec
+from raydl.bench._transform import CROP, list_images, open_rgb, train_transform
+
+__all__ = ["NOTES", "PEERS", "REQUIRES"]
+
+
+def run_raydl(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    import ray
+
+    import raydl
+
+    ray.init(num_cpus=spec.cpus)
+    try:
+        clock.start()
+        ds = (
+            raydl.read_images(spec.data).decode().random_resized_crop(CROP)
+            .random_hflip().normalize("imagenet")
+        )
+        loader = ds.loader(batch_size=spec.batch_size, seed=spec.seed, num_workers=1,
+                           threads_per_worker=spec.cpus)
+        try:
+            for batch in loader.iterator(0).iter_batches():
+                if len(batch["id"]) != batch["image"].shape[0]:
+                    raise RuntimeError("raydl batch: len(id) != len(image)")
+                clock.batch(batch["image"])
+            return clock.result()
+        finally:
+            loader.shutdown()
+    finally:
+        ray.shutdown()
+
+
+class _FolderDataset:
+    """A map-style torch Dataset over the sorted files, decoding with PIL like ImageFolder."""
+
+    def __init__(self, root: str):
+        self.paths = list_images(root)
+        self._rng: random.Random | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        import torch
+
+        if self._rng is None:  # one stream per worker, seeded from the worker's torch seed
+            info = torch.utils.data.get_worker_info()
+            self._rng = random.Random(info.seed if info else 0)
+        out = np.empty((3, CROP, CROP), dtype=np.float32)
+        train_transform(open_rgb(self.paths[index]), self._rng, out)
+        return torch.from_numpy(out)
+
+
+def _torch_worker_init(_worker_id: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one process per CPU already; intra-op threads would oversubscribe
+
+
+def run_torch(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    import torch
+
+    clock.start()
+    loader = torch.utils.data.DataLoader(
+        _FolderDataset(spec.data), batch_size=spec.batch_size, shuffle=True,
+        num_workers=spec.cpus, worker_init_fn=_torch_worker_init,
+        generator=torch.Generator().manual_seed(spec.seed),
+    )
+    for images in loader:
+        clock.batch(images)
+    return clock.result()
+
+
+def _raydata_transform(batch: dict) -> dict:
+    rng = random.Random()
+    out = np.empty((len(batch["bytes"]), 3, CROP, CROP), dtype=np.float32)
+    for i, data in enumerate(batch["bytes"]):
+        train_transform(open_rgb(io.BytesIO(data)), rng, out[i])
+    return {"image": out}
+
+
+def run_raydata(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    import ray
+    import ray.data
+
+    ray.init(num_cpus=spec.cpus)
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        clock.start()
+        ds = ray.data.read_binary_files(
+            spec.data, include_paths=True, shuffle="files",
+            file_extensions=["jpg", "jpeg", "png", "webp", "bmp"],  # not labels.csv
+        ).map_batches(_raydata_transform, batch_format="numpy")
+        for batch in ds.iter_batches(batch_size=spec.batch_size, batch_format="numpy"):
+            clock.batch(batch["image"])
+        return clock.result()
+    finally:
+        ray.shutdown()
+
+
+def run_dataio(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    import dataio  # pool sizes come from DATAIO_CPU_WORKERS, set by the runner before import
+
+    clock.start()
+    records = [{"key": path, "image": path} for path in list_images(spec.data)]
+    pipe = dataio.pipeline(
+        dataio.slot("image").decode_image(mode="rgb")
+        .random_resized_crop(h=CROP, w=CROP, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                             interp="bilinear")
+        .hflip(prob=0.5).normalize("imagenet"),
+        dataio.batch(spec.batch_size, drop_last=False),
+    )
+    bound = pipe.bind(dataio.records(records).shuffle(seed=spec.seed))
+    with bound.run("numpy", seed=spec.seed) as loader:
+        for batch in loader:
+            clock.batch(batch["image"])
+        return clock.result()
+
+
+def _datago_transform(sample, rng: random.Random, out: np.ndarray) -> None:
+    img = sample.image.to_pil_image()
+    if img.mode != "RGB":  # datago keeps greyscale JPEGs as "L"
+        img = img.convert("RGB")
+    train_transform(img, rng, out)
+
+
+def run_datago(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    import datago  # decode threads come from DATAGO_MAX_TASKS, set by the runner
+
+    clock.start()
+    config = {
+        "source_type": "file",
+        "source_config": {"root_path": spec.data, "random_sampling": True,
+                          "rank": 0, "world_size": 1},
+        "limit": spec.expected,
+        "samples_buffer_size": 2 * spec.batch_size,
+    }
+    client = datago.DatagoClient(json.dumps(config))
+    rng = random.Random(spec.seed)
+    # datago decodes in Rust threads but has no random-resized-crop, so the crop,
+    # flip and normalise run on a thread pool (PIL's resize releases the GIL).
+    # Each sample is submitted as it arrives and a batch is handed over as soon as
+    # its last sample is done, so decode, transform and hand-over overlap.
+    pool = ThreadPoolExecutor(spec.cpus)
+    pending: deque[tuple[np.ndarray, list]] = deque()
+
+    def hand_over() -> None:
+        out, futures = pending.popleft()
+        for future in futures:
+            future.result()
+        clock.batch(out)
+
+    try:
+        while True:
+            out = np.empty((spec.batch_size, 3, CROP, CROP), dtype=np.float32)
+            futures: list = []
+            while len(futures) < spec.batch_size and (s := client.get_sample()) is not None:
+                futures.append(pool.submit(_datago_transform, s, rng, out[len(futures)]))
+                if pending and pending[0][1][-1].done():
+                    hand_over()
+            if not futures:
+                break
+            pending.append((out[:len(futures)], futures))
+        while pending:
+            hand_over()
+        return clock.result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+        client.stop()
+
+
+def run_ceiling(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    import simplejpeg
+
+    def decode(data: bytes):
+        if data[:2] == b"\xff\xd8":
+            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+        return np.asarray(open_rgb(io.BytesIO(data)))
+
+    # Bytes are read before the clock starts: the ceiling is decode alone.
+    blobs = []
+    for path in list_images(spec.data):
+        with open(path, "rb") as f:
+            blobs.append(f.read())
+    clock.start()
+    with ThreadPoolExecutor(spec.cpus) as pool:  # simplejpeg releases the GIL
+        for i in range(0, len(blobs), spec.batch_size):
+            decoded = list(pool.map(decode, blobs[i:i + spec.batch_size]))
+            clock.batch(np.empty((len(decoded), 0), dtype=np.uint8))  # only the count matters
+    return clock.result()
+
+
+PEERS: dict[str, Callable[[PeerSpec, EpochClock], Measurement]] = {
+    "raydl": run_raydl, "torch": run_torch, "raydata": run_raydata,
+    "dataio": run_dataio, "datago": run_datago, "ceiling": run_ceiling,
+}
+
+# Modules a peer needs, and what to install when one is missing.
+REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
+    "raydl": (("ray",), "pip install raydl"),
+    "torch": (("torch",), "pip install torch"),
+    "raydata": (("ray", "pandas"), "pip install 'ray[data]'"),
+    "dataio": (("dataio",), "pip install 'raydl[bench]'  (or: pip install dataio-rs)"),
+    "datago": (("datago",), "pip install 'raydl[bench]'  (or: pip install datago)"),
+    "ceiling": (("simplejpeg",), "pip install simplejpeg"),
+}
+
+# What each peer does differently from the workload; printed under the table.
+NOTES: dict[str, str] = {
+    "torch": "torch: DataLoader(shuffle=True, num_workers=cpus) + PIL full decode; crop/flip/"
+             "normalize in PIL+numpy (torchvision's RandomResizedCrop params); the main "
+             "process is one more process on top of the cpus workers.",
+    "raydata": "raydata: read_binary_files(shuffle='files') + map_batches (PIL decode, same "
+               "PIL+numpy transform, one block per task) + iter_batches re-batching to B.",
+    "dataio": "dataio: native decode + random_resized_crop(interp='bilinear') + hflip + "
+              "normalize('imagenet'), its own RNG; DATAIO_CPU_WORKERS=cpus.",
+    "datago": "datago: decodes in Rust (DATAGO_MAX_TASKS=cpus) but has no random-resized-crop "
+              "(only aspect-bucket crop+resize), so crop/flip/normalize run in a Python "
+              "thread pool of cpus threads with the PIL+numpy transform; shuffle is datago's "
+              "random_sampling (unseeded).",
+    "ceiling": "ceiling: libjpeg-turbo (simplejpeg) decode alone of bytes already in memory, "
+               "one thread per CPU; no crop, no batch; its memory includes all file bytes.",
+}

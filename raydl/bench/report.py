@@ -1,0 +1,100 @@
+"""Turn per-round rows into medians, a text table and a bar chart. Pure functions."""
+from __future__ import annotations
+
+import statistics
+from importlib import metadata
+
+__all__ = ["format_table", "peer_versions", "summarize", "write_plot"]
+
+_FIGURES = ("images_per_s", "first_batch_s", "peak_pss_mib", "cpu_s_per_image")
+
+
+def summarize(peers: list[str], runs: list[dict]) -> list[dict]:
+    """One row per peer: medians over its successful rounds, and images/s relative to raydl's."""
+    rows = []
+    for peer in peers:
+        ok = [r for r in runs if r["peer"] == peer and r.get("ok")]
+        row = {"peer": peer, "rounds_ok": len(ok),
+               "rounds": sum(1 for r in runs if r["peer"] == peer)}
+        for key in _FIGURES:
+            values = [r[key] for r in ok if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        errors = [r["error"].splitlines()[0] for r in runs if r["peer"] == peer and not r.get("ok")]
+        if errors:
+            row["errors"] = errors
+        rows.append(row)
+    base = next((r["images_per_s"] for r in rows if r["peer"] == "raydl"), None)
+    for row in rows:
+        ips = row["images_per_s"]
+        row["ratio_to_raydl"] = ips / base if ips is not None and base else None
+    return rows
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(summary: list[dict], *, header: str) -> str:
+    cols = ("peer", "images/s", "x raydl", "first batch s", "peak PSS MiB", "CPU ms/img", "ok")
+    lines = [header, ""]
+    body = []
+    for row in summary:
+        first = None if row["peer"] == "ceiling" else row["first_batch_s"]  # no loader to build
+        cpu = row["cpu_s_per_image"]
+        body.append((
+            row["peer"], _cell(row["images_per_s"], ".1f"), _cell(row["ratio_to_raydl"], ".2f"),
+            _cell(first, ".2f"), _cell(row["peak_pss_mib"], ".0f"),
+            _cell(None if cpu is None else 1000 * cpu, ".2f"),
+            f"{row['rounds_ok']}/{row['rounds']}",
+        ))
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
+    fmt_row = lambda cells: "  ".join(  # noqa: E731 - the first column left, numbers right
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    lines.append(fmt_row(cols))
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(fmt_row(b) for b in body)
+    failed = [(r["peer"], e) for r in summary for e in r.get("errors", [])]
+    lines.extend(f"  ! {peer} failed: {err}" for peer, err in failed)
+    return "\n".join(lines)
+
+
+def peer_versions() -> dict[str, str]:
+    """Installed versions of the packages the peers run on, for the JSON record."""
+    versions = {}
+    for dist in ("raydl", "ray", "torch", "numpy", "pillow", "simplejpeg", "dataio-rs", "datago"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def write_plot(summary: list[dict], path: str, *, title: str) -> None:
+    """Four bar charts side by side: one per figure, one bar per peer."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError("--plot needs matplotlib: pip install 'raydl[bench]'") from exc
+    matplotlib.use("Agg")  # no display on a training node
+    import matplotlib.pyplot as plt
+
+    panels = (("images_per_s", "images/s (higher is better)", 1.0),
+              ("first_batch_s", "time to first batch, s", 1.0),
+              ("peak_pss_mib", "peak memory (PSS), MiB", 1.0),
+              ("cpu_s_per_image", "CPU ms per image", 1000.0))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for ax, (key, label, scale) in zip(axes, panels):
+        rows = [r for r in summary if r[key] is not None
+                and not (key == "first_batch_s" and r["peer"] == "ceiling")]
+        names = [r["peer"] for r in rows]
+        values = [scale * r[key] for r in rows]
+        colors = ["tab:blue" if n == "raydl" else "tab:gray" if n == "ceiling" else "tab:orange"
+                  for n in names]
+        bars = ax.bar(names, values, color=colors)
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=9)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,70 @@
+"""Scheduling decisions as pure functions: where actors go, which actor runs a
+batch, how deep a rank may prefetch. The loader and iterator carry them out.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["NodeInfo", "choose_worker", "placement_deficit", "prefetch_depth"]
+
+# A rank keeps sending to its own node's actors until each has this many of the
+# rank's batches in flight; past that it spills to the least loaded actor anywhere.
+LOCAL_DEPTH = 2
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    cpus: float
+    resources: Mapping[str, float]
+
+
+def eligible_nodes(nodes: Sequence[NodeInfo], *, cpus_per_worker: float, node_resource: str | None) -> list[str]:
+    """Nodes that may host loader actors: enough CPUs for one, and the label when one is asked for."""
+    out = []
+    for n in nodes:
+        if node_resource is not None and n.resources.get(node_resource, 0) <= 0:
+            continue
+        if n.cpus <= 0 or n.cpus < cpus_per_worker:
+            continue
+        out.append(n.node_id)
+    return out
+
+
+def placement_deficit(eligible: Sequence[str], actors_per_node: Mapping[str, int], per_node: int) -> dict[str, int]:
+    """How many actors to start on each eligible node so that each has `per_node`."""
+    return {n: per_node - actors_per_node.get(n, 0) for n in eligible if actors_per_node.get(n, 0) < per_node}
+
+
+def replacement_node(eligible: Sequence[str], actors_per_node: Mapping[str, int]) -> str | None:
+    """Where a dead actor's replacement goes: the eligible live node with the fewest actors."""
+    if not eligible:
+        return None
+    return min(eligible, key=lambda n: (actors_per_node.get(n, 0), n))
+
+
+def choose_worker(workers: Sequence[tuple[str, str]], inflight: Mapping[str, int], my_node: str | None) -> int:
+    """Index of the worker for the next batch, from (name, node_id) pairs and this rank's in-flight counts.
+
+    Local actors first (their batches stay in this node's object store, read
+    without a copy), while each has fewer than LOCAL_DEPTH of this rank's
+    batches; then the least loaded actor anywhere. Ties go to the earlier one.
+    """
+    if not workers:
+        raise ValueError("no workers to choose from")
+    local = [i for i, (name, node) in enumerate(workers) if node == my_node and inflight.get(name, 0) < LOCAL_DEPTH]
+    pool = local or range(len(workers))
+    return min(pool, key=lambda i: (inflight.get(workers[i][0], 0), workers[i][1] != my_node, i))
+
+
+def prefetch_depth(requested: int, *, batch_bytes: int, budget_bytes: int, world_size: int) -> int:
+    """Batches a rank may have in flight so that every rank's batches fit the object-store budget.
+
+    Each rank also holds the batch it is consuming, so a rank's share pays for
+    depth + 1 batches. Never less than 1: a batch larger than the share still
+    has to be made, one at a time.
+    """
+    share = budget_bytes // max(1, world_size)
+    fits = share // max(1, batch_bytes) - 1
+    return max(1, min(requested, fits))
