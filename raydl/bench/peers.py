@@ -29,7 +29,7 @@ def run_raydl(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
     import raydl
 
-    ray.init(num_cpus=spec.cpus)
+    ray.init(address="local", num_cpus=spec.cpus)  # a fresh instance, never a `ray start` cluster
     try:
         clock.start()
         ds = (
@@ -103,7 +103,7 @@ def run_raydata(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import ray
     import ray.data
 
-    ray.init(num_cpus=spec.cpus)
+    ray.init(address="local", num_cpus=spec.cpus)  # a fresh instance, never a `ray start` cluster
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         clock.start()

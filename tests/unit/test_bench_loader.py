@@ -1,0 +1,89 @@
+"""`raydl bench loader`: the end-to-end run on a tiny folder, and its pure parts."""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from raydl.bench import loader
+from raydl.bench._transform import rrc_params, train_transform
+from raydl.bench.report import format_table, summarize
+
+
+def _tiny_folder(root, n: int = 40):
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        folder = root / f"c{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
+        pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"{i:03d}.jpg", quality=85)
+    (root / "labels.csv").write_text("not an image\n")  # listing must skip it
+    return root
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    loader.add_parser(parser.add_subparsers(dest="bench"))
+    return parser.parse_args(["loader", *argv])
+
+
+@pytest.mark.timeout(300)
+def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
+    """raydl and torch each run one epoch of 40 images and get a JSON row with images/s > 0."""
+    data = _tiny_folder(tmp_path / "data")
+    out = tmp_path / "bench.json"
+    args = _parse(["--data", str(data), "--compare", "torch", "--rounds", "1", "--cpus", "1",
+                   "--batch-size", "8", "--json", str(out)])
+    rc = loader.main(args)
+    report = json.loads(out.read_text())
+    rows = {row["peer"]: row for row in report["summary"]}
+    assert {"raydl", "torch"} <= rows.keys(), report
+    for peer in ("raydl", "torch"):
+        assert rows[peer]["images_per_s"] and rows[peer]["images_per_s"] > 0, report["runs"]
+    assert rows["raydl"]["ratio_to_raydl"] == pytest.approx(1.0)
+    assert all(r["images"] == 40 for r in report["runs"] if r["ok"]), report["runs"]
+    assert rc == 0
+
+
+@pytest.mark.timeout(10)
+def test_rrc_window_always_fits_the_image():
+    """Every crop window, including the centre-crop fallback for extreme shapes, lies inside the image."""
+    rng = random.Random(0)
+    for width, height in [(500, 375), (10, 400), (400, 10), (1, 1), (224, 224)]:
+        for _ in range(200):
+            top, left, h, w = rrc_params(width, height, rng)
+            assert 0 < h and 0 < w and 0 <= top <= height - h and 0 <= left <= width - w
+
+
+@pytest.mark.timeout(10)
+def test_train_transform_writes_a_normalized_chw_slot():
+    """A mid-grey image becomes (3, 224, 224) float32 equal to (0.5 - mean) / std per channel."""
+    out = np.zeros((3, 224, 224), np.float32)
+    train_transform(Image.new("RGB", (300, 200), (128, 128, 128)), random.Random(1), out)
+    want = (128 / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    np.testing.assert_allclose(out.mean(axis=(1, 2)), want, atol=1e-5)
+
+
+@pytest.mark.timeout(10)
+def test_summary_takes_medians_and_ratios_to_raydl():
+    """Medians skip failed rounds; each peer's images/s is divided by raydl's median."""
+    runs = [
+        {"peer": "raydl", "ok": True, "images_per_s": 100.0, "first_batch_s": 1.0,
+         "peak_pss_mib": 10.0, "cpu_s_per_image": 0.01},
+        {"peer": "raydl", "ok": True, "images_per_s": 300.0, "first_batch_s": 3.0,
+         "peak_pss_mib": 30.0, "cpu_s_per_image": 0.03},
+        {"peer": "torch", "ok": True, "images_per_s": 100.0, "first_batch_s": 2.0,
+         "peak_pss_mib": 20.0, "cpu_s_per_image": 0.02},
+        {"peer": "torch", "ok": False, "error": "boom\ntraceback"},
+    ]
+    rows = {r["peer"]: r for r in summarize(["raydl", "torch"], runs)}
+    assert rows["raydl"]["images_per_s"] == 200.0
+    assert rows["torch"]["ratio_to_raydl"] == 0.5
+    assert (rows["torch"]["rounds_ok"], rows["torch"]["rounds"]) == (1, 2)
+    table = format_table(list(rows.values()), header="h")
+    assert "torch failed: boom" in table and "1/2" in table
