@@ -46,6 +46,7 @@ class IteratorStats:
     time_to_first_batch_s: float | None = None
     elapsed_s: float = 0.0
     retries: int = 0
+    local_batches: int = 0  # made by an actor on this rank's node (read from the object store without a copy)
     skipped_uris: list[str] = field(default_factory=list, repr=False)
 
     @property
@@ -64,6 +65,7 @@ class IteratorStats:
             ("time to first batch", ttfb),
             ("consumer wait", f"{self.wait_s:.2f} s"),
             ("retried batches", str(self.retries)),
+            ("local batches", f"{self.local_batches}/{self.batches}"),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -188,7 +190,8 @@ class DataIterator:
                     self._submit(task_of(j))
             t0 = time.perf_counter()
             result = self._get(task_of, k, timeout_s)
-            del self._pending[k]
+            worker = self._pending.pop(k)[1]
+            self._stats.local_batches += worker.node_id == self._node
             now = time.perf_counter()
             self._stats.wait_s += now - t0
             if self._stats.time_to_first_batch_s is None:

@@ -74,6 +74,7 @@ class Loader:
         self._catalog_ref = ray.put(catalog.table)
         self._spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker)
         self._workers: list[_Worker] = []
+        self._lost_nodes: set[str] = set()  # nodes where an actor died; Ray may still list them alive
         self._last_refresh = 0.0
         self.refresh(force=True)
         if not self._workers:
@@ -103,6 +104,8 @@ class Loader:
         return [cls.remote(self._spec, self._catalog_ref) for _ in range(count)]
 
     def _await_ready(self, handles: list) -> list[_Worker]:
+        """The handles' workers once up. Actors that die while starting (their node went away)
+        are left out with a warning; actors still not up after the timeout are an error."""
         refs = [h.ready.remote() for h in handles]
         _ready, pending = ray.wait(refs, num_returns=len(refs), timeout=_READY_TIMEOUT_S)
         if pending:
@@ -111,8 +114,15 @@ class Loader:
             raise LoaderError(f"{len(pending)} of {len(handles)} loader actors did not start within "
                               f"{_READY_TIMEOUT_S:.0f} s; is the cluster short of CPUs "
                               f"(cpus_per_worker={self.config.cpus_per_worker})?")
-        infos = ray.get(refs)
-        return [_Worker(h, i["node_id"], i["name"]) for h, i in zip(handles, infos)]
+        out = []
+        for h, ref in zip(handles, refs):
+            try:
+                info = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                logger.warning("raydl: a loader actor died while starting: %s", exc)
+                continue
+            out.append(_Worker(h, info["node_id"], info["name"]))
+        return out
 
     def refresh(self, *, force: bool = False) -> None:
         """Start actors on eligible nodes that have fewer than num_workers (nodes that joined)."""
@@ -122,7 +132,8 @@ class Loader:
         self._last_refresh = now
         with self._lock:
             self._check_open()
-            deficit = scheduling.placement_deficit(self._eligible(), self._counts(), self.config.num_workers)
+            eligible = [n for n in self._eligible() if n not in self._lost_nodes]
+            deficit = scheduling.placement_deficit(eligible, self._counts(), self.config.num_workers)
         if not deficit:
             return
         handles = [h for node, k in deficit.items() for h in self._start(node, k, soft=False)]
@@ -149,9 +160,12 @@ class Loader:
             if dead not in self._workers:
                 return  # another rank already replaced it
             self._workers.remove(dead)
+            self._lost_nodes.add(dead.node_id)  # until it proves alive again, start nothing new there
             alive = set(self._eligible())
             self._workers = [w for w in self._workers if w.node_id in alive]  # actors of dead nodes too
-            node = scheduling.replacement_node(sorted(alive), self._counts())
+            # Prefer another node: the dead actor's node may be dying (Ray notices a lost node late).
+            others = sorted(alive - {dead.node_id}) or sorted(alive)
+            node = scheduling.replacement_node(others, self._counts())
         logger.warning("raydl: loader actor %s died; replacing it on node %s", dead.name, node and node[:8])
         if node is None:
             return

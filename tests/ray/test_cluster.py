@@ -1,0 +1,148 @@
+"""The loader on a local multi-node cluster: 3 nodes of 1 CPU, shared by the module."""
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import raydl
+from raydl.errors import BatchTimeoutError
+
+pytestmark = pytest.mark.timeout(240)
+
+N = 61  # images in the shared image_folder fixture
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two worker nodes of 1 CPU each; the driver connects to the head."""
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1, resources={"loader": 1})
+    c.add_node(num_cpus=1, resources={"loader": 1})
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _pipeline(root):
+    return raydl.read_images(str(root)).decode().random_resized_crop(32).random_hflip().normalize("imagenet")
+
+
+def _loader(root, **kw):
+    kw.setdefault("cpus_per_worker", 0.25)
+    return _pipeline(root).loader(**kw)
+
+
+def _ids(batches):
+    return np.concatenate([b["id"] for b in batches])
+
+
+def test_actors_on_every_node_and_by_label(cluster, image_folder):
+    """num_workers actors start on each node; node_resource restricts them to labelled nodes."""
+    with _loader(image_folder, batch_size=8, num_workers=2) as loader:
+        nodes = collections.Counter(w.node_id for w in loader.workers())
+    assert len(nodes) == 3 and set(nodes.values()) == {2}
+    with _loader(image_folder, batch_size=8, node_resource="loader") as loader:
+        workers = loader.workers()
+    labelled = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("loader")}
+    assert len(workers) == 2 and {w.node_id for w in workers} == labelled
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_exactly_once_and_equal_batch_counts(cluster, image_folder, world_size):
+    """drop_last=True: no sample twice and equal batch counts; drop_last=False: all samples, only pads repeat."""
+    for drop_last in (True, False):
+        with _loader(image_folder, batch_size=4, world_size=world_size, seed=9, drop_last=drop_last) as loader:
+            its = [loader.iterator(r) for r in range(world_size)]
+            per_rank = [list(it.iter_batches()) for it in its]
+        assert len({len(b) for b in per_rank}) == 1
+        ids = np.concatenate([_ids(b) for b in per_rank])
+        counts = collections.Counter(ids.tolist())
+        if drop_last:
+            assert max(counts.values()) == 1 and N - len(ids) < 4 * world_size
+        else:
+            assert set(counts) == set(range(N)) and len(ids) - N < world_size
+
+
+def test_identical_pixels_across_actor_counts(cluster, image_folder):
+    """One seed gives the same ids and pixels with 1 or 2 actors per node."""
+    runs = []
+    for per_node in (1, 2):
+        with _loader(image_folder, batch_size=8, seed=4, num_workers=per_node, world_size=2) as loader:
+            runs.append([list(loader.iterator(r).iter_batches()) for r in range(2)])
+    for rank_a, rank_b in zip(*runs):
+        for a, b in zip(rank_a, rank_b):
+            np.testing.assert_array_equal(a["id"], b["id"])
+            np.testing.assert_array_equal(a["image"], b["image"])
+
+
+def test_batches_prefer_the_ranks_own_node(cluster, image_folder):
+    """With one batch in flight, every batch is made on the driver's node (read without a copy)."""
+    with _loader(image_folder, batch_size=8, prefetch_batches=1) as loader:
+        it = loader.iterator(0)
+        list(it.iter_batches())
+    assert it.stats().local_batches == it.stats().batches == len(it)
+
+
+def test_timeout_names_rank_and_batch_and_the_epoch_goes_on(cluster, image_folder):
+    """A batch that misses timeout_s raises BatchTimeoutError naming rank and batch; the next call continues."""
+    with _loader(image_folder, batch_size=8, seed=6) as loader:
+        expected = _ids(list(loader.iterator(0).iter_batches()))
+        it = loader.iterator(0)
+        with pytest.raises(BatchTimeoutError, match=r"rank 0: batch 0") as info:
+            next(it.iter_batches(timeout_s=1e-4))
+        assert isinstance(info.value, TimeoutError) and info.value.batch_index == 0
+        got = _ids(list(it.iter_batches(timeout_s=60)))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_keyboard_interrupt_leaves_no_actors(cluster, image_folder):
+    """Ctrl-C inside the with-block: the loader's actors are killed and their CPUs come back."""
+    total = ray.cluster_resources()["CPU"]
+    with pytest.raises(KeyboardInterrupt):
+        with _loader(image_folder, batch_size=8, cpus_per_worker=1) as loader:
+            for _ in loader.iterator(0).iter_batches():
+                raise KeyboardInterrupt
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU", 0) < total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU", 0) == total
+
+
+def test_an_epoch_survives_a_removed_node_and_follows_a_joined_one(cluster, image_folder):
+    """Killing a node mid-epoch: its batches rerun elsewhere, every sample arrives as planned; a joined node gets actors."""
+    # Actors only on the two labelled worker nodes, so the killed one surely holds batches in flight.
+    # Batches of > 100 KiB live in the object store of the node that made them (smaller ones are
+    # inlined into the reply), so the killed node takes unfetched batches with it.
+    ds = raydl.read_images(str(image_folder)).decode().random_resized_crop(128).normalize("imagenet")
+    with ds.loader(batch_size=4, seed=8, world_size=2, node_resource="loader", cpus_per_worker=0.25) as loader:
+        expected = [_ids(list(loader.iterator(r).iter_batches())) for r in range(2)]
+        its = [loader.iterator(r) for r in range(2)]
+        got: list[list] = [[], []]
+        gens = [it.iter_batches(prefetch_batches=4) for it in its]
+        victim = None
+        for step in range(len(its[0])):
+            for r in range(2):
+                got[r].append(next(gens[r])["id"])
+            if step == 1:
+                # A node holding batches that rank 0 has asked for but not fetched yet.
+                busy = {w.node_id for _ref, w, _attempt in its[0]._pending.values()}
+                victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
+                cluster.remove_node(victim, allow_graceful=False)
+        for r in range(2):
+            np.testing.assert_array_equal(np.concatenate(got[r]), expected[r])
+        assert sum(it.stats().retries for it in its) >= 1
+        workers = loader.workers()
+        assert len(workers) == 2 and all(w.node_id != victim.node_id for w in workers)
+        joined = cluster.add_node(num_cpus=1, resources={"loader": 1})
+        cluster.wait_for_nodes()
+        loader.refresh(force=True)
+        assert joined.node_id in {w.node_id for w in loader.workers()}

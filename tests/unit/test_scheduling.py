@@ -1,0 +1,63 @@
+"""Scheduling policies as pure functions: placement, locality, spill, prefetch under a budget."""
+from __future__ import annotations
+
+import pytest
+
+from raydl.scheduling import (
+    LOCAL_DEPTH,
+    NodeInfo,
+    choose_worker,
+    eligible_nodes,
+    placement_deficit,
+    prefetch_depth,
+    replacement_node,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_eligible_nodes_need_cpus_and_the_label():
+    """Nodes without enough CPUs, or without the asked-for resource label, get no actors."""
+    nodes = [NodeInfo("a", 4, {"CPU": 4}), NodeInfo("b", 0, {}), NodeInfo("c", 1, {"CPU": 1, "loader": 1}),
+             NodeInfo("d", 0.5, {"CPU": 0.5})]
+    assert eligible_nodes(nodes, cpus_per_worker=1, node_resource=None) == ["a", "c"]
+    assert eligible_nodes(nodes, cpus_per_worker=0.5, node_resource=None) == ["a", "c", "d"]
+    assert eligible_nodes(nodes, cpus_per_worker=1, node_resource="loader") == ["c"]
+
+
+def test_placement_fills_every_node_to_its_quota():
+    """Each eligible node is brought up to num_workers actors; full nodes are left alone."""
+    assert placement_deficit(["a", "b", "c"], {"a": 2, "b": 1}, 2) == {"b": 1, "c": 2}
+    assert placement_deficit(["a"], {"a": 3}, 2) == {}
+
+
+def test_replacement_goes_to_the_least_loaded_live_node():
+    """A dead actor's replacement starts on the live node with the fewest actors (ties by id)."""
+    assert replacement_node(["a", "b", "c"], {"a": 2, "b": 1, "c": 1}) == "b"
+    assert replacement_node([], {}) is None
+
+
+def test_local_workers_first_then_spill_to_the_least_loaded():
+    """A rank uses its node's actors until each holds LOCAL_DEPTH of its batches, then the least loaded anywhere."""
+    workers = [("w0", "n0"), ("w1", "n1"), ("w2", "n1")]
+    assert choose_worker(workers, {}, "n1") == 1
+    assert choose_worker(workers, {"w1": 1}, "n1") == 2
+    busy = {"w1": LOCAL_DEPTH, "w2": LOCAL_DEPTH}
+    assert choose_worker(workers, busy, "n1") == 0  # spill to the idle remote actor
+    assert choose_worker(workers, {"w0": 5, **busy}, "n1") == 1  # all busy: least loaded, local wins ties
+    assert choose_worker(workers, {}, "elsewhere") == 0
+    with pytest.raises(ValueError):
+        choose_worker([], {}, "n0")
+
+
+def test_prefetch_depth_fits_the_budget():
+    """In-flight batches plus the one being consumed fit each rank's share of the budget, never below 1."""
+    mb = 1 << 20
+    assert prefetch_depth(4, batch_bytes=10 * mb, budget_bytes=1000 * mb, world_size=1) == 4
+    assert prefetch_depth(4, batch_bytes=10 * mb, budget_bytes=40 * mb, world_size=1) == 3
+    assert prefetch_depth(4, batch_bytes=10 * mb, budget_bytes=40 * mb, world_size=2) == 1
+    assert prefetch_depth(4, batch_bytes=100 * mb, budget_bytes=40 * mb, world_size=1) == 1
+    for ws in (1, 2, 4, 8):
+        for budget in (10, 50, 100, 400):
+            d = prefetch_depth(8, batch_bytes=7 * mb, budget_bytes=budget * mb, world_size=ws)
+            assert d == 1 or (d + 1) * 7 * ws <= budget
