@@ -146,3 +146,22 @@ def test_an_epoch_survives_a_removed_node_and_follows_a_joined_one(cluster, imag
         cluster.wait_for_nodes()
         loader.refresh(force=True)
         assert joined.node_id in {w.node_id for w in loader.workers()}
+
+
+def test_ray_train_workers_share_one_loader(cluster, image_folder, tmp_path):
+    """The examples/ray_train.py job: 2 TorchTrainer workers, each with its rank's iterator, cover every sample."""
+    pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "ray_train.py"
+    spec = importlib.util.spec_from_file_location("raydl_example_ray_train", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    summaries = example.run(str(image_folder), workers=2, epochs=2, storage=str(tmp_path))
+    assert sorted((s["rank"], s["epoch"]) for s in summaries) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for epoch in (0, 1):
+        per_rank = [s for s in summaries if s["epoch"] == epoch]
+        assert len({s["batches"] for s in per_rank}) == 1
+        ids = [i for s in per_rank for i in s["ids"]]
+        assert set(ids) == set(range(N)) and len(ids) - N < 2
