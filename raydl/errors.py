@@ -4,10 +4,11 @@
     ├── DataSourceError        a root, file or object cannot be listed or read (names it)
     │   └── SampleDecodeError  a sample's bytes cannot be decoded (names the file)
     ├── NativeKernelError      a C kernel returned an error code
+    ├── FabricError            a libfabric call failed (-FI_E...; names the call, the peer)
     └── LoaderError            the loader's actors failed (names the rank, batch or actor)
         └── BatchTimeoutError  a batch did not arrive in time (also a TimeoutError)
 
-Lower-level errors (OSError, PIL, Ray) are translated at the boundary with
+Lower-level errors (OSError, PIL, Ray, libfabric) are translated at the boundary with
 `raise ... from exc`, so the original stays in `__cause__`.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 __all__ = [
     "BatchTimeoutError",
     "DataSourceError",
+    "FabricError",
     "LoaderError",
     "NativeKernelError",
     "RaydlError",
@@ -51,6 +53,24 @@ def _rebuild_decode_error(message: str, uri: str, sample_id: int | None) -> Samp
 
 class NativeKernelError(RaydlError):
     """A native kernel reported an error."""
+
+
+class FabricError(RaydlError):
+    """A libfabric call failed: `call` is the function, `code` the positive
+    FI_E... errno (0 when not from libfabric, e.g. a timeout), `strerror` fi_strerror's text."""
+
+    def __init__(self, message: str, *, call: str, code: int = 0, strerror: str = "") -> None:
+        super().__init__(message)
+        self.call = call
+        self.code = code
+        self.strerror = strerror
+
+    def __reduce__(self):  # keep the keyword-only fields across pickling (Ray)
+        return (_rebuild_fabric_error, (str(self), self.call, self.code, self.strerror))
+
+
+def _rebuild_fabric_error(message: str, call: str, code: int, strerror: str) -> FabricError:
+    return FabricError(message, call=call, code=code, strerror=strerror)
 
 
 class LoaderError(RaydlError):
