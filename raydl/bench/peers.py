@@ -29,7 +29,8 @@ def run_raydl(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
     import raydl
 
-    ray.init(address="local", num_cpus=spec.cpus)  # a fresh instance, never a `ray start` cluster
+    # A fresh instance (never a `ray start` cluster); no dashboard, whose processes would eat the CPU budget.
+    ray.init(address="local", num_cpus=spec.cpus, include_dashboard=False, logging_level="ERROR")
     try:
         clock.start()
         ds = (
@@ -103,7 +104,8 @@ def run_raydata(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import ray
     import ray.data
 
-    ray.init(address="local", num_cpus=spec.cpus)  # a fresh instance, never a `ray start` cluster
+    # A fresh instance (never a `ray start` cluster); no dashboard, whose processes would eat the CPU budget.
+    ray.init(address="local", num_cpus=spec.cpus, include_dashboard=False, logging_level="ERROR")
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         clock.start()
