@@ -28,6 +28,7 @@ setup(
     cffi_modules=[
         "raydl/native/_build_kernels.py:ffibuilder",
         "raydl/native/_build_kernels.py:jpeg_ffibuilder",
+        "raydl/native/_build_pyfi.py:ffibuilder",
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

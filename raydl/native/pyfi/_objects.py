@@ -1,0 +1,442 @@
+"""Small Python objects over libfabric's: Fabric, Domain, CompletionQueue,
+AddressVector, Endpoint, MemoryRegion (and InfoList, fi_getinfo's answer).
+
+Each owns one fid. `close()` is idempotent and closes first whatever depends
+on the object, newest first (an endpoint before the queue it is bound to, a
+domain's regions and endpoints before the domain), so closing a Fabric closes
+the whole tree in reverse order of creation. Every object is a context
+manager, and `__del__` closes what a caller forgot. Every negative -FI_E...
+return raises raydl.errors.FabricError naming the call.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from raydl.errors import FabricError
+from raydl.native.pyfi._buffers import Span, as_span
+from raydl.native.pyfi._lib import api_version, check, load
+
+EP_TYPES = {0: "FI_EP_UNSPEC", 1: "FI_EP_MSG", 2: "FI_EP_DGRAM", 3: "FI_EP_RDM",
+            4: "FI_EP_SOCK_STREAM", 5: "FI_EP_SOCK_DGRAM"}
+PROGRESS = {0: "unspec", 1: "auto", 2: "manual"}
+MR_MODE_BITS = ("FI_MR_LOCAL", "FI_MR_RAW", "FI_MR_VIRT_ADDR", "FI_MR_ALLOCATED", "FI_MR_PROV_KEY",
+                "FI_MR_MMU_NOTIFY", "FI_MR_RMA_EVENT", "FI_MR_ENDPOINT", "FI_MR_HMEM", "FI_MR_COLLECTIVE")
+
+
+def rma_caps() -> int:
+    """What pyfi needs of a provider: one-sided reads and writes, both sides."""
+    _, lib = load()
+    return lib.FI_RMA | lib.FI_READ | lib.FI_WRITE | lib.FI_REMOTE_READ | lib.FI_REMOTE_WRITE
+
+
+def supported_mr_mode() -> int:
+    """mr_mode bits pyfi handles: it registers every local buffer and passes its
+    descriptor (LOCAL), sends base addresses (VIRT_ADDR), reads keys back (PROV_KEY),
+    and only registers allocated memory (ALLOCATED). Not handled: ENDPOINT
+    (fi_mr_bind), RAW (keys over 64 bits), MMU_NOTIFY, RMA_EVENT, HMEM."""
+    _, lib = load()
+    return lib.FI_MR_LOCAL | lib.FI_MR_VIRT_ADDR | lib.FI_MR_ALLOCATED | lib.FI_MR_PROV_KEY
+
+
+def supported_mode() -> int:
+    """Mode bits pyfi honours: every operation's context is a struct fi_context2."""
+    _, lib = load()
+    return lib.FI_CONTEXT | lib.FI_CONTEXT2
+
+
+def decode_mr_mode(bits: int) -> tuple[str, ...]:
+    _, lib = load()
+    return tuple(name for name in MR_MODE_BITS if bits & getattr(lib, name))
+
+
+def _text(ffi: Any, ptr: Any) -> str:
+    return ffi.string(ptr).decode(errors="replace") if ptr != ffi.NULL else ""
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """A Python snapshot of one fi_info entry."""
+
+    provider: str
+    fabric: str
+    domain: str
+    ep_type: str
+    caps: int
+    mode: int
+    mr_mode: tuple[str, ...]
+    mr_mode_bits: int
+    mr_key_size: int
+    max_msg_size: int
+    data_progress: str
+    addr_format: int
+    api_version: str
+
+
+class InfoList:
+    """fi_getinfo's answer (a linked list), freed with fi_freeinfo on close."""
+
+    def __init__(self, head: Any) -> None:
+        self._head = head
+        self._entries = []
+        ffi, _ = load()
+        node = head
+        while node != ffi.NULL:
+            self._entries.append(node)
+            node = node.next
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, i: int) -> Any:
+        """The i-th `struct fi_info *` (valid until close())."""
+        return self._entries[i]
+
+    def snapshots(self) -> list[ProviderInfo]:
+        return [snapshot(entry) for entry in self._entries]
+
+    def close(self) -> None:
+        if self._head is not None:
+            _, lib = load()
+            lib.fi_freeinfo(self._head)
+            self._head, self._entries = None, []
+
+    def __enter__(self) -> InfoList:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def snapshot(entry: Any) -> ProviderInfo:
+    ffi, lib = load()
+    dom, fab, ep = entry.domain_attr, entry.fabric_attr, entry.ep_attr
+    api = fab.api_version
+    return ProviderInfo(
+        provider=_text(ffi, fab.prov_name), fabric=_text(ffi, fab.name), domain=_text(ffi, dom.name),
+        ep_type=EP_TYPES.get(int(ep.type), str(int(ep.type))), caps=int(entry.caps), mode=int(entry.mode),
+        mr_mode=decode_mr_mode(dom.mr_mode), mr_mode_bits=int(dom.mr_mode),
+        mr_key_size=int(dom.mr_key_size), max_msg_size=int(ep.max_msg_size),
+        data_progress=PROGRESS.get(int(dom.data_progress), str(int(dom.data_progress))),
+        addr_format=int(entry.addr_format), api_version=f"{api >> 16}.{api & 0xFFFF}",
+    )
+
+
+def getinfo(provider: str | None = None, *, node: str | None = None, service: str | None = None,
+            source: bool = False, caps: int | None = None, ep_rdm: bool = True,
+            mr_mode: int | None = None, mode: int | None = None) -> InfoList:
+    """fi_getinfo with pyfi's hints: RMA caps, an RDM endpoint, the mr_mode and
+    mode bits pyfi supports (each overridable). `source=True` passes FI_SOURCE so
+    node/service name the local address to listen on."""
+    ffi, lib = load()
+    hints = lib.fi_allocinfo()
+    if hints == ffi.NULL:
+        raise FabricError("fi_allocinfo failed: out of memory", call="fi_allocinfo")
+    try:
+        hints.caps = rma_caps() if caps is None else caps
+        hints.mode = supported_mode() if mode is None else mode
+        if ep_rdm:
+            hints.ep_attr.type = lib.FI_EP_RDM
+        hints.domain_attr.mr_mode = supported_mr_mode() if mr_mode is None else mr_mode
+        check(lib.pyfi_set_prov_name(hints, provider.encode() if provider else ffi.NULL), "strdup")
+        out = ffi.new("struct fi_info **")
+        rc = lib.fi_getinfo(api_version(), node.encode() if node else ffi.NULL,
+                            service.encode() if service else ffi.NULL,
+                            lib.FI_SOURCE if source else 0, hints, out)
+        check(rc, "fi_getinfo", detail=f"provider {provider or 'any'}"
+              + (f", node {node}:{service or '*'}" if node or service else ""))
+        return InfoList(out[0])
+    finally:
+        lib.fi_freeinfo(hints)
+
+
+class _Fid:
+    """One libfabric object; `close()` closes its dependents first, newest first."""
+
+    kind = "fid"
+
+    def __init__(self, ptr: Any, parents: tuple[_Fid, ...] = ()) -> None:
+        self._ptr = ptr
+        self._dependents: list[_Fid] = []
+        self._parents = parents
+        for parent in parents:
+            parent._dependents.append(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    @property
+    def ptr(self) -> Any:
+        if self._ptr is None:
+            raise FabricError(f"{self.kind} is closed", call=self.kind, code=9, strerror="closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr is None:
+            return
+        for child in reversed(list(self._dependents)):
+            child.close()
+        ffi, lib = load()
+        ptr, self._ptr = self._ptr, None
+        for parent in self._parents:
+            if self in parent._dependents:
+                parent._dependents.remove(self)
+        check(lib.fi_close(ffi.cast("struct fid *", ptr)), f"fi_close({self.kind})")
+        self._after_close()
+
+    def _after_close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - best effort at collection or shutdown
+            pass
+
+
+class Fabric(_Fid):
+    """fi_fabric over an fi_info entry's fabric attributes."""
+
+    kind = "fabric"
+
+    def __init__(self, entry: Any) -> None:
+        ffi, lib = load()
+        out = ffi.new("struct fid_fabric **")
+        check(lib.fi_fabric(entry.fabric_attr, out, ffi.NULL), "fi_fabric")
+        super().__init__(out[0])
+
+    def domain(self, entry: Any) -> Domain:
+        return Domain(self, entry)
+
+
+class Domain(_Fid):
+    """fi_domain; remembers the mr_mode and key size the provider returned."""
+
+    kind = "domain"
+
+    def __init__(self, fabric: Fabric, entry: Any) -> None:
+        ffi, lib = load()
+        out = ffi.new("struct fid_domain **")
+        check(lib.fi_domain(fabric.ptr, entry, out, ffi.NULL), "fi_domain")
+        super().__init__(out[0], (fabric,))
+        self.info = snapshot(entry)
+        self.mr_mode = self.info.mr_mode_bits
+
+    def cq(self, size: int = 0, *, wait: bool = False) -> CompletionQueue:
+        return CompletionQueue(self, size, wait=wait)
+
+    def av(self, count: int = 0) -> AddressVector:
+        return AddressVector(self, count)
+
+    def endpoint(self, entry: Any, *, cq: CompletionQueue, av: AddressVector) -> Endpoint:
+        return Endpoint(self, entry, cq=cq, av=av)
+
+    def register(self, buf: Any, *, access: int, key: int | None = None) -> MemoryRegion:
+        return MemoryRegion(self, buf, access=access, key=key)
+
+    def random_key(self) -> int:
+        """An unpredictable key of the domain's key size (at most 64 bits)."""
+        bits = 8 * min(self.info.mr_key_size or 8, 8)
+        return secrets.randbits(bits)
+
+
+@dataclass(frozen=True)
+class CompletionError:
+    """One fi_cq_readerr entry."""
+
+    context: int
+    code: int
+    prov_errno: int
+    text: str
+
+
+class CompletionQueue(_Fid):
+    """fi_cq_open in context format.
+
+    With `wait=True` it asks for a wait object (FI_WAIT_UNSPEC) so `wait()` can
+    block in fi_cq_sread until the provider sees activity, which for tcp and
+    sockets also drives their progress: an idle server then costs no CPU.
+    Providers without wait objects get a polled queue (`waitable` False)."""
+
+    kind = "cq"
+
+    def __init__(self, domain: Domain, size: int = 0, *, wait: bool = False) -> None:
+        ffi, lib = load()
+        attr = ffi.new("struct fi_cq_attr *")
+        attr.size = size
+        attr.format = lib.FI_CQ_FORMAT_CONTEXT
+        attr.wait_obj = lib.FI_WAIT_UNSPEC if wait else lib.FI_WAIT_NONE
+        out = ffi.new("struct fid_cq **")
+        rc = lib.fi_cq_open(domain.ptr, attr, out, ffi.NULL)
+        if wait and rc < 0:  # no wait objects here: fall back to a polled queue
+            attr.wait_obj = lib.FI_WAIT_NONE
+            rc = lib.fi_cq_open(domain.ptr, attr, out, ffi.NULL)
+            wait = False
+        check(rc, "fi_cq_open")
+        super().__init__(out[0], (domain,))
+        self.waitable = wait
+        self._entries = ffi.new("struct fi_cq_entry[]", 64)
+
+    def poll(self, *, timeout_s: float = 0.0, spin: int = 0,
+             sleep_us: int = 0) -> tuple[list[int], list[CompletionError]]:
+        """Completed operations' contexts (as integers) and error completions.
+
+        Waits up to timeout_s for the first one (polling in C, GIL released),
+        sleeping sleep_us between polls after `spin` back-to-back polls; polling
+        is also what drives a manual-progress provider's transfers."""
+        _, lib = load()
+        rc = lib.pyfi_cq_wait(self.ptr, self._entries, len(self._entries),
+                              int(timeout_s * 1e6), spin, sleep_us)
+        return self._completions(rc, "fi_cq_read")
+
+    def wait(self, timeout_s: float) -> tuple[list[int], list[CompletionError]]:
+        """Like poll(), blocking in fi_cq_sread (a waitable queue only); a
+        provider that turns out not to support it makes the queue polled."""
+        _, lib = load()
+        if not self.waitable:
+            return self.poll(timeout_s=timeout_s, sleep_us=50)
+        rc = lib.fi_cq_sread(self.ptr, self._entries, len(self._entries), load()[0].NULL,
+                             max(1, int(timeout_s * 1000)))
+        if rc in (-lib.FI_ENOSYS, -lib.FI_EOPNOTSUPP):
+            self.waitable = False
+            return [], []
+        if rc == -lib.FI_ETIMEDOUT:
+            return [], []
+        return self._completions(rc, "fi_cq_sread")
+
+    def _completions(self, rc: int, call: str) -> tuple[list[int], list[CompletionError]]:
+        ffi, lib = load()
+        if rc == -lib.FI_EAGAIN:
+            return [], []
+        if rc == -lib.FI_EAVAIL:
+            return [], self._read_errors()
+        check(rc, call)
+        return [int(ffi.cast("uintptr_t", self._entries[i].op_context)) for i in range(rc)], []
+
+    def _read_errors(self) -> list[CompletionError]:
+        ffi, lib = load()
+        errors = []
+        for _ in range(64):
+            err = ffi.new("struct fi_cq_err_entry *")
+            rc = lib.fi_cq_readerr(self.ptr, err, 0)
+            if rc == -lib.FI_EAGAIN or rc == 0:
+                break
+            check(rc, "fi_cq_readerr")
+            buf = ffi.new("char[]", 256)
+            text = lib.fi_cq_strerror(self.ptr, err.prov_errno, err.err_data, buf, len(buf))
+            errors.append(CompletionError(
+                context=int(ffi.cast("uintptr_t", err.op_context)), code=int(err.err),
+                prov_errno=int(err.prov_errno), text=_text(ffi, text) if text != ffi.NULL else ""))
+        return errors
+
+
+class AddressVector(_Fid):
+    """fi_av_open (table); `insert(raw)` returns the peer's fi_addr_t."""
+
+    kind = "av"
+
+    def __init__(self, domain: Domain, count: int = 0) -> None:
+        ffi, lib = load()
+        attr = ffi.new("struct fi_av_attr *")
+        attr.type = lib.FI_AV_UNSPEC  # the provider's choice; pyfi only keeps the fi_addr_t
+        attr.count = count
+        out = ffi.new("struct fid_av **")
+        check(lib.fi_av_open(domain.ptr, attr, out, ffi.NULL), "fi_av_open")
+        super().__init__(out[0], (domain,))
+
+    def insert(self, raw: bytes, *, peer: str | None = None) -> int:
+        ffi, lib = load()
+        addr = ffi.new("fi_addr_t *")
+        rc = lib.fi_av_insert(self.ptr, raw, 1, addr, 0, ffi.NULL)
+        check(rc, "fi_av_insert", peer=peer)
+        if rc != 1:
+            raise FabricError(f"fi_av_insert inserted {rc} of 1 address (peer {peer})",
+                              call="fi_av_insert", code=22, strerror="address not inserted")
+        return int(addr[0])
+
+
+class Endpoint(_Fid):
+    """An RDM endpoint bound to a CQ (transmit and receive) and an AV, enabled."""
+
+    kind = "ep"
+
+    def __init__(self, domain: Domain, entry: Any, *, cq: CompletionQueue, av: AddressVector) -> None:
+        ffi, lib = load()
+        out = ffi.new("struct fid_ep **")
+        check(lib.fi_endpoint(domain.ptr, entry, out, ffi.NULL), "fi_endpoint")
+        # Closing the cq, the av or the domain closes the endpoint first.
+        super().__init__(out[0], (domain, cq, av))
+        try:
+            check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", av.ptr), 0), "fi_ep_bind(av)")
+            check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", cq.ptr),
+                                 lib.FI_TRANSMIT | lib.FI_RECV), "fi_ep_bind(cq)")
+            check(lib.fi_enable(self.ptr), "fi_enable")
+        except BaseException:
+            self.close()
+            raise
+
+    def name(self) -> bytes:
+        """fi_getname: the raw address peers insert into their AV."""
+        ffi, lib = load()
+        size = ffi.new("size_t *", 64)
+        buf = ffi.new("char[]", 64)
+        rc = lib.fi_getname(ffi.cast("struct fid *", self.ptr), buf, size)
+        if rc == -lib.FI_ETOOSMALL:
+            buf = ffi.new("char[]", size[0])
+            rc = lib.fi_getname(ffi.cast("struct fid *", self.ptr), buf, size)
+        check(rc, "fi_getname")
+        return bytes(ffi.buffer(buf, size[0]))
+
+
+class MemoryRegion(_Fid):
+    """fi_mr_reg over caller-owned memory (see _buffers.as_span).
+
+    `key` is what a peer presents: the provider's (FI_MR_PROV_KEY), else the one
+    requested, random when not given. `base` is what a peer adds offsets to: the
+    buffer's virtual address under FI_MR_VIRT_ADDR, else 0 (offsets)."""
+
+    kind = "mr"
+
+    def __init__(self, domain: Domain, buf: Any, *, access: int, key: int | None = None) -> None:
+        ffi, lib = load()
+        writable = bool(access & (lib.FI_READ | lib.FI_REMOTE_WRITE | lib.FI_RECV))
+        self._owns_span = not isinstance(buf, Span)
+        self.span: Span = as_span(buf, writable=writable) if self._owns_span else buf
+        prov_key = bool(domain.mr_mode & lib.FI_MR_PROV_KEY)
+        requested = 0 if prov_key else (domain.random_key() if key is None else key)
+        out = ffi.new("struct fid_mr **")
+        try:
+            check(lib.fi_mr_reg(domain.ptr, self.span.ptr, self.span.nbytes, access, 0, requested, 0,
+                                out, ffi.NULL), "fi_mr_reg",
+                  detail=f"{self.span.nbytes} bytes" + ("" if prov_key else f", key {requested:#x}"))
+        except BaseException:
+            self._after_close()
+            raise
+        super().__init__(out[0], (domain,))
+        self.key = int(lib.fi_mr_key(self.ptr))
+        self.desc = lib.fi_mr_desc(self.ptr)
+        self.base = self.span.address if domain.mr_mode & lib.FI_MR_VIRT_ADDR else 0
+        self.size = self.span.nbytes
+
+    def _after_close(self) -> None:
+        if self._owns_span:
+            self.span.release()
+
+
+__all__ = ["AddressVector", "CompletionError", "CompletionQueue", "Domain", "Endpoint", "Fabric",
+           "InfoList", "MemoryRegion", "ProviderInfo", "decode_mr_mode", "getinfo",
+           "rma_caps", "snapshot", "supported_mode", "supported_mr_mode"]
