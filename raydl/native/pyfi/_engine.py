@@ -379,9 +379,11 @@ class Connection:
                     if progress is not None:
                         progress(done)
                 elif now - last_progress > timeout:
+                    stuck = (f"{len(inflight)} in flight" if inflight else
+                             "the provider kept answering -FI_EAGAIN: is the peer gone?")
                     raise FabricError(
-                        f"{call} from {self.peer} timed out: no completion in {timeout:g} s "
-                        f"({done} of {size} bytes done, {len(inflight)} in flight)",
+                        f"{call} (peer {self.peer}) timed out: no completion in {timeout:g} s "
+                        f"({done} of {size} bytes done; {stuck})",
                         call=call, code=errno.ETIMEDOUT, strerror=os.strerror(errno.ETIMEDOUT))
         except BaseException:
             # Operations may still be in flight into caller memory: close the
