@@ -70,3 +70,19 @@ def test_env_provider_is_used_by_serve(monkeypatch):
     monkeypatch.setenv("RAYDL_FABRIC_PROVIDER", "sockets")
     with pyfi.serve(bytearray(64)) as server:
         assert server.address.provider == "sockets"
+
+
+def test_env_provider_that_does_not_fit_makes_fabric_unavailable():
+    """RAYDL_FABRIC_PROVIDER naming a provider that does not fit: available() is False and the reason names it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "from raydl.native import pyfi; print(pyfi.available()); print(pyfi.unavailable_reason())"
+    env = {**os.environ, "RAYDL_FABRIC_PROVIDER": "no-such-provider",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("RAYDL_DISABLE_FABRIC", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=50, check=True).stdout
+    assert out.startswith("False\n") and "RAYDL_FABRIC_PROVIDER=no-such-provider does not fit" in out

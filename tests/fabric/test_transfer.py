@@ -237,3 +237,16 @@ def test_a_forged_key_is_refused(provider):
         with pyfi.connect(forged) as conn, pytest.raises(FabricError) as info:
             conn.read_into(bytearray(100), timeout=5.0)
     assert info.value.call == "fi_read"
+
+
+def test_a_server_nobody_closed_is_closed_when_collected(provider):
+    """Dropping the last reference to a Server stops its serving thread and revokes the region."""
+    import gc
+    import threading
+
+    server = pyfi.serve(bytearray(4096), provider=provider)
+    name = f"pyfi-serve {server.address.peer}"
+    assert any(t.name == name for t in threading.enumerate())
+    del server
+    gc.collect()
+    assert not any(t.name == name for t in threading.enumerate())

@@ -21,7 +21,8 @@ says why and what to install.
 from __future__ import annotations
 
 from raydl.native.pyfi._engine import Connection, FabricAddress, Server, connect, serve
-from raydl.native.pyfi._lib import unavailable_reason, version_string
+from raydl.native.pyfi import _lib, _probe
+from raydl.native.pyfi._lib import version_string
 from raydl.native.pyfi._objects import (AddressVector, CompletionQueue, Domain, Endpoint, Fabric,
                                         MemoryRegion, ProviderInfo, getinfo)
 from raydl.native.pyfi._probe import KNOWN_PROVIDERS, ProviderFit, choose_provider, diagnose, info
@@ -53,13 +54,19 @@ __all__ = [
 
 
 def available() -> bool:
-    """True when the libfabric bindings load (not whether a provider fits: see diagnose())."""
+    """True when transfers can run here: the bindings load and a provider fits
+    (RAYDL_FABRIC_PROVIDER's, else one of KNOWN_PROVIDERS). Checked once per process."""
     return unavailable_reason() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why available() is False (what is missing, what to install), or None."""
+    return _lib.unavailable_reason() or _probe.no_fit_reason()
 
 
 def format_diagnosis(fits: list[ProviderFit] | None = None) -> str:
     """diagnose()'s answer as the text `raydl fabric-info` prints."""
-    reason = unavailable_reason()
+    reason = _lib.unavailable_reason()
     if reason is not None:
         return f"libfabric: unavailable: {reason}\nCheckpoint transfer will use the Ray object store."
     fits = diagnose() if fits is None else fits
@@ -85,7 +92,6 @@ def format_diagnosis(fits: list[ProviderFit] | None = None) -> str:
 def fabric_info_main(args: object = None) -> int:
     """`raydl fabric-info`: print the diagnosis; 0 when some provider fits."""
     del args  # no options yet
-    reason = unavailable_reason()
-    fits = [] if reason is not None else diagnose()
-    print(format_diagnosis(fits if reason is None else None))
+    fits = [] if _lib.unavailable_reason() is not None else diagnose()
+    print(format_diagnosis(fits))
     return 0 if any(f.fits for f in fits) else 1

@@ -14,6 +14,7 @@ a peer that stops answering raises FabricError naming it, never a hang.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import mmap
 import os
@@ -43,7 +44,7 @@ _SERVE_SLICE_S = 0.05          # how often the thread checks for close()
 # (measured: no faster with fi_cq_sread, and sleeping leaves cores to others).
 _CLIENT_SPIN = 200
 _CLIENT_SLEEP_US = 20
-_MAX_EAGAIN = 1_000_000        # consecutive -FI_EAGAIN posts before giving up
+_MAX_EAGAIN = 100_000          # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,17 @@ def _parse_bind(bind: str | None) -> tuple[str | None, str | None]:
     return host, (None if port in ("", "0") else port)
 
 
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class _Stack:
     """fabric -> domain -> cq, av -> enabled RDM endpoint, for one provider."""
 
@@ -121,6 +133,8 @@ class Server:
     def __init__(self, span: Span, *, provider: str, bind: str | None, writable: bool,
                  on_close: Callable[[], None]) -> None:
         _, lib = load()
+        self._closed = True           # until serving: a half-built Server's __del__ does nothing
+        self._lock = threading.Lock()
         host, service = _parse_bind(bind)
         self._on_close = on_close
         self._stack = _Stack(provider, host=host, service=service)
@@ -135,22 +149,12 @@ class Server:
             self._stack.close()
             raise
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name=f"pyfi-serve {self.address.peer}",
-                                        daemon=True)
-        self._closed = False
-        self._lock = threading.Lock()
+        # The thread gets only what it polls, not the Server, so a Server
+        # nobody closed can still be collected (and __del__ closes it).
+        self._thread = threading.Thread(target=_serve_loop, name=f"pyfi-serve {self.address.peer}", daemon=True,
+                                        args=(self._stack.cq, self._stop, self.address.peer))
         self._thread.start()
-
-    def _serve(self) -> None:
-        cq = self._stack.cq
-        while not self._stop.is_set():
-            try:
-                _, errors = cq.wait(_SERVE_SLICE_S)
-            except FabricError as exc:  # the queue itself failed: stop serving, say why
-                logger.error("pyfi server %s stopped: %s", self.address.peer, exc)
-                return
-            for err in errors:
-                logger.warning("pyfi server %s: completion error %s", self.address.peer, err.text)
+        self._closed = False
 
     def close(self) -> None:
         """Stop serving and revoke the region (idempotent)."""
@@ -184,6 +188,17 @@ class Server:
 
     def __reduce__(self):
         raise TypeError("a pyfi Server holds registered memory and cannot be pickled; send .address")
+
+
+def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str) -> None:
+    while not stop.is_set():
+        try:
+            _, errors = cq.wait(_SERVE_SLICE_S)
+        except FabricError as exc:  # the queue itself failed: stop serving, say why
+            logger.error("pyfi server %s stopped: %s", peer, exc)
+            return
+        for err in errors:
+            logger.warning("pyfi server %s: completion error %s", peer, err.text)
 
 
 def serve(buffer_or_path: Any, *, bind: str | None = "127.0.0.1:0", provider: str | None = None,
@@ -243,8 +258,11 @@ class Connection:
         self.address = address
         self.peer = address.peer
         self._lock = threading.Lock()
-        self._stack: _Stack | None = _Stack(address.provider, host=address.host, service=None,
-                                            fabric_name=address.fabric)
+        self._stack: _Stack | None = None
+        # A loopback server is only reachable from loopback: bind there too.
+        # Otherwise the provider's default interface, on the server's fabric.
+        host = address.host if _is_loopback(address.host) else None
+        self._stack = _Stack(address.provider, host=host, service=None, fabric_name=address.fabric)
         try:
             self._fi_addr = self._stack.av.insert(address.raw, peer=self.peer)
         except BaseException:
@@ -347,6 +365,7 @@ class Connection:
         inflight: dict[int, int] = {}         # slot -> chunk length
         chunks = [(pos, min(chunk_size, size - pos)) for pos in range(0, size, chunk_size)]
         posted = done = eagain = 0
+        busy = False
         last_progress = time.monotonic()
         try:
             while done < size:
@@ -354,7 +373,8 @@ class Connection:
                     pos, length = chunks[posted]
                     slot = free[-1]
                     rc = self._post(call, stack, local, pos, offset + pos, length, slots + slot)
-                    if rc == -lib.FI_EAGAIN:   # queue full or still connecting: reap, then retry
+                    busy = rc == -lib.FI_EAGAIN
+                    if busy:   # queue full, or rxm still connecting: progress, then retry
                         eagain += 1
                         if eagain > _MAX_EAGAIN:
                             raise fabric_error(call, rc, peer=self.peer,
@@ -365,8 +385,9 @@ class Connection:
                     free.pop()
                     inflight[slot] = length
                     posted += 1
-                finished, errors = stack.cq.poll(timeout_s=0.05 if inflight else 0.0,
-                                                 spin=_CLIENT_SPIN, sleep_us=_CLIENT_SLEEP_US)
+                wait_s = 0.05 if inflight else (0.001 if busy else 0.0)
+                finished, errors = stack.cq.poll(timeout_s=wait_s, spin=_CLIENT_SPIN,
+                                                 sleep_us=_CLIENT_SLEEP_US)
                 if errors:
                     raise self._completion_error(call, errors[0], len(errors))
                 for ctx in finished:
@@ -388,7 +409,10 @@ class Connection:
         except BaseException:
             # Operations may still be in flight into caller memory: close the
             # endpoint (cancelling them) before that memory is deregistered.
-            self.close()
+            try:
+                self.close()
+            except FabricError as exc:
+                logger.warning("pyfi: closing the connection to %s after a failure: %s", self.peer, exc)
             raise
         finally:
             local.close()

@@ -109,8 +109,30 @@ def _enodata() -> int:
 
 
 @functools.lru_cache(maxsize=1)
+def _diagnosis() -> tuple[ProviderFit, ...]:
+    return tuple(diagnose())
+
+
 def _fits() -> tuple[str, ...]:
-    return tuple(fit.provider for fit in diagnose() if fit.fits)
+    return tuple(fit.provider for fit in _diagnosis() if fit.fits)
+
+
+def no_fit_reason() -> str | None:
+    """Why no provider can be used (the bindings loaded), or None when one can:
+    RAYDL_FABRIC_PROVIDER's provider must fit; else one of KNOWN_PROVIDERS."""
+    env_provider = fabric_env().provider
+    if env_provider:
+        (fit,) = _diagnose_cached(env_provider)
+        return None if fit.fits else f"RAYDL_FABRIC_PROVIDER={env_provider} does not fit here: {fit.reason}"
+    if _fits():
+        return None
+    return "no RMA-capable libfabric provider fits here: " + "; ".join(
+        f"{fit.provider}: {fit.reason}" for fit in _diagnosis())
+
+
+@functools.lru_cache(maxsize=8)
+def _diagnose_cached(provider: str) -> tuple[ProviderFit, ...]:
+    return tuple(diagnose((provider,)))
 
 
 def choose_provider(provider: str | None = None, *, env_provider: str | None = None,
