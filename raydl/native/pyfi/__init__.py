@@ -11,7 +11,9 @@ Layers, bottom up (see README.md beside this file):
     _lib      loads the compiled module; -FI_E... -> raydl.errors.FabricError
     _objects  Fabric, Domain, CompletionQueue, AddressVector, Endpoint, MemoryRegion
     _probe    info(), diagnose(), the provider choice
-    _engine   serve() / Server, connect() / Connection
+    _stack    FabricAddress and the stack both ends open
+    _server   serve() / Server: register a region, serve it from a thread
+    _client   connect() / Connection: pipelined reads (and writes)
     _bench    raw_read_rate()
 
 Importing pyfi never fails: without libfabric (or its compiled module, or
@@ -20,12 +22,14 @@ says why and what to install.
 """
 from __future__ import annotations
 
-from raydl.native.pyfi._engine import Connection, FabricAddress, Server, connect, serve
 from raydl.native.pyfi import _lib, _probe
+from raydl.native.pyfi._client import Connection, connect
 from raydl.native.pyfi._lib import version_string
 from raydl.native.pyfi._objects import (AddressVector, CompletionQueue, Domain, Endpoint, Fabric,
                                         MemoryRegion, ProviderInfo, getinfo)
 from raydl.native.pyfi._probe import KNOWN_PROVIDERS, ProviderFit, choose_provider, diagnose, info
+from raydl.native.pyfi._server import Server, serve
+from raydl.native.pyfi._stack import FabricAddress
 
 __all__ = [
     "AddressVector",

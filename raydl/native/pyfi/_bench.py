@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from raydl.native.pyfi._engine import connect, serve
+from raydl.native.pyfi._client import connect
+from raydl.native.pyfi._server import serve
 
 
 def raw_read_rate(size: int, chunk: int, inflight: int, provider: str | None,

@@ -1,251 +1,35 @@
-"""The transfer engine: serve a region, connect to it, pull it with pipelined reads.
+"""connect(): a client endpoint that pulls a served region with pipelined fi_read.
 
-    server = serve(buffer_or_path)          # registers the region, polls from a thread
-    conn = connect(server.address)          # the address travels over any channel (Ray)
-    conn.read_into(dst, offset, size)       # chunked fi_read, up to max_inflight at once
-    server.close()                          # revokes the region
+    with connect(address) as conn:
+        conn.read_into(dst, offset, size)   # chunked reads, up to max_inflight at once
 
-Both sides open the same stack: fabric -> domain -> cq + av -> RDM endpoint.
-Remote addresses are `base + offset`: base is the region's virtual address
-when the provider sets FI_MR_VIRT_ADDR (efa, verbs) and 0 when it does not
-(tcp;ofi_rxm, sockets: offsets, application-chosen keys). Every wait is bounded:
-a peer that stops answering raises FabricError naming it, never a hang.
+Every wait is bounded: a peer that stops answering raises FabricError naming
+it within `timeout`, never a hang. After a failed transfer the connection is
+closed (that cancels reads still in flight into the caller's memory); connect
+again to retry.
 """
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
-import mmap
 import os
-import socket
-import stat
-import struct
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from raydl.errors import DataSourceError, FabricError
+from raydl.errors import FabricError
 from raydl.native.pyfi._buffers import Span, as_span
 from raydl.native.pyfi._lib import check, fabric_error, load
-from raydl.native.pyfi._objects import (AddressVector, CompletionError, CompletionQueue, Domain,
-                                        Endpoint, Fabric, MemoryRegion, getinfo)
-from raydl.native.pyfi._probe import choose_provider
+from raydl.native.pyfi._objects import CompletionError, MemoryRegion
+from raydl.native.pyfi._stack import FabricAddress, Stack, is_loopback
 
 logger = logging.getLogger(__name__)
 
-# The serving thread: manual-progress providers (tcp;ofi_rxm) move a read's
-# bytes only while the *target* reads its CQ. It blocks in fi_cq_sread, which
-# wakes on socket activity (an idle server costs ~0.3% of a core, against
-# ~10% for polling every 50 us); without wait objects it polls with 50 us naps.
-_SERVE_SLICE_S = 0.05          # how often the thread checks for close()
 # The client waits only while its reads are in flight: spin briefly, then nap
 # (measured: no faster with fi_cq_sread, and sleeping leaves cores to others).
 _CLIENT_SPIN = 200
 _CLIENT_SLEEP_US = 20
 _MAX_EAGAIN = 100_000          # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
-
-
-@dataclass(frozen=True)
-class FabricAddress:
-    """What a client needs to reach a served region; small and picklable."""
-
-    provider: str
-    fabric: str
-    raw: bytes          # the server endpoint's fi_getname bytes
-    key: int            # the region's MR key
-    base: int           # added to offsets: a virtual address (FI_MR_VIRT_ADDR) or 0
-    size: int
-    writable: bool
-    host: str | None    # the host the server bound to, e.g. "127.0.0.1"; None: any
-
-    @property
-    def peer(self) -> str:
-        return describe_peer(self.provider, self.raw)
-
-    def __repr__(self) -> str:
-        return (f"FabricAddress({self.peer}, size={self.size}, "
-                f"{'writable' if self.writable else 'read-only'})")
-
-
-def describe_peer(provider: str, raw: bytes) -> str:
-    """'tcp;ofi_rxm@127.0.0.1:43121' for socket addresses, else a hex prefix."""
-    family = struct.unpack_from("<H", raw)[0] if len(raw) >= 2 else -1
-    if family == socket.AF_INET and len(raw) >= 8:
-        port = struct.unpack_from(">H", raw, 2)[0]
-        return f"{provider}@{socket.inet_ntop(socket.AF_INET, raw[4:8])}:{port}"
-    if family == socket.AF_INET6 and len(raw) >= 24:
-        port = struct.unpack_from(">H", raw, 2)[0]
-        return f"{provider}@[{socket.inet_ntop(socket.AF_INET6, raw[8:24])}]:{port}"
-    return f"{provider}@{raw[:16].hex()}"
-
-
-def _parse_bind(bind: str | None) -> tuple[str | None, str | None]:
-    if not bind:
-        return None, None
-    host, sep, port = bind.rpartition(":")
-    if not sep:
-        return bind, None
-    host = host.strip("[]") or None
-    return host, (None if port in ("", "0") else port)
-
-
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class _Stack:
-    """fabric -> domain -> cq, av -> enabled RDM endpoint, for one provider."""
-
-    def __init__(self, provider: str, *, host: str | None, service: str | None,
-                 fabric_name: str | None = None, wait: bool = True) -> None:
-        with getinfo(provider, node=host, service=service, source=host is not None) as infos:
-            entries = [e for e in infos if fabric_name is None
-                       or load()[0].string(e.fabric_attr.name).decode() == fabric_name]
-            entry = (entries or list(infos))[0]
-            self.fabric = Fabric(entry)
-            try:
-                self.domain = Domain(self.fabric, entry)
-                self.cq: CompletionQueue = self.domain.cq(wait=wait)
-                self.av: AddressVector = self.domain.av()
-                self.ep: Endpoint = self.domain.endpoint(entry, cq=self.cq, av=self.av)
-            except BaseException:
-                self.fabric.close()
-                raise
-        self.provider = self.domain.info.provider
-        self.fabric_name = self.domain.info.fabric
-
-    def close(self) -> None:
-        self.fabric.close()  # closes the tree beneath it, newest first
-
-
-class Server:
-    """A registered region served from a background thread until close()."""
-
-    def __init__(self, span: Span, *, provider: str, bind: str | None, writable: bool,
-                 on_close: Callable[[], None]) -> None:
-        _, lib = load()
-        self._closed = True           # until serving: a half-built Server's __del__ does nothing
-        self._lock = threading.Lock()
-        host, service = _parse_bind(bind)
-        self._on_close = on_close
-        self._stack = _Stack(provider, host=host, service=service)
-        try:
-            access = lib.FI_REMOTE_READ | (lib.FI_REMOTE_WRITE if writable else 0)
-            self._mr = self._stack.domain.register(span, access=access)
-            self.address = FabricAddress(
-                provider=self._stack.provider, fabric=self._stack.fabric_name,
-                raw=self._stack.ep.name(), key=self._mr.key, base=self._mr.base,
-                size=span.nbytes, writable=writable, host=host)
-        except BaseException:
-            self._stack.close()
-            raise
-        self._stop = threading.Event()
-        # The thread gets only what it polls, not the Server, so a Server
-        # nobody closed can still be collected (and __del__ closes it).
-        self._thread = threading.Thread(target=_serve_loop, name=f"pyfi-serve {self.address.peer}", daemon=True,
-                                        args=(self._stack.cq, self._stop, self.address.peer))
-        self._thread.start()
-        self._closed = False
-
-    def close(self) -> None:
-        """Stop serving and revoke the region (idempotent)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop.set()
-        self._thread.join(timeout=10)
-        try:
-            self._mr.close()      # revoke first: no read can land after this
-        finally:
-            self._stack.close()
-            self._on_close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __reduce__(self):
-        raise TypeError("a pyfi Server holds registered memory and cannot be pickled; send .address")
-
-
-def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str) -> None:
-    while not stop.is_set():
-        try:
-            _, errors = cq.wait(_SERVE_SLICE_S)
-        except FabricError as exc:  # the queue itself failed: stop serving, say why
-            logger.error("pyfi server %s stopped: %s", peer, exc)
-            return
-        for err in errors:
-            logger.warning("pyfi server %s: completion error %s", peer, err.text)
-
-
-def serve(buffer_or_path: Any, *, bind: str | None = "127.0.0.1:0", provider: str | None = None,
-          writable: bool = False) -> Server:
-    """Register a buffer (or a regular file, mapped with mmap) and serve it.
-
-    The region is read-only for peers unless writable=True. `bind` is the local
-    host:port to listen on ("127.0.0.1:0": loopback only, any port; None: the
-    provider's default). Provider: the argument, else RAYDL_FABRIC_PROVIDER,
-    else the first that fits of efa, verbs;ofi_rxm, tcp;ofi_rxm, sockets."""
-    provider = choose_provider(provider)
-    if isinstance(buffer_or_path, (str, os.PathLike)):
-        span, cleanup = _map_file(os.fspath(buffer_or_path), writable=writable)
-    else:
-        span = as_span(buffer_or_path, writable=writable)
-        cleanup = span.release
-    if span.nbytes == 0:
-        cleanup()
-        raise ValueError("nothing to serve: the region is empty")
-    try:
-        return Server(span, provider=provider, bind=bind, writable=writable, on_close=cleanup)
-    except BaseException:
-        cleanup()
-        raise
-
-
-def _map_file(path: str, *, writable: bool) -> tuple[Span, Callable[[], None]]:
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise DataSourceError(f"cannot serve {path}: {exc.strerror}", uri=path) from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise DataSourceError(f"cannot serve {path}: not a regular file", uri=path)
-    if st.st_size == 0:
-        raise ValueError(f"nothing to serve: {path} is empty")
-    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-    try:
-        mapping = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED,
-                            prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
-    finally:
-        os.close(fd)
-    span = as_span(mapping, writable=writable)
-
-    def cleanup() -> None:
-        span.release()
-        mapping.close()
-    return span, cleanup
 
 
 class Connection:
@@ -258,11 +42,12 @@ class Connection:
         self.address = address
         self.peer = address.peer
         self._lock = threading.Lock()
-        self._stack: _Stack | None = None
+        self._stack: Stack | None = None
         # A loopback server is only reachable from loopback: bind there too.
         # Otherwise the provider's default interface, on the server's fabric.
-        host = address.host if _is_loopback(address.host) else None
-        self._stack = _Stack(address.provider, host=host, service=None, fabric_name=address.fabric)
+        host = address.host if is_loopback(address.host) else None
+        self._stack = Stack(address.provider, host=host, service=None, fabric_name=address.fabric,
+                            wait=False)  # the client polls only while its reads are in flight
         try:
             self._fi_addr = self._stack.av.insert(address.raw, peer=self.peer)
         except BaseException:
@@ -344,7 +129,7 @@ class Connection:
                 f"region served by {self.peer}", call=op, code=errno.EINVAL,
                 strerror=os.strerror(errno.EINVAL))
 
-    def _live_stack(self) -> _Stack:
+    def _live_stack(self) -> Stack:
         if self._stack is None:
             raise FabricError(f"the connection to {self.peer} is closed", call="connection",
                               code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
@@ -358,6 +143,7 @@ class Connection:
         stack = self._live_stack()
         ffi, lib = load()
         access = lib.FI_READ if call == "fi_read" else lib.FI_WRITE
+        chunk_size = min(chunk_size, stack.domain.info.max_msg_size)
         local = stack.domain.register(span, access=access)
         slots = ffi.new("struct fi_context2[]", max_inflight)
         slot_base, slot_size = int(ffi.cast("uintptr_t", slots)), ffi.sizeof("struct fi_context2")
@@ -418,7 +204,7 @@ class Connection:
             local.close()
         return done
 
-    def _post(self, call: str, stack: _Stack, local: MemoryRegion, local_pos: int, remote_pos: int,
+    def _post(self, call: str, stack: Stack, local: MemoryRegion, local_pos: int, remote_pos: int,
               length: int, context: Any) -> int:
         ffi, lib = load()
         buf = local.span.ptr + local_pos
