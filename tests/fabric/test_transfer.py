@@ -250,3 +250,35 @@ def test_a_server_nobody_closed_is_closed_when_collected(provider):
     del server
     gc.collect()
     assert not any(t.name == name for t in threading.enumerate())
+
+
+def test_close_from_another_thread_waits_for_the_read(provider, payload):
+    """conn.close() during a read in another thread waits for it; the read completes intact."""
+    import threading
+
+    with pyfi.serve(bytearray(payload), provider=provider) as server:
+        conn = pyfi.connect(server.address)
+        dst = bytearray(SIZE)
+        started = threading.Event()
+        result: list = []
+
+        def read() -> None:
+            try:
+                result.append(conn.read_into(dst, chunk_size=64 << 10, max_inflight=2,
+                                             progress=lambda done: started.set()))
+            except FabricError as exc:  # pragma: no cover - reported below
+                result.append(exc)
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        assert started.wait(10)
+        conn.close()
+        thread.join(30)
+        assert result == [SIZE] and dst == payload and conn.closed
+
+
+def test_raw_read_rate_measures_a_verified_read(provider):
+    """_bench.raw_read_rate reads a region end to end and returns a positive GB/s figure."""
+    from raydl.native.pyfi._bench import raw_read_rate
+
+    assert raw_read_rate(8 << 20, 1 << 20, 4, provider, repeats=1) > 0

@@ -41,7 +41,9 @@ class Connection:
                               call="connect", code=errno.EPROTONOSUPPORT, strerror="provider mismatch")
         self.address = address
         self.peer = address.peer
-        self._lock = threading.Lock()
+        # Re-entrant: a failed transfer, or a progress callback, may close the
+        # connection from inside an operation; other threads wait for it.
+        self._lock = threading.RLock()
         self._stack: Stack | None = None
         # A loopback server is only reachable from loopback: bind there too.
         # Otherwise the provider's default interface, on the server's fabric.
@@ -92,8 +94,9 @@ class Connection:
                 span.release()
 
     def close(self) -> None:
-        """Close the endpoint and its stack (idempotent)."""
-        stack, self._stack = self._stack, None
+        """Close the endpoint and its stack (idempotent; waits for an operation in progress)."""
+        with self._lock:
+            stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
 
@@ -226,6 +229,8 @@ class Connection:
         with self._lock:
             span = as_span(dst, writable=True)
             try:
+                if not 0 <= size <= span.nbytes:  # the local side is always checked
+                    raise ValueError(f"read_raw: size {size} does not fit the local buffer of {span.nbytes} bytes")
                 return self._transfer("fi_read", span, remote_offset, size, max(size, 1), 1, timeout, None)
             finally:
                 span.release()
