@@ -52,6 +52,21 @@ def test_read_into_torch_tensor(provider, payload):
     assert torch.equal(dst, src)
 
 
+def test_serve_connect_read_cycles_leak_no_fds_or_threads(provider):
+    """20 serve/connect/read/close cycles leave the fd count and the thread count as they were."""
+    import threading
+
+    def cycle() -> None:
+        with pyfi.serve(bytearray(1 << 16), provider=provider) as server, pyfi.connect(server.address) as conn:
+            conn.read_into(bytearray(1 << 16))
+
+    cycle()  # first use loads the provider
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    for _ in range(20):
+        cycle()
+    assert (len(os.listdir("/proc/self/fd")), threading.active_count()) == (fds, threads)
+
+
 def test_non_contiguous_destination_is_refused(provider):
     """A strided numpy view cannot be a destination (ValueError before anything is sent)."""
     with pyfi.serve(bytearray(4096), provider=provider) as server, pyfi.connect(server.address) as conn:
