@@ -161,6 +161,7 @@ class _Fid:
     """One libfabric object; `close()` closes its dependents first, newest first."""
 
     kind = "fid"
+    _ptr: Any = None  # a half-built object (its open call failed) closes as a no-op
 
     def __init__(self, ptr: Any, parents: tuple[_Fid, ...] = ()) -> None:
         self._ptr = ptr
