@@ -70,7 +70,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     if (setjmp(err.jump)) {
         copy_msg(errbuf, errbuf_len, err.msg);
         jpeg_destroy_decompress(&cinfo);
-        free(buf);
+        raydl_scratch_release(1, buf);
         return RAYDL_EJPEG;
     }
     jpeg_create_decompress(&cinfo);
@@ -115,7 +115,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     if (row0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)row0);
     int rows = row1 - row0;
     size_t stride = (size_t)cinfo.output_width * 3; /* output_width == cw after cropping */
-    buf = malloc(stride * (size_t)rows);
+    buf = raydl_scratch(1, stride * (size_t)rows);
     if (!buf) {
         jpeg_abort_decompress(&cinfo);
         jpeg_destroy_decompress(&cinfo);
@@ -128,7 +128,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
             copy_msg(errbuf, errbuf_len, "JPEG data ended before the crop's last row");
             jpeg_abort_decompress(&cinfo);
             jpeg_destroy_decompress(&cinfo);
-            free(buf);
+            raydl_scratch_release(1, buf);
             return RAYDL_EJPEG;
         }
         got += (int)n;
@@ -139,12 +139,12 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     jpeg_abort_decompress(&cinfo); /* the rows below the crop are never decoded */
     jpeg_destroy_decompress(&cinfo);
     if (warned) {
-        free(buf);
+        raydl_scratch_release(1, buf);
         return RAYDL_EJPEG;
     }
     int rc = raydl_crop_resize(buf, rows, (int)cw, (int)stride,
                                bx0 - (double)xoff, by0 - row0, bx1 - (double)xoff, by1 - row0,
                                out_h, out_w, flip, out_format, scale, bias, dst);
-    free(buf);
+    raydl_scratch_release(1, buf);
     return rc;
 }

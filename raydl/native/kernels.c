@@ -25,6 +25,25 @@ typedef struct {
     int ksize;
 } coeffs_t;
 
+#define RAYDL_SCRATCH_SLOTS 2
+#define RAYDL_SCRATCH_KEEP ((size_t)64 << 20)
+static __thread void *scratch_buf[RAYDL_SCRATCH_SLOTS];
+static __thread size_t scratch_cap[RAYDL_SCRATCH_SLOTS];
+
+void *raydl_scratch(int slot, size_t need) {
+    if (need > RAYDL_SCRATCH_KEEP) return malloc(need);
+    if (need > scratch_cap[slot]) {
+        free(scratch_buf[slot]);
+        scratch_buf[slot] = malloc(need);
+        scratch_cap[slot] = scratch_buf[slot] ? need : 0;
+    }
+    return scratch_buf[slot];
+}
+
+void raydl_scratch_release(int slot, void *p) {
+    if (p != scratch_buf[slot]) free(p); /* only buffers too large to keep were malloc'ed for one call */
+}
+
 static double triangle(double x) {
     if (x < 0.0) x = -x;
     return x < 1.0 ? 1.0 - x : 0.0;
@@ -105,7 +124,7 @@ int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
     int col0 = cx.start[0];
     int col1 = cx.start[out_w - 1] + cx.count[out_w - 1];
     int span = (col1 - col0) * 3;
-    float *tmp = malloc(sizeof(float) * ((size_t)out_h * span + 1));
+    float *tmp = raydl_scratch(0, sizeof(float) * ((size_t)out_h * span + 1));
     if (!tmp) {
         coeffs_free(&cx);
         coeffs_free(&cy);
@@ -155,7 +174,7 @@ int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
             }
         }
     }
-    free(tmp);
+    raydl_scratch_release(0, tmp);
     coeffs_free(&cx);
     coeffs_free(&cy);
     return RAYDL_OK;

@@ -12,6 +12,14 @@
 #define RAYDL_OUT_U8_HWC 0
 #define RAYDL_OUT_F32_CHW 1
 
+/* A per-thread scratch buffer of at least `need` bytes, reused across calls
+ * (slot 0: the resampler's rows, slot 1: the JPEG region). Fresh memory costs
+ * a page fault per 4 KiB on first touch, which here costs as much as the
+ * resampling and serializes threads; buffers above 64 MiB are not kept.
+ * Release with raydl_scratch_release. NULL when out of memory. */
+void *raydl_scratch(int slot, size_t need);
+void raydl_scratch_release(int slot, void *p);
+
 /* Resample the box [x0, x1) x [y0, y1) of an RGB uint8 image (rows src_stride
  * bytes apart) to out_h x out_w with an antialiased bilinear filter, mirror it
  * left-right when flip is set, and write it to dst: uint8 HWC, or float32 CHW
