@@ -24,7 +24,8 @@ from raydl.plan import EpochPlan, augmentation_seeds, epoch_order
 from raydl.scheduling import choose_worker, prefetch_depth
 
 if TYPE_CHECKING:
-    from raydl.loader import Loader, _Worker
+    from raydl.actors.coordinator import WorkerInfo
+    from raydl.loader import Loader
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class DataIterator:
         self._epoch = 0
         self._next = 0  # next batch index of the current epoch
         self._start = 0  # position in the epoch order where this epoch's plan starts (elastic resume)
-        self._pending: dict[int, tuple[ray.ObjectRef, _Worker, int]] = {}  # k -> (ref, worker, attempt)
+        self._pending: dict[int, tuple[ray.ObjectRef, WorkerInfo, int]] = {}  # k -> (ref, worker, attempt)
         self._node = ray.get_runtime_context().get_node_id()
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
@@ -124,6 +125,11 @@ class DataIterator:
                     f"rank {self._rank}: batch {k} of epoch {self._epoch} did not arrive within {timeout_s} s "
                     f"(actor {worker.name}); call iter_batches() again to keep waiting",
                     rank=self._rank, batch_index=k,
+                ) from exc
+            except ray.exceptions.RayTaskError as exc:  # the worker raised: a bug, not bad input
+                raise LoaderError(
+                    f"rank {self._rank}: batch {k} of epoch {self._epoch} failed on actor {worker.name}: "
+                    f"{type(exc.cause).__name__}: {exc.cause}"
                 ) from exc
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 if attempt + 1 >= _MAX_ATTEMPTS:
@@ -184,7 +190,6 @@ class DataIterator:
         started = time.perf_counter()
         while self._next < nb:
             k = self._next
-            self._loader.refresh()  # at most every few seconds: actors for nodes that joined
             for j in range(k, min(k + depth, nb)):
                 if j not in self._pending:
                     self._submit(task_of(j))

@@ -1,28 +1,27 @@
-"""Loader: starts and owns the loader actors, and hands out per-rank iterators.
+"""Loader: starts the loader's coordinator, and hands out per-rank iterators.
 
-The catalog goes into the object store once and every actor maps it. Actors
-are the plain `LoaderWorker` class wrapped with `ray.remote` here and pinned
-to nodes: `num_workers` per eligible node (one with enough CPUs, and the
-`node_resource` label when one is given), each decoding on a thread pool as
-wide as its node's CPUs. Nodes that join get actors at the next refresh; a
-dead actor is replaced on the live node with the fewest.
+The catalog goes into the object store once and every worker maps it. The
+workers (the plain `LoaderWorker` class) are started, pinned to nodes,
+replaced and shut down by one coordinator actor per loader
+(`raydl/actors/coordinator.py`): `num_workers` per eligible node (one with
+enough CPUs, and the `node_resource` label when one is given), also on nodes
+that join; a dead worker is replaced once, on the live node with the fewest.
 
-A Loader pickles into a handle (for Ray Train workers): the copy drives the
-same actors, and only the original's shutdown() kills them.
+A Loader pickles into a handle (for Ray Train workers): the copy asks the same
+coordinator for workers, and only the original's shutdown() kills them.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydl import scheduling
-from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
+from raydl.actors.coordinator import REFRESH_S, LoaderCoordinator, WorkerInfo, live_nodes
+from raydl.actors.loader_worker import WorkerSpec
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig
 from raydl.errors import LoaderError
@@ -35,26 +34,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Loader"]
 
-_READY_TIMEOUT_S = 60.0
-_REFRESH_S = 5.0  # how often iterators look for joined nodes
-# Concurrent batch calls per actor: enough for the next batch's samples to queue
-# on the decode pool while the current one finishes, so threads never idle.
-_ACTOR_CONCURRENCY = 4
 _DEFAULT_BUDGET_FRACTION = 0.25
-
-
-@dataclass(frozen=True)
-class _Worker:
-    handle: ray.actor.ActorHandle
-    node_id: str
-    name: str
+_NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
 
 
 class Loader:
-    """Owns the loader actors for one dataset and one LoaderConfig.
+    """The loader of one dataset with one LoaderConfig.
 
     Made by `Dataset.loader(...)`. Use as a context manager, or call
-    `shutdown()` (idempotent) to kill the actors and free their objects.
+    `shutdown()` (idempotent) to kill the workers and free their objects.
     """
 
     def __init__(self, catalog: Catalog, program: SampleProgram, config: LoaderConfig) -> None:
@@ -71,108 +59,59 @@ class Loader:
             ray.init(logging_level=logging.WARNING, log_to_driver=False)
         self.batch_bytes = config.batch_size * program.dtype.itemsize * _prod(program.slot_shape())
         self.object_store_budget = config.object_store_budget or _default_budget()
-        self._catalog_ref = ray.put(catalog.table)
-        self._spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker)
-        self._workers: list[_Worker] = []
-        self._lost_nodes: set[str] = set()  # nodes where an actor died; Ray may still list them alive
-        self._last_refresh = 0.0
-        self.refresh(force=True)
+        spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker)
+        here = ray.get_runtime_context().get_node_id()
+        self._coordinator = ray.remote(LoaderCoordinator).options(
+            num_cpus=0, max_concurrency=16, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+        ).remote(spec, [ray.put(catalog.table)], config)
+        self._version, self._workers = ray.get(self._coordinator.workers.remote())
+        self._fetched = time.monotonic()
         if not self._workers:
+            self.shutdown()
             raise LoaderError(
-                f"no node can host a loader actor (cpus_per_worker={config.cpus_per_worker}, "
-                f"node_resource={config.node_resource!r}); nodes: {[(n.node_id[:8], n.cpus) for n in _nodes()]}"
+                f"no node could host a loader worker (cpus_per_worker={config.cpus_per_worker}, "
+                f"node_resource={config.node_resource!r}); nodes: {[(n.node_id[:8], n.cpus) for n in live_nodes()]}"
             )
 
-    # -- actors -------------------------------------------------------------------------
-    def _eligible(self) -> list[str]:
-        c = self.config
-        return scheduling.eligible_nodes(_nodes(), cpus_per_worker=c.cpus_per_worker, node_resource=c.node_resource)
+    # -- workers (through the coordinator) ------------------------------------------------
+    def _call(self, method: str, *args):
+        self._check_open()
+        try:
+            return ray.get(getattr(self._coordinator, method).remote(*args))
+        except ray.exceptions.RayActorError as exc:
+            raise LoaderError(f"the loader's coordinator is gone ({exc}); was the loader shut down?") from exc
 
-    def _counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for w in self._workers:
-            counts[w.node_id] = counts.get(w.node_id, 0) + 1
-        return counts
-
-    def _start(self, node_id: str, count: int, *, soft: bool) -> list:
-        cls = ray.remote(LoaderWorker).options(
-            num_cpus=self.config.cpus_per_worker,
-            max_concurrency=_ACTOR_CONCURRENCY,
-            max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=soft),
-        )
-        return [cls.remote(self._spec, self._catalog_ref) for _ in range(count)]
-
-    def _await_ready(self, handles: list) -> list[_Worker]:
-        """The handles' workers once up. Actors that die while starting (their node went away)
-        are left out with a warning; actors still not up after the timeout are an error."""
-        refs = [h.ready.remote() for h in handles]
-        _ready, pending = ray.wait(refs, num_returns=len(refs), timeout=_READY_TIMEOUT_S)
-        if pending:
-            for h in handles:
-                ray.kill(h, no_restart=True)
-            raise LoaderError(f"{len(pending)} of {len(handles)} loader actors did not start within "
-                              f"{_READY_TIMEOUT_S:.0f} s; is the cluster short of CPUs "
-                              f"(cpus_per_worker={self.config.cpus_per_worker})?")
-        out = []
-        for h, ref in zip(handles, refs):
-            try:
-                info = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                logger.warning("raydl: a loader actor died while starting: %s", exc)
-                continue
-            out.append(_Worker(h, info["node_id"], info["name"]))
-        return out
-
-    def refresh(self, *, force: bool = False) -> None:
-        """Start actors on eligible nodes that have fewer than num_workers (nodes that joined)."""
-        now = time.monotonic()
-        if not force and now - self._last_refresh < _REFRESH_S:
-            return
-        self._last_refresh = now
+    def _update(self, version: int, workers: list[WorkerInfo]) -> None:
         with self._lock:
-            self._check_open()
-            eligible = [n for n in self._eligible() if n not in self._lost_nodes]
-            deficit = scheduling.placement_deficit(eligible, self._counts(), self.config.num_workers)
-        if not deficit:
-            return
-        handles = [h for node, k in deficit.items() for h in self._start(node, k, soft=False)]
-        new = self._await_ready(handles)
-        with self._lock:
-            if self._closed:
-                for w in new:
-                    ray.kill(w.handle, no_restart=True)
-                self._check_open()
-            self._workers.extend(new)
-        if not force:
-            logger.info("raydl: started %d loader actors on joined nodes", len(new))
+            if version >= self._version:
+                self._version, self._workers = version, workers
+            self._fetched = time.monotonic()
 
-    def workers(self) -> list[_Worker]:
-        """The live workers (a snapshot)."""
+    def workers(self) -> list[WorkerInfo]:
+        """The live workers (cached; refetched from the coordinator every few seconds)."""
+        self._check_open()
+        if time.monotonic() - self._fetched > REFRESH_S:
+            self._update(*self._call("workers"))
         with self._lock:
-            self._check_open()
             return list(self._workers)
 
-    def replace_worker(self, dead: _Worker) -> None:
-        """Forget a dead worker and start its replacement on the live eligible node with the fewest actors."""
+    def refresh(self) -> None:
+        """Start workers on eligible nodes that lack them (e.g. nodes that just joined) and wait for them."""
+        self._update(*self._call("refresh_now"))
+
+    def replace_worker(self, dead: WorkerInfo) -> list[WorkerInfo]:
+        """Report a dead worker (the coordinator replaces it once); returns the workers to use now."""
+        self._update(*self._call("report_dead", dead.name))
+        deadline = time.monotonic() + _NO_WORKERS_WAIT_S
+        while not self._workers and time.monotonic() < deadline:  # the last one died: wait for its replacement
+            time.sleep(0.2)
+            self._update(*self._call("workers"))
+        if not self._workers:
+            raise LoaderError(f"no loader worker left after {dead.name} died, and none started within "
+                              f"{_NO_WORKERS_WAIT_S:.0f} s")
         with self._lock:
-            self._check_open()
-            if dead not in self._workers:
-                return  # another rank already replaced it
-            self._workers.remove(dead)
-            self._lost_nodes.add(dead.node_id)  # until it proves alive again, start nothing new there
-            alive = set(self._eligible())
-            self._workers = [w for w in self._workers if w.node_id in alive]  # actors of dead nodes too
-            # Prefer another node: the dead actor's node may be dying (Ray notices a lost node late).
-            others = sorted(alive - {dead.node_id}) or sorted(alive)
-            node = scheduling.replacement_node(others, self._counts())
-        logger.warning("raydl: loader actor %s died; replacing it on node %s", dead.name, node and node[:8])
-        if node is None:
-            return
-        new = self._await_ready(self._start(node, 1, soft=True))
-        with self._lock:
-            self._check_open()
-            self._workers.extend(new)
+            return list(self._workers)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -188,24 +127,23 @@ class Loader:
         return DataIterator(self, rank)
 
     def shutdown(self) -> None:
-        """Kill the actors and drop the loader's objects. Safe to call more than once.
+        """Kill the workers and the coordinator, dropping the loader's objects. Safe to call more than once.
 
         On a copy of the loader (a handle passed to another process) this only
-        stops that copy; the original owns the actors.
+        stops that copy; the original owns the workers.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            workers, self._workers = self._workers, []
-            self._catalog_ref = None
+            self._workers = []
         if not self._owner:
             return
-        for w in workers:
-            try:
-                ray.kill(w.handle, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead is fine
-                pass
+        try:
+            workers = ray.get(self._coordinator.shutdown.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - a dead coordinator took its workers with it
+            workers = []
+        ray.kill(self._coordinator, no_restart=True)
         deadline = time.monotonic() + 10.0
         pending = list(workers)
         while pending and time.monotonic() < deadline:  # kill is asynchronous: wait until they are gone
@@ -244,13 +182,6 @@ def _prod(shape) -> int:
     for s in shape:
         out *= s
     return out
-
-
-def _nodes() -> list[scheduling.NodeInfo]:
-    return [
-        scheduling.NodeInfo(n["NodeID"], n["Resources"].get("CPU", 0.0), dict(n["Resources"]))
-        for n in ray.nodes() if n["Alive"]
-    ]
 
 
 def _default_budget() -> int:

@@ -140,11 +140,12 @@ def test_an_epoch_survives_a_removed_node_and_follows_a_joined_one(cluster, imag
         for r in range(2):
             np.testing.assert_array_equal(np.concatenate(got[r]), expected[r])
         assert sum(it.stats().retries for it in its) >= 1
+        loader.refresh()  # waits for the replacement the coordinator started
         workers = loader.workers()
         assert len(workers) == 2 and all(w.node_id != victim.node_id for w in workers)
         joined = cluster.add_node(num_cpus=1, resources={"loader": 1})
         cluster.wait_for_nodes()
-        loader.refresh(force=True)
+        loader.refresh()
         assert joined.node_id in {w.node_id for w in loader.workers()}
 
 
