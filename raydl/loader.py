@@ -63,7 +63,8 @@ class Loader:
         here = ray.get_runtime_context().get_node_id()
         self._coordinator = ray.remote(LoaderCoordinator).options(
             num_cpus=0, max_concurrency=16, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+            # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         ).remote(spec, [ray.put(catalog.table)], config)
         self._version, self._workers = ray.get(self._coordinator.workers.remote())
         self._fetched = time.monotonic()

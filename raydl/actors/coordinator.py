@@ -58,12 +58,16 @@ class LoaderCoordinator:
         self._dead: set[str] = set()  # names reported dead
         self._lost_nodes: set[str] = set()  # nodes where a worker died; Ray may still list them alive
         self._version = 0
+        self._replacing: list[threading.Thread] = []
         self._closed = False
         self._start_missing()
         self._thread = threading.Thread(target=self._refresh_loop, name="raydl-refresh", daemon=True)
         self._thread.start()
 
     # -- what iterators call -------------------------------------------------------------
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def workers(self) -> tuple[int, list[WorkerInfo]]:
         with self._lock:
             return self._version, list(self._workers)
@@ -77,11 +81,17 @@ class LoaderCoordinator:
                 self._workers.remove(dead)
                 self._lost_nodes.add(dead.node_id)
                 self._version += 1
-                threading.Thread(target=self._replace, args=(dead,), daemon=True).start()
+                t = threading.Thread(target=self._replace, args=(dead,), daemon=True)
+                self._replacing.append(t)
+                t.start()
             return self._version, list(self._workers)
 
     def refresh_now(self) -> tuple[int, list[WorkerInfo]]:
-        """Start workers on nodes that lack them, and wait for them."""
+        """Wait for replacements under way, start workers on nodes that lack them, and wait for those."""
+        with self._lock:
+            replacing, self._replacing = self._replacing, []
+        for t in replacing:
+            t.join(READY_TIMEOUT_S)
         self._start_missing()
         return self.workers()
 

@@ -49,7 +49,9 @@ def test_actors_on_every_node_and_by_label(cluster, image_folder):
     """num_workers actors start on each node; node_resource restricts them to labelled nodes."""
     with _loader(image_folder, batch_size=8, num_workers=2) as loader:
         nodes = collections.Counter(w.node_id for w in loader.workers())
+        coordinator_node = ray.get(loader._coordinator.node_id.remote())
     assert len(nodes) == 3 and set(nodes.values()) == {2}
+    assert coordinator_node == ray.get_runtime_context().get_node_id()  # lives and dies with the driver
     with _loader(image_folder, batch_size=8, node_resource="loader") as loader:
         workers = loader.workers()
     labelled = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("loader")}
