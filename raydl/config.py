@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-__all__ = ["LoaderConfig", "load_loader_config", "native_disabled"]
+__all__ = ["LoaderConfig", "checkpoint_bind", "load_loader_config", "native_disabled"]
 
 _ON_ERROR = ("skip", "raise")
 
@@ -15,6 +15,22 @@ _ON_ERROR = ("skip", "raise")
 def native_disabled() -> bool:
     """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
     return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
+
+
+def checkpoint_bind() -> str | None:
+    """Where checkpoint publishers listen: RAYDL_CHECKPOINT_BIND ("host:port", e.g. "127.0.0.1:0"),
+    else this node's Ray address (reachable from the other nodes), else the provider's default."""
+    bind = os.environ.get("RAYDL_CHECKPOINT_BIND")
+    if bind:
+        return bind
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return f"{ray.util.get_node_ip_address()}:0"
+    except Exception:  # noqa: BLE001 - no Ray: the provider picks
+        pass
+    return None
 
 
 def _positive_int(name: str, value: object) -> None:

@@ -5,6 +5,7 @@
     │   └── SampleDecodeError  a sample's bytes cannot be decoded (names the file)
     ├── NativeKernelError      a C kernel returned an error code
     ├── FabricError            a libfabric call failed (-FI_E...; names the call, the peer)
+    ├── CheckpointError        a checkpoint could not be published or fetched (names the peer, chunk)
     └── LoaderError            the loader's actors failed (names the rank, batch or actor)
         └── BatchTimeoutError  a batch did not arrive in time (also a TimeoutError)
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 __all__ = [
     "BatchTimeoutError",
+    "CheckpointError",
     "DataSourceError",
     "FabricError",
     "LoaderError",
@@ -71,6 +73,10 @@ class FabricError(RaydlError):
 
 def _rebuild_fabric_error(message: str, call: str, code: int, strerror: str) -> FabricError:
     return FabricError(message, call=call, code=code, strerror=strerror)
+
+
+class CheckpointError(RaydlError):
+    """A checkpoint could not be published or fetched (names the peer, and the chunk when one is at fault)."""
 
 
 class LoaderError(RaydlError):

@@ -1,0 +1,190 @@
+"""Checkpoint publish/fetch/broadcast between Ray actors on simulated nodes, over loopback fabric."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import zlib
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from raydl import checkpoint
+from raydl.actors.checkpoint_peer import peer_actor
+from raydl.errors import CheckpointError
+from raydl.native import pyfi
+
+torch = pytest.importorskip("torch")
+# Ray workers cannot import this test module by name: ship its actor classes by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(not pyfi.available(), reason=f"libfabric unavailable: {pyfi.unavailable_reason()}"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two simulated nodes; publishers and peers listen on 127.0.0.1 only."""
+    os.environ["RAYDL_CHECKPOINT_BIND"] = "127.0.0.1:0"  # inherited by the nodes' workers
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+    os.environ.pop("RAYDL_CHECKPOINT_BIND", None)
+
+
+def _state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w.f32": torch.randn(300, 257, generator=g),
+        "w.bf16": torch.randn(64, 33, generator=g).to(torch.bfloat16),
+        "w.f16.t": torch.randn(40, 30, generator=g).half().t(),  # not contiguous
+        "b.i64": torch.arange(1000, dtype=torch.int64),
+        "mask": torch.rand(17, generator=g) > 0.5,
+        "u8": torch.randint(0, 255, (5, 7, 3), dtype=torch.uint8, generator=g),
+        "scalar": torch.tensor(3.5, dtype=torch.float64),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def _other_node(cluster) -> str:
+    here = ray.get_runtime_context().get_node_id()
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here)
+
+
+@ray.remote(num_cpus=0)
+class Publisher:
+    """A process that publishes a checkpoint and keeps serving it."""
+
+    def publish(self, seed, transports=None, chunk_size=checkpoint.DEFAULT_CHUNK):
+        self.ref = checkpoint.publish(_state(seed), transports=transports, chunk_size=chunk_size)
+        return self.ref
+
+    def die(self):
+        os._exit(1)
+
+
+def test_fetch_between_actors_on_two_nodes(cluster):
+    """A state dict of mixed dtypes published on one node is fetched identically on another over fabric."""
+    pub = Publisher.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+        _other_node(cluster), soft=False)).remote()
+    ref = ray.get(pub.publish.remote(1))
+    assert ref.transports == ("fabric",)
+    got = checkpoint.fetch(ref)
+    assert got.transport == "fabric" and "127.0.0.1" in got.peer
+    _assert_same(got, _state(1))
+    ray.kill(pub)
+
+
+def test_fetch_into_a_file_is_a_valid_safetensors_file(cluster, tmp_path):
+    """into=path writes a .safetensors file atomically that safetensors reads back identically."""
+    st = pytest.importorskip("safetensors.torch")
+    ref = checkpoint.publish(_state(2), chunk_size=64 << 10)
+    path = tmp_path / "model.safetensors"
+    got = checkpoint.fetch(ref, into=path)
+    assert got.path == str(path) and not [p for p in os.listdir(tmp_path) if p.endswith(".part")]
+    _assert_same(st.load_file(str(path)), _state(2))
+    _assert_same(got, _state(2))
+    # publishing a file serves it without copying; fetching it again gives the same tensors
+    ref2 = checkpoint.publish(str(path))
+    _assert_same(checkpoint.fetch(ref2), _state(2))
+    checkpoint.unpublish(ref)
+    checkpoint.unpublish(ref2)
+
+
+def test_object_store_transport_and_auto_choice(cluster):
+    """transport='object_store' moves the bytes through Ray; 'auto' prefers fabric and says which it used."""
+    ref = checkpoint.publish(_state(3), transports=("fabric", "object_store"))
+    a = checkpoint.fetch(ref, transport="object_store")
+    b = checkpoint.fetch(ref, transport="auto")
+    assert (a.transport, b.transport) == ("object_store", "fabric")
+    _assert_same(a, _state(3))
+    _assert_same(b, _state(3))
+    only_fabric = checkpoint.publish(_state(3))
+    with pytest.raises(CheckpointError, match="object-store"):
+        checkpoint.fetch(only_fabric, transport="object_store")
+    checkpoint.unpublish(ref)
+    checkpoint.unpublish(only_fabric)
+
+
+def test_corrupt_chunk_is_detected_naming_peer_and_chunk(cluster, tmp_path):
+    """A chunk whose bytes do not match its checksum fails the fetch, naming the chunk; no file is left."""
+    ref = checkpoint.publish(_state(4), chunk_size=64 << 10)
+    held = checkpoint._held[ref.key + ref.holder]
+    held.buffer[70_000] ^= 0xFF  # corrupt chunk 1 after its checksum was taken
+    with pytest.raises(CheckpointError, match=r"chunk 1 from .*127\.0\.0\.1.* is corrupt"):
+        checkpoint.fetch(ref, into=tmp_path / "bad.safetensors")
+    assert os.listdir(tmp_path) == []
+    checkpoint.unpublish(ref)
+
+
+def test_unpublish_revokes(cluster):
+    """After unpublish the publisher's region is gone: a fetch fails with an error naming the peer, in bounded time."""
+    ref = checkpoint.publish(_state(5))
+    checkpoint.unpublish(ref)
+    checkpoint.unpublish(ref)  # idempotent
+    with pytest.raises(CheckpointError, match="127.0.0.1"):
+        checkpoint.fetch(ref, timeout=5)
+
+
+def test_publisher_death_is_an_error_naming_it(cluster, tmp_path):
+    """The publisher dies: fetch raises naming the peer within its timeout and leaves no partial file."""
+    pub = Publisher.remote()
+    ref = ray.get(pub.publish.remote(6))
+    pub.die.remote()
+    time.sleep(1.0)
+    with pytest.raises(CheckpointError, match="127.0.0.1"):
+        checkpoint.fetch(ref, into=tmp_path / "x.safetensors", timeout=5)
+    assert os.listdir(tmp_path) == []
+
+
+def test_broadcast_to_three_peers(cluster):
+    """broadcast() gets the checkpoint to 3 peers over a chain; every copy equals the original."""
+    ref = checkpoint.publish(_state(7), chunk_size=32 << 10)
+    peers = [peer_actor(n) for n in [_other_node(cluster), None, None]]
+    results = checkpoint.broadcast(ref, peers)
+    assert [r["source"] for r in results[1:]] == [results[0]["holder"], results[1]["holder"]]
+    expected = {k: (str(v.dtype), tuple(v.shape), float(v.double().sum())) for k, v in _state(7).items()}
+    for p in peers:
+        assert ray.get(p.summary.remote(ref.key)) == expected
+    for p in peers:
+        ray.kill(p)
+    checkpoint.unpublish(ref)
+
+
+def test_broadcast_survives_a_dead_holder(cluster):
+    """When a peer in the chain dies, the peers after it finish from the publisher."""
+    ref = checkpoint.publish(_state(8), chunk_size=16 << 10)
+    peers = [peer_actor() for _ in range(3)]
+    refs = ray.get([p.prepare.remote(ref) for p in peers])
+    ray.kill(peers[0])  # holds nothing and serves nothing now
+    out = ray.get(peers[1].pull.remote([refs[0], ref], timeout=5))
+    assert out["retried"] == 1 and out["source"] == ref.holder
+    expected = {k: (str(v.dtype), tuple(v.shape), float(v.double().sum())) for k, v in _state(8).items()}
+    assert ray.get(peers[1].summary.remote(ref.key)) == expected
+    for p in peers[1:]:
+        ray.kill(p)
+    checkpoint.unpublish(ref)
+
+
+def test_checksums_cover_every_chunk():
+    """The ref carries one CRC-32 per chunk of the laid-out bytes."""
+    buf = checkpoint._pack(_state(9))
+    sums = checkpoint._checksums(buf, 1000)
+    assert len(sums) == -(-len(buf) // 1000) and sums[0] == zlib.crc32(buf[:1000])
+    header, start = checkpoint._parse_header(buf)
+    assert start % 8 == 0 and start + max(v["data_offsets"][1] for v in header.values()) == len(buf)
