@@ -1,4 +1,4 @@
-"""The `raydl` command: `raydl demo`, `raydl bench loader`."""
+"""The `raydl` command: `raydl demo`, `raydl bench loader`, `raydl bench checkpoint`, `raydl fabric-info`."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,19 @@ def _add_bench(sub) -> None:
         return
     bench_loader.add_parser(bench_sub)
     bench_sub.choices["loader"].set_defaults(func=bench_loader.main)
+    try:
+        from raydl.bench import checkpoint as bench_checkpoint
+    except ImportError as exc:
+        cp = bench_sub.add_parser("checkpoint", help=f"unavailable: {exc}")
+        cp.set_defaults(func=lambda args: sys.exit(f"raydl bench checkpoint is unavailable: {exc}"))
+        return
+    bench_checkpoint.add_parser(bench_sub)
+    bench_sub.choices["checkpoint"].set_defaults(func=bench_checkpoint.main)
+
+
+def _add_fabric_info(sub) -> None:
+    p = sub.add_parser("fabric-info", help="libfabric providers: which fit raydl's RMA path, and why not")
+    p.set_defaults(func=lambda args: __import__("raydl.native.pyfi", fromlist=["x"]).fabric_info_main(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
     _add_bench(sub)
+    _add_fabric_info(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

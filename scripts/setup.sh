@@ -1,10 +1,33 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs raydl into it, editable, with the extras named in $1
 # (e.g. "test"). Used by scripts/demo.sh and scripts/test.sh; safe to run again.
+#
+# System packages (Debian), installed when missing and we are root with apt-get:
+#   libjpeg62-turbo-dev  headers for the region-only JPEG decoder (raydl.native._jpeg)
+#   libfabric1 libfabric-dev libfabric-bin  (with "test") the checkpoint RMA path (raydl.native.pyfi)
+# Without them raydl still installs: those native modules are skipped and it says why at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
 python="${PYTHON:-python3}"
+
+debs=(libjpeg62-turbo-dev)
+[[ "$extras" == *test* ]] && debs+=(libfabric1 libfabric-dev libfabric-bin)
+missing=()
+for d in "${debs[@]}"; do
+    dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q "install ok installed" || missing+=("$d")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: apt-get install ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "setup: WARNING: missing Debian packages ${missing[*]} (not root or no apt-get); the native" \
+             "modules that need them are skipped"
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv with $($python --version)"
     "$python" -m venv .venv
@@ -16,3 +39,4 @@ pins=()
 [[ "$extras" == *test* ]] && pins+=("torch==2.13.0")
 echo "setup: pip install -e $spec ${pins[*]:-}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec" "${pins[@]}"
+.venv/bin/python -c "import raydl.native as n, raydl.native.pyfi as f; print('setup: kernels:', n.kernel_status()); print('setup: fabric:', 'available' if f.available() else f.unavailable_reason())"
