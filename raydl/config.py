@@ -1,6 +1,8 @@
 """Loader configuration: frozen dataclasses validated on construction.
 
-This is the only module that reads environment variables.
+This is the only module that reads raydl's environment variables (pyfi, the
+libfabric bindings, keeps its own two in raydl/native/pyfi/_env.py so that it
+stays importable alone).
 """
 from __future__ import annotations
 
