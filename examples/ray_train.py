@@ -78,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         make_images(root, args.images, classes=4, corrupt=0)
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         for s in run(root, workers=args.workers, epochs=args.epochs):
             print(f"rank {s['rank']} epoch {s['epoch']}: {s['batches']} batches, {len(s['ids'])} samples, "
                   f"last loss {s['loss']:.3f}")

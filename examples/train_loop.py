@@ -38,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         make_images(root, args.images, classes=4)
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         ds = raydl.read_images(root).decode().random_resized_crop(64).random_hflip().normalize("imagenet")
         losses: dict = {}
         with ds.loader(batch_size=32, world_size=2, seed=0) as loader:

@@ -71,7 +71,7 @@ def main(args) -> int:
         make_images(root, args.images)
         t0 = time.perf_counter()
         if not ray.is_initialized():
-            ray.init(logging_level="ERROR", log_to_driver=False)
+            ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         print(f"raydl demo: local Ray up in {time.perf_counter() - t0:.1f} s "
               f"({int(ray.cluster_resources().get('CPU', 0))} CPUs)", flush=True)
         ds = raydl.read_images(root).decode().random_resized_crop(224).random_hflip().normalize("imagenet")

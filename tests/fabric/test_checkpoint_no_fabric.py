@@ -14,7 +14,7 @@ import logging, ray, torch
 from raydl import checkpoint
 from raydl.native import pyfi
 assert not pyfi.available() and "RAYDL_DISABLE_FABRIC" in pyfi.unavailable_reason()
-ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
 logging.basicConfig(level=logging.WARNING)
 state = {"a": torch.arange(10.0), "b": torch.ones(3, 3, dtype=torch.bfloat16)}
 ref = checkpoint.publish(state)

@@ -19,7 +19,7 @@ def small_store():
     """A local Ray whose object store holds 80 MiB."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, object_store_memory=STORE, include_dashboard=False, logging_level="ERROR",
+    ray.init(address="local", num_cpus=2, object_store_memory=STORE, include_dashboard=False, logging_level="ERROR",
              log_to_driver=False)
     yield
     ray.shutdown()

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from raydl.errors import FabricError
 from raydl.native.pyfi._buffers import Span, as_span
 from raydl.native.pyfi._lib import check, fabric_error, load
-from raydl.native.pyfi._objects import CompletionError, MemoryRegion
+from raydl.native.pyfi._objects import Closeable, CompletionError, MemoryRegion
 from raydl.native.pyfi._stack import FabricAddress, Stack, is_loopback
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ _CLIENT_SLEEP_US = 20
 _MAX_EAGAIN = 100_000          # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
 
 
-class Connection:
+class Connection(Closeable):
     """A client endpoint with the server's address in its AV. One operation at a time."""
 
     def __init__(self, address: FabricAddress, *, provider: str | None = None) -> None:
@@ -103,18 +103,6 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._stack is None
-
-    def __enter__(self) -> Connection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
     def __reduce__(self):
         raise TypeError("a pyfi Connection is bound to this process; send the FabricAddress instead")

@@ -74,7 +74,26 @@ class ProviderInfo:
     api_version: str
 
 
-class InfoList:
+class Closeable:
+    """Context manager and garbage-collection cleanup for anything with an idempotent close()."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - best effort at collection or interpreter shutdown
+            pass
+
+
+class InfoList(Closeable):
     """fi_getinfo's answer (a linked list), freed with fi_freeinfo on close."""
 
     def __init__(self, head: Any) -> None:
@@ -102,17 +121,6 @@ class InfoList:
             lib.fi_freeinfo(self._head)
             self._head, self._entries = None, []
 
-    def __enter__(self) -> InfoList:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 def snapshot(entry: Any) -> ProviderInfo:
@@ -157,7 +165,7 @@ def getinfo(provider: str | None = None, *, node: str | None = None, service: st
         lib.fi_freeinfo(hints)
 
 
-class _Fid:
+class _Fid(Closeable):
     """One libfabric object; `close()` closes its dependents first, newest first."""
 
     kind = "fid"
@@ -196,17 +204,6 @@ class _Fid:
     def _after_close(self) -> None:
         pass
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - best effort at collection or shutdown
-            pass
 
 
 class Fabric(_Fid):

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from raydl.errors import DataSourceError, FabricError
 from raydl.native.pyfi._buffers import Span, as_span
 from raydl.native.pyfi._lib import load
-from raydl.native.pyfi._objects import CompletionQueue
+from raydl.native.pyfi._objects import Closeable, CompletionQueue
 from raydl.native.pyfi._probe import choose_provider
 from raydl.native.pyfi._stack import FabricAddress, Stack, parse_bind
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 _SERVE_SLICE_S = 0.05          # how often the serving thread checks for close()
 
 
-class Server:
+class Server(Closeable):
     """A registered region served from a background thread until close()."""
 
     def __init__(self, span: Span, *, provider: str, bind: str | None, writable: bool,
@@ -76,18 +76,6 @@ class Server:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
     def __reduce__(self):
         raise TypeError("a pyfi Server holds registered memory and cannot be pickled; send .address")
