@@ -1,0 +1,123 @@
+"""The two processes of `raydl bench checkpoint`: a Source on the publisher's node, a Sink on another.
+
+Plain classes; checkpoint.py applies `ray.remote` with node affinity. Every
+figure is timed inside the process that receives the bytes, with
+`time.perf_counter`, so the driver's Ray round trips are not counted.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Sink", "Source", "make_state"]
+
+_PAGE = 4096
+
+
+def make_state(size: int, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    """One uint8 buffer of `size` bytes and a state dict of float32/bfloat16 tensors viewing all of it.
+
+    The tensors are views, so the state dict and the raw buffer are the same
+    bytes: what raydl publishes and what the plain `ray.put` baseline puts.
+    `size` must be a multiple of 4 and at least 64 KiB.
+    """
+    import torch
+
+    if size % 4 or size < 64 << 10:
+        raise ValueError(f"checkpoint size must be a multiple of 4 bytes and >= 64 KiB, got {size}")
+    blob = np.empty(size, np.uint8)
+    cuts = [0]
+    for frac in (3 / 8, 3 / 4, 7 / 8):  # page-aligned boundaries
+        cuts.append(int(size * frac) // _PAGE * _PAGE)
+    cuts.append(size)
+    layout = (("layers.0.attn.qkv.weight", torch.float32), ("layers.0.mlp.up.weight", torch.bfloat16),
+              ("layers.1.mlp.down.weight", torch.float32), ("embed.weight", torch.bfloat16))
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for (name, dtype), lo, hi in zip(layout, cuts, cuts[1:]):
+        count = (hi - lo) // dtype.itemsize
+        flat = torch.frombuffer(blob, dtype=dtype, offset=lo, count=count)
+        flat.normal_(0.0, 0.02, generator=gen)
+        cols = 1024 if count % 1024 == 0 else 1
+        state[name] = flat.view(count // cols, cols) if cols > 1 else flat
+    return blob, state
+
+
+class Source:
+    """Node 0: holds the checkpoint, publishes it (fabric or object store) and puts its raw bytes."""
+
+    def __init__(self, size: int, warm_size: int, provider: str | None, seed: int = 0) -> None:
+        self._provider = provider
+        self._data = {"full": make_state(size, seed), "warm": make_state(warm_size, seed + 1)}
+        self._refs: dict[str, Any] = {}
+        self._puts: dict[str, Any] = {}
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def publish(self, kind: str, transports: tuple[str, ...], chunk_size: int):
+        from raydl import checkpoint
+
+        _blob, state = self._data[kind]
+        ref = checkpoint.publish(state, transports=transports, chunk_size=chunk_size, provider=self._provider)
+        self._refs[ref.key] = ref
+        return ref
+
+    def unpublish(self, key: str) -> None:
+        """Stop serving, and drop this process's handle on any object-store copy."""
+        from raydl import checkpoint
+
+        ref = self._refs.pop(key, None)
+        if ref is not None:
+            checkpoint.unpublish(ref)
+
+    def put(self, kind: str) -> list:
+        """`ray.put` the raw bytes (one numpy uint8 array); the ObjectRef comes back wrapped in a list."""
+        import ray
+
+        blob, _state = self._data[kind]
+        oref = ray.put(blob)
+        self._puts[oref.hex()] = oref
+        return [oref]
+
+    def drop(self, hex_id: str) -> None:
+        self._puts.pop(hex_id, None)
+
+    def clear(self) -> None:
+        for key in list(self._refs):
+            self.unpublish(key)
+        self._puts.clear()
+
+
+class Sink:
+    """Node 1: receives, times, lets go."""
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def fetch(self, ref, transport: str, timeout: float) -> dict[str, Any]:
+        from raydl import checkpoint
+
+        t0 = time.perf_counter()
+        state = checkpoint.fetch(ref, transport=transport, timeout=timeout)
+        seconds = time.perf_counter() - t0
+        out = {"seconds": seconds, "bytes": ref.size, "transport": state.transport, "peer": state.peer,
+               "fetch_seconds": state.seconds, "tensors": len(state)}
+        del state  # the copy goes now, not at the next call
+        return out
+
+    def get(self, wrapped: list, timeout: float) -> dict[str, Any]:
+        import ray
+
+        t0 = time.perf_counter()
+        arr = ray.get(wrapped[0], timeout=timeout)
+        seconds = time.perf_counter() - t0
+        out = {"seconds": seconds, "bytes": int(arr.nbytes)}
+        del arr
+        return out
