@@ -9,7 +9,9 @@ it); libfabric (raydl.native.pyfi) moves the bytes. The checkpoint is laid out
 as a safetensors file - 8-byte header length, JSON header, raw tensor bytes -
 in one buffer registered with the fabric, so a fetched copy is a valid
 .safetensors file and tensors are built on it without another copy. Each chunk
-carries a CRC-32 checked on arrival. Where no RMA provider fits, the same
+carries an XXH3-64 digest checked on arrival (7.7 GB/s on one core here,
+against 2.1 for zlib's CRC-32, so checking costs little next to the
+transfer). Where no RMA provider fits, the same
 calls move the bytes through Ray's object store, and say so.
 """
 from __future__ import annotations
@@ -24,11 +26,11 @@ import struct
 import tempfile
 import threading
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from raydl.errors import CheckpointError, FabricError
 
@@ -95,7 +97,11 @@ def _pack(state: dict[str, Any]) -> np.ndarray:
 
 
 def _aligned_empty(n: int) -> np.ndarray:
-    """A page-aligned uint8 array (registration and DMA like page alignment)."""
+    """A page-aligned uint8 array (registration and DMA like page alignment).
+
+    Not pre-faulted: receiving into fresh pages measured as fast as into
+    touched ones, while populating first cost another 0.5 s per GiB.
+    """
     raw = np.empty(n + mmap.PAGESIZE, np.uint8)
     off = -raw.ctypes.data % mmap.PAGESIZE
     return raw[off:off + n]
@@ -124,8 +130,12 @@ def _tensors(buf: np.ndarray, header: dict[str, Any], start: int) -> dict[str, A
     return out
 
 
+def _digest(data) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
 def _checksums(buf: np.ndarray, chunk: int) -> tuple[int, ...]:
-    return tuple(zlib.crc32(buf[i:i + chunk]) for i in range(0, len(buf), chunk))
+    return tuple(_digest(buf[i:i + chunk]) for i in range(0, len(buf), chunk))
 
 
 # -- references ---------------------------------------------------------------------------
@@ -167,6 +177,7 @@ class _Held:
     server: Any
     progress_server: Any = None
     progress: np.ndarray | None = None
+    object_ref: Any = None
 
 
 _held: dict[str, _Held] = {}
@@ -234,7 +245,7 @@ def publish(
         fabric=server.address if server else None, object_ref=object_ref,
     )
     with _held_lock:
-        _held[ref.key + ref.holder] = _Held(buf, server)
+        _held[ref.key + ref.holder] = _Held(buf, server, object_ref=object_ref)
     logger.info("raydl: published checkpoint %s (%d bytes) over %s", ref.key[:8], ref.size, ref.transports)
     return ref
 
@@ -250,7 +261,10 @@ def _map_readonly(path: str) -> np.ndarray:
 
 
 def unpublish(ref: CheckpointRef) -> None:
-    """Stop serving `ref` from this process (deregisters it; later reads fail). Idempotent."""
+    """Stop serving `ref` from this process: deregister its fabric region, so later fabric
+    fetches fail (naming the peer), and drop this process's reference to the
+    object-store copy (Ray frees it once no copy of the ref remains; Ray has no
+    call to force that). Idempotent."""
     with _held_lock:
         held = _held.pop(ref.key + ref.holder, None)
     if held is None:
@@ -258,6 +272,7 @@ def unpublish(ref: CheckpointRef) -> None:
     for s in (held.server, held.progress_server):
         if s is not None:
             s.close()
+    held.object_ref = None
 
 
 # -- fetch --------------------------------------------------------------------------------
@@ -277,7 +292,7 @@ def fetch(
     (fabric when both sides can, else the object store; the choice is logged
     and kept in `.transport`). into=path writes a .safetensors file atomically
     (temporary file, then rename) and returns tensors mapped from it. Every
-    chunk's CRC-32 is checked; a mismatch is a CheckpointError naming the peer
+    chunk's digest is checked; a mismatch is a CheckpointError naming the peer
     and chunk, and nothing is left behind.
     """
     if transport not in _TRANSPORTS:
@@ -369,46 +384,98 @@ class _Target:
 
 
 def _verify(buf: np.ndarray, ref: CheckpointRef, first: int, last: int, peer: str) -> None:
-    """Check chunks [first, last) against the ref's CRCs."""
+    """Check chunks [first, last) against the ref's digests."""
     c = ref.chunk_size
     for i in range(first, last):
-        got = zlib.crc32(buf[i * c:(i + 1) * c])
+        got = _digest(buf[i * c:(i + 1) * c])
         if got != ref.checksums[i]:
             raise CheckpointError(f"checkpoint {ref.key[:8]}: chunk {i} from {peer} is corrupt "
-                                  f"(crc32 {got:#010x}, expected {ref.checksums[i]:#010x})")
+                                  f"(xxh3-64 {got:#018x}, expected {ref.checksums[i]:#018x})")
 
 
 def _pull_fabric(ref: CheckpointRef, dst: np.ndarray, *, start: int, timeout: float, chunk_size: int,
                  max_inflight: int, upstream_done=None, on_done=None) -> None:
     """Read [start chunk, end) of the checkpoint from ref.fabric into dst, verifying as chunks land.
 
-    upstream_done() -> chunks the source holds (broadcast: a holder still
-    receiving); on_done(n) is told each verified prefix.
+    Reads go in windows of chunks; a window's digests are checked on a helper
+    thread while the next window is read, so the check
+    costs no transfer time. upstream_done() -> chunks the source holds
+    (broadcast: a holder still receiving); on_done(n) hears each verified prefix.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     from raydl.native import pyfi
 
     n = len(ref.checksums)
     c = ref.chunk_size
-    window = max(1, (chunk_size * max_inflight) // c)
+    window = max(1, (4 * chunk_size * max_inflight) // c)
     done = start
     peer = ref.fabric.peer
-    try:
-        with pyfi.connect(ref.fabric) as conn:
-            while done < n:
-                avail = n if upstream_done is None else upstream_done()
-                if avail <= done:
-                    time.sleep(0.001)
-                    continue
-                end = min(avail, done + window)
-                lo, hi = done * c, min(end * c, ref.size)
-                conn.read_into(dst[lo:hi], offset=lo, chunk_size=chunk_size, max_inflight=max_inflight,
-                               timeout=timeout)
-                _verify(dst, ref, done, end, peer)
-                done = end
-                if on_done is not None:
-                    on_done(done)
-    except FabricError as exc:
-        raise CheckpointError(f"checkpoint {ref.key[:8]}: transfer from {peer} failed at chunk {done}: {exc}") from exc
+    checks: list = []
+
+    def check(first: int, last: int) -> None:
+        _verify(dst, ref, first, last, peer)
+        if on_done is not None:
+            on_done(last)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="raydl-digest") as verifier:
+        try:
+            with _connection(ref.fabric) as conn:
+                while done < n:
+                    avail = n if upstream_done is None else upstream_done()
+                    if avail <= done:
+                        time.sleep(0.001)
+                        continue
+                    end = min(avail, done + window)
+                    lo, hi = done * c, min(end * c, ref.size)
+                    conn.read_into(dst[lo:hi], offset=lo, chunk_size=chunk_size, max_inflight=max_inflight,
+                                   timeout=timeout)
+                    checks.append(verifier.submit(check, done, end))  # in order: one verifier thread
+                    done = end
+                    if checks[0].done():
+                        checks.pop(0).result()  # surface a corrupt chunk early
+        except BaseException as exc:
+            for f in checks:  # nothing more to check: the copy is abandoned
+                f.cancel()
+            if isinstance(exc, FabricError):
+                raise CheckpointError(
+                    f"checkpoint {ref.key[:8]}: transfer from {peer} failed at chunk {done}: {exc}") from exc
+            raise
+        for f in checks:
+            f.result()
+
+
+_connections: dict[Any, Any] = {}
+_connections_lock = threading.Lock()
+_MAX_CONNECTIONS = 16
+
+
+class _connection:
+    """A cached pyfi connection to `address` (connecting costs ~70 ms): one user at a time;
+    dropped when a transfer on it fails (pyfi closes it then)."""
+
+    def __init__(self, address) -> None:
+        self._address = address
+
+    def __enter__(self):
+        from raydl.native import pyfi
+
+        with _connections_lock:
+            conn = _connections.pop(self._address, None)
+        self._conn = conn if conn is not None and not conn.closed else pyfi.connect(self._address)
+        return self._conn
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None or self._conn.closed:
+            self._conn.close()
+            return
+        with _connections_lock:
+            old = _connections.pop(self._address, None)
+            _connections[self._address] = self._conn
+            while len(_connections) > _MAX_CONNECTIONS:
+                _connections.pop(next(iter(_connections))).close()
+        if old is not None:
+            old.close()
 
 
 def _pull_object_store(ref: CheckpointRef, dst: np.ndarray) -> None:

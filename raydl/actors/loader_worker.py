@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydl.errors import DataSourceError
+from raydl.memory import populated_empty
 from raydl.storage import LocalStorage
 from raydl.transforms import SampleProgram
 
@@ -131,7 +132,7 @@ class LoaderWorker:
         shape = (n, *program.slot_shape())
         buf = getattr(self._local, "buffer", None)
         if buf is None or buf.shape[0] < n:
-            buf = np.empty(shape, dtype=program.dtype)
+            buf = populated_empty(shape, program.dtype)
             self._local.buffer = buf
         return buf[:n]
 

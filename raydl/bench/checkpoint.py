@@ -10,7 +10,7 @@ adding up to --size bytes, held by an actor on node 0. Each round runs every
 method once, in turn, so that a noisy neighbour hits them all alike:
 
 * raydl fetch, fabric: node 0 publishes; an actor on node 1 times
-  `checkpoint.fetch(ref, transport="fabric")` (RMA reads, CRC-32 per chunk,
+  `checkpoint.fetch(ref, transport="fabric")` (RMA reads, XXH3-64 digest per chunk,
   tensors built on the bytes);
 * raydl fetch, object store: the same with transports=("object_store",);
 * ray.get of the bytes: node 0 `ray.put`s the same bytes as one numpy uint8
@@ -390,7 +390,7 @@ def main(args: argparse.Namespace) -> int:
         f"raydl bench checkpoint: {_human(args.size)} checkpoint (float32 + bfloat16 tensors), "
         f"{args.nodes} simulated node(s), provider {provider}, chunks {_human(args.chunk_size)}, "
         f"median of {args.rounds} round(s)")))
-    notes.append("GB/s = 1e9 bytes/s. raydl fetches include connecting, CRC-32 of every chunk and building "
+    notes.append("GB/s = 1e9 bytes/s. raydl fetches include connecting, an XXH3-64 digest of every chunk and building "
                  "the tensors; the raw pyfi read does none of that and reads into memory already faulted in")
     notes.append("broadcast seconds: from the driver's broadcast() call to every peer holding a verified copy "
                  "(peers started and warmed beforehand); x single = over the single-peer fabric fetch")
