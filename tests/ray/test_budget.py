@@ -28,7 +28,7 @@ def small_store():
 def _spilled_bytes() -> int:
     from ray._private.internal_api import memory_summary
 
-    text = memory_summary(stats_only=True)
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)  # this instance, not any on the machine
     m = re.search(r"Spilled (\d+) MiB", text)
     return int(m.group(1)) if m else 0
 
