@@ -189,3 +189,14 @@ def test_checksums_cover_every_chunk():
     assert len(sums) == -(-len(buf) // 1000) and sums[-1] == xxhash.xxh3_64_intdigest(buf[len(sums) * 1000 - 1000:])
     header, start = checkpoint._parse_header(buf)
     assert start % 8 == 0 and start + max(v["data_offsets"][1] for v in header.values()) == len(buf)
+
+
+def test_fetch_onto_cuda(cluster):
+    """device='cuda' puts the fetched tensors on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    ref = checkpoint.publish(_state(10))
+    got = checkpoint.fetch(ref, device="cuda")
+    assert all(t.is_cuda for t in got.values())
+    _assert_same({k: v.cpu() for k, v in got.items()}, _state(10))
+    checkpoint.unpublish(ref)

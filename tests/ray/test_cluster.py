@@ -168,3 +168,36 @@ def test_ray_train_workers_share_one_loader(cluster, image_folder, tmp_path):
         assert len({s["batches"] for s in per_rank}) == 1
         ids = [i for s in per_rank for i in s["ids"]]
         assert set(ids) == set(range(N)) and len(ids) - N < 2
+
+
+def test_exact_resume_and_elastic_two_to_three_on_the_cluster(cluster, image_folder):
+    """Mid-epoch state at 2 ranks: a same-size resume repeats the exact batches; at 3 ranks the rest is re-dealt once."""
+    import json
+
+    with _loader(image_folder, batch_size=4, world_size=2, seed=12, drop_last=True) as loader:
+        ref = [list(loader.iterator(r).iter_batches()) for r in range(2)]
+        its = [loader.iterator(r) for r in range(2)]
+        head = []
+        for it in its:
+            for i, b in enumerate(it.iter_batches()):
+                head.append(b["id"])
+                if i == 1:
+                    break
+        state = json.loads(json.dumps(its[0].state_dict()))
+    with _loader(image_folder, batch_size=4, world_size=2, seed=12, drop_last=True, num_workers=2) as same:
+        for r in range(2):
+            resumed = same.iterator(r)
+            resumed.load_state_dict(state)
+            rest = list(resumed.iter_batches())
+            assert len(rest) == len(ref[r]) - 2
+            for a, b in zip(rest, ref[r][2:]):
+                np.testing.assert_array_equal(a["id"], b["id"])
+                np.testing.assert_array_equal(a["image"], b["image"])
+    with _loader(image_folder, batch_size=4, world_size=3, seed=12, drop_last=True) as wider:
+        tail = []
+        for r in range(3):
+            it = wider.iterator(r)
+            it.load_state_dict(state)
+            tail += [b["id"] for b in it.iter_batches()]
+    ids = np.concatenate(head + tail)
+    assert len(ids) == len(set(ids.tolist())) and N - len(ids) < 4 * 3
