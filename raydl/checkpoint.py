@@ -404,8 +404,6 @@ def _pull_fabric(ref: CheckpointRef, dst: np.ndarray, *, start: int, timeout: fl
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from raydl.native import pyfi
-
     n = len(ref.checksums)
     c = ref.chunk_size
     window = max(1, (4 * chunk_size * max_inflight) // c)

@@ -22,16 +22,18 @@ def _add_bench(sub) -> None:
     try:
         from raydl.bench import loader as bench_loader
     except ImportError as exc:  # the bench package is optional at import time only
-        lp = bench_sub.add_parser("loader", help=f"unavailable: {exc}")
-        lp.set_defaults(func=lambda args: sys.exit(f"raydl bench loader is unavailable: {exc}"))
+        why = str(exc)
+        lp = bench_sub.add_parser("loader", help=f"unavailable: {why}")
+        lp.set_defaults(func=lambda args: sys.exit(f"raydl bench loader is unavailable: {why}"))
         return
     bench_loader.add_parser(bench_sub)
     bench_sub.choices["loader"].set_defaults(func=bench_loader.main)
     try:
         from raydl.bench import checkpoint as bench_checkpoint
     except ImportError as exc:
-        cp = bench_sub.add_parser("checkpoint", help=f"unavailable: {exc}")
-        cp.set_defaults(func=lambda args: sys.exit(f"raydl bench checkpoint is unavailable: {exc}"))
+        why = str(exc)
+        cp = bench_sub.add_parser("checkpoint", help=f"unavailable: {why}")
+        cp.set_defaults(func=lambda args: sys.exit(f"raydl bench checkpoint is unavailable: {why}"))
         return
     bench_checkpoint.add_parser(bench_sub)
     bench_sub.choices["checkpoint"].set_defaults(func=bench_checkpoint.main)

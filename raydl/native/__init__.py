@@ -8,6 +8,7 @@ why the kernel is missing and how to build it.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import warnings
 from typing import Any
@@ -23,39 +24,30 @@ __all__ = ["crop_resize_into", "jpeg_available", "jpeg_crop_resize_into", "kerne
 _OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED = 0, -1, -2, -3, -4
 
 
-@functools.lru_cache(maxsize=1)
-def _load() -> tuple[Any, Any, str]:
-    """(ffi, lib, reason): lib is None when the kernel could not be loaded."""
+def _import(module: str, missing: str) -> tuple[Any, Any, str]:
+    """(ffi, lib, reason) of a compiled cffi module of raydl.native; lib is None when it cannot load."""
     from raydl import config
 
     if config.native_disabled():
         return None, None, "disabled by RAYDL_DISABLE_NATIVE=1"
     try:
-        from raydl.native import _kernels  # type: ignore[attr-defined]
+        mod = importlib.import_module(f"raydl.native.{module}")
     except ImportError as exc:
-        return None, None, (
-            f"the compiled module raydl.native._kernels is missing ({exc}); reinstall raydl "
-            "with a C compiler present (`pip install -e .`) or run "
-            "`python -m raydl.native._build_kernels`"
-        )
-    return _kernels.ffi, _kernels.lib, "loaded"
+        return None, None, f"raydl.native.{module} is missing ({exc}); {missing}"
+    return mod.ffi, mod.lib, "loaded"
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[Any, Any, str]:
+    """The crop/resize kernels."""
+    return _import("_kernels", "reinstall raydl with a C compiler present (`pip install -e .`) or run "
+                               "`python -m raydl.native._build_kernels`")
 
 
 @functools.lru_cache(maxsize=1)
 def _load_jpeg() -> tuple[Any, Any, str]:
-    """(ffi, lib, reason) of the region-decoding JPEG module; lib None when absent."""
-    from raydl import config
-
-    if config.native_disabled():
-        return None, None, "disabled by RAYDL_DISABLE_NATIVE=1"
-    try:
-        from raydl.native import _jpeg  # type: ignore[attr-defined]
-    except ImportError as exc:
-        return None, None, (
-            f"raydl.native._jpeg is missing ({exc}); it needs libjpeg-turbo's headers at install time "
-            "(Debian: libjpeg62-turbo-dev)"
-        )
-    return _jpeg.ffi, _jpeg.lib, "loaded"
+    """The region-decoding JPEG module."""
+    return _import("_jpeg", "it needs libjpeg-turbo's headers at install time (Debian: libjpeg62-turbo-dev)")
 
 
 def jpeg_available() -> bool:
