@@ -105,9 +105,15 @@ class CheckpointPeer:
         return {k: (str(v.dtype), tuple(v.shape), float(v.double().sum())) for k, v in state.items()}
 
     def release(self, key: str) -> None:
+        """Stop serving the copy of checkpoint `key` and free it."""
         ref = self._refs.pop(key, None)
         if ref is not None:
             ckpt.unpublish(ref)
+
+    def close(self) -> None:
+        """Stop serving every copy (their threads end) - call before killing the actor. Idempotent."""
+        for key in list(self._refs):
+            self.release(key)
 
 
 class _UpstreamProgress:

@@ -161,6 +161,8 @@ def test_broadcast_to_three_peers(cluster):
     for p in peers:
         assert ray.get(p.summary.remote(ref.key)) == expected
     for p in peers:
+        ray.get(p.close.remote())
+        ray.get(p.close.remote())  # idempotent
         ray.kill(p)
     checkpoint.unpublish(ref)
 
@@ -176,6 +178,7 @@ def test_broadcast_survives_a_dead_holder(cluster):
     expected = {k: (str(v.dtype), tuple(v.shape), float(v.double().sum())) for k, v in _state(8).items()}
     assert ray.get(peers[1].summary.remote(ref.key)) == expected
     for p in peers[1:]:
+        ray.get(p.close.remote())
         ray.kill(p)
     checkpoint.unpublish(ref)
 
