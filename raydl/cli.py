@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 __all__ = ["main"]
@@ -19,24 +20,16 @@ def _add_demo(sub) -> None:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    try:
-        from raydl.bench import loader as bench_loader
-    except ImportError as exc:  # the bench package is optional at import time only
-        why = str(exc)
-        lp = bench_sub.add_parser("loader", help=f"unavailable: {why}")
-        lp.set_defaults(func=lambda args: sys.exit(f"raydl bench loader is unavailable: {why}"))
-        return
-    bench_loader.add_parser(bench_sub)
-    bench_sub.choices["loader"].set_defaults(func=bench_loader.main)
-    try:
-        from raydl.bench import checkpoint as bench_checkpoint
-    except ImportError as exc:
-        why = str(exc)
-        cp = bench_sub.add_parser("checkpoint", help=f"unavailable: {why}")
-        cp.set_defaults(func=lambda args: sys.exit(f"raydl bench checkpoint is unavailable: {why}"))
-        return
-    bench_checkpoint.add_parser(bench_sub)
-    bench_sub.choices["checkpoint"].set_defaults(func=bench_checkpoint.main)
+    for name in ("loader", "checkpoint"):
+        try:
+            module = importlib.import_module(f"raydl.bench.{name}")
+        except ImportError as exc:  # an optional peer or plotting package is missing: say so when asked
+            why = str(exc)
+            bp = bench_sub.add_parser(name, help=f"unavailable: {why}")
+            bp.set_defaults(func=lambda args, name=name, why=why: sys.exit(f"raydl bench {name} is unavailable: {why}"))
+            continue
+        module.add_parser(bench_sub)
+        bench_sub.choices[name].set_defaults(func=module.main)
 
 
 def _add_fabric_info(sub) -> None:

@@ -13,6 +13,7 @@ coordinator for workers, and only the original's shutdown() kills them.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -51,13 +52,12 @@ class Loader:
         self.program = program
         self.num_samples = len(catalog)
         self.fingerprint = catalog.fingerprint
-        self.root = catalog.storage.root
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True
         if not ray.is_initialized():
             ray.init(logging_level=logging.WARNING, log_to_driver=False)
-        self.batch_bytes = config.batch_size * program.dtype.itemsize * _prod(program.slot_shape())
+        self.batch_bytes = config.batch_size * program.dtype.itemsize * math.prod(program.slot_shape())
         self.object_store_budget = config.object_store_budget or _default_budget()
         spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker)
         here = ray.get_runtime_context().get_node_id()
@@ -176,13 +176,6 @@ class Loader:
         c = self.config
         return (f"Loader(samples={self.num_samples}, batch_size={c.batch_size}, world_size={c.world_size}, "
                 f"workers={len(self._workers)}, closed={self._closed})")
-
-
-def _prod(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
 
 
 def _default_budget() -> int:

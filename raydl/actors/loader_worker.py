@@ -62,11 +62,10 @@ class BatchResult:
     batch: dict
     skipped: list[Skipped]
     unreadable: list[Skipped]
-    worker: str
 
 
 class LoaderWorker:
-    """Runs batch tasks for any rank; stateless between tasks apart from its pool."""
+    """Runs batch tasks for any rank; between tasks it keeps only its decode pool and per-thread batch arrays."""
 
     def __init__(self, spec: WorkerSpec, table: pa.Table) -> None:
         self._spec = spec
@@ -75,9 +74,7 @@ class LoaderWorker:
         threads = spec.threads or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
         self._name = f"{socket.gethostname()}:{os.getpid()}"
-        self._lock = threading.Lock()
         self._local = threading.local()
-        self._closed = False
 
     def ready(self) -> dict:
         """Where this worker runs; the loader calls it to know the worker is up."""
@@ -118,7 +115,7 @@ class LoaderWorker:
             images, ids = images[ok], ids[ok]
             keys = [k for k, good in zip(keys, ok) if good]
         batch = {"image": images, "label": self._labels[ids], "id": ids, "key": keys}
-        return BatchResult(batch=batch, skipped=skipped, unreadable=unreadable, worker=self._name)
+        return BatchResult(batch=batch, skipped=skipped, unreadable=unreadable)
 
     def _batch_buffer(self, n: int) -> np.ndarray:
         """This thread's batch array, reused from its previous call.
@@ -135,9 +132,3 @@ class LoaderWorker:
             buf = populated_empty(shape, program.dtype)
             self._local.buffer = buf
         return buf[:n]
-
-    def shutdown(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._pool.shutdown(wait=False, cancel_futures=True)
