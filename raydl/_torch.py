@@ -7,16 +7,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["torch_batches"]
+__all__ = ["import_torch", "torch_batches"]
 
 
-def _import_torch():
+def import_torch(what: str):
+    """torch, imported on first use (an optional extra); `what` names the feature that needs it."""
     try:
         import torch
     except ImportError as exc:
         raise ImportError(
-            "iter_torch_batches needs torch; install the build for your CUDA version, "
-            "or `pip install raydl[torch]` for the default one"
+            f"{what} needs torch; install the build for your CUDA version, "
+            "or `pip install 'raydl[torch]'` for the default one"
         ) from exc
     return torch
 
@@ -24,7 +25,7 @@ def _import_torch():
 def torch_batches(
     batches: Iterator[dict[str, Any]], *, device: str, dtypes: Any, pin_memory: bool
 ) -> Iterator[dict[str, Any]]:
-    torch = _import_torch()
+    torch = import_torch("iter_torch_batches")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device={device!r} was asked for, but torch sees no CUDA device")

@@ -21,7 +21,6 @@ import logging
 import mmap
 import os
 import secrets
-import socket
 import struct
 import tempfile
 import threading
@@ -32,6 +31,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from raydl._process import process_name
+from raydl._torch import import_torch
 from raydl.errors import CheckpointError, FabricError
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,7 @@ _DTYPES = {
 
 
 def _torch():
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("raydl.checkpoint needs torch (pip install raydl[torch])") from exc
-    return torch
+    return import_torch("raydl.checkpoint")
 
 
 # -- layout -----------------------------------------------------------------------------
@@ -185,7 +182,7 @@ _held_lock = threading.Lock()
 
 
 def _holder_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return process_name()
 
 
 def _bind(bind: str | None) -> str | None:

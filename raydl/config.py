@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-__all__ = ["LoaderConfig", "checkpoint_bind", "load_loader_config", "native_disabled"]
+__all__ = [
+    "LoaderConfig", "checkpoint_bind", "is_positive_int", "load_loader_config", "native_disabled", "positive_int",
+]
 
 _ON_ERROR = ("skip", "raise")
 
@@ -35,9 +37,15 @@ def checkpoint_bind() -> str | None:
     return None
 
 
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def positive_int(name: str, value: object) -> int:
+    """`value` when it is an int > 0 (not a bool); else ValueError naming `name`. raydl's one such check."""
+    if not is_positive_int(value):
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -58,20 +66,20 @@ class LoaderConfig:
     object_store_budget: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("batch_size", self.batch_size)
-        _positive_int("world_size", self.world_size)
-        _positive_int("prefetch_batches", self.prefetch_batches)
+        positive_int("batch_size", self.batch_size)
+        positive_int("world_size", self.world_size)
+        positive_int("prefetch_batches", self.prefetch_batches)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
         if self.on_error not in _ON_ERROR:
             raise ValueError(f"on_error must be one of {_ON_ERROR}, got {self.on_error!r}")
-        _positive_int("num_workers", self.num_workers)
+        positive_int("num_workers", self.num_workers)
         if self.object_store_budget is not None:
-            _positive_int("object_store_budget", self.object_store_budget)
+            positive_int("object_store_budget", self.object_store_budget)
         if self.node_resource is not None and not (isinstance(self.node_resource, str) and self.node_resource):
             raise ValueError(f"node_resource must be a non-empty resource name, got {self.node_resource!r}")
         if self.threads_per_worker is not None:
-            _positive_int("threads_per_worker", self.threads_per_worker)
+            positive_int("threads_per_worker", self.threads_per_worker)
         if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker >= 0):
             raise ValueError(f"cpus_per_worker must be a number >= 0, got {self.cpus_per_worker!r}")
 

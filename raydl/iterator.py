@@ -18,6 +18,7 @@ import numpy as np
 import ray
 
 from raydl.actors.loader_worker import BatchResult, BatchTask
+from raydl.config import positive_int
 from raydl.errors import BatchTimeoutError, DataSourceError, LoaderError, SampleDecodeError
 from raydl.plan import EpochPlan, augmentation_seeds, epoch_order
 from raydl.scheduling import choose_worker, prefetch_depth
@@ -167,8 +168,7 @@ class DataIterator:
         if batch_format != "numpy":
             raise ValueError(f"batch_format must be 'numpy', got {batch_format!r}")
         depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
-            raise ValueError(f"prefetch_batches must be a positive int, got {prefetch_batches!r}")
+        positive_int("prefetch_batches", depth)
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         depth = prefetch_depth(depth, batch_bytes=self._loader.batch_bytes,

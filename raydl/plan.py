@@ -25,27 +25,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from raydl._splitmix import GAMMA, MASK64, mix64_array
+from raydl.config import positive_int
+
 __all__ = ["EpochPlan", "augmentation_seeds", "epoch_order"]
 
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer, vectorized over uint64 (wraps modulo 2**64)."""
-    x = x.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return x
 
 
 def epoch_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool, fingerprint: str) -> np.ndarray:
     """The epoch's global sample order (int64 ids), independent of world size."""
-    if num_samples <= 0:
-        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    positive_int("num_samples", num_samples)
     if not shuffle:
         return np.arange(num_samples, dtype=np.int64)
     fp = int(fingerprint[:16], 16) if fingerprint else 0
@@ -55,9 +44,8 @@ def epoch_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool, finge
 
 def augmentation_seeds(ids: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
     """One uint64 seed per sample id: same (seed, epoch, id), same augmentation."""
-    base = _mix64(np.array([(seed * 0x9E3779B97F4A7C15 + epoch) & _MASK64], dtype=np.uint64))[0]
-    with np.errstate(over="ignore"):
-        return _mix64(np.asarray(ids, dtype=np.uint64) ^ base)
+    base = mix64_array(np.array([(seed * GAMMA + epoch) & MASK64], dtype=np.uint64))[0]
+    return mix64_array(np.asarray(ids, dtype=np.uint64) ^ base)
 
 
 @dataclass(frozen=True)
@@ -72,8 +60,7 @@ class EpochPlan:
 
     def __post_init__(self) -> None:
         for name in ("num_samples", "world_size", "batch_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            positive_int(name, getattr(self, name))
         if not 0 <= self.start <= self.num_samples:
             raise ValueError(f"start must be in [0, {self.num_samples}], got {self.start}")
 

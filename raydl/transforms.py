@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from raydl import decode, native
+from raydl._splitmix import GAMMA, MASK64, mix64
+from raydl.config import is_positive_int, positive_int
 
 __all__ = [
     "CenterCrop",
@@ -42,7 +44,7 @@ def _size2(name: str, size: int | tuple[int, int]) -> tuple[int, int]:
         hw = tuple(size)
     else:
         raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
-    if len(hw) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw):
+    if len(hw) != 2 or not all(is_positive_int(v) for v in hw):
         raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
     return hw  # type: ignore[return-value]
 
@@ -80,8 +82,7 @@ class Resize(Stage):
 
     def __post_init__(self) -> None:
         if isinstance(self.size, int) and not isinstance(self.size, bool):
-            if self.size <= 0:
-                raise ValueError(f"size must be positive, got {self.size!r}")
+            positive_int("size", self.size)
         else:
             object.__setattr__(self, "size", _size2("size", self.size))
 
@@ -141,15 +142,11 @@ class SampleRng:
     __slots__ = ("_state",)
 
     def __init__(self, seed: int) -> None:
-        self._state = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self._state = int(seed) & MASK64
 
     def random(self) -> float:
-        self._state = (self._state + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-        z = self._state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-        z ^= z >> 31
-        return (z >> 11) * (1.0 / (1 << 53))
+        self._state = (self._state + GAMMA) & MASK64
+        return (mix64(self._state) >> 11) * (1.0 / (1 << 53))
 
     def uniform(self, lo: float, hi: float) -> float:
         return lo + (hi - lo) * self.random()

@@ -13,8 +13,6 @@ CheckpointPeer is a plain class; broadcast() applies ray.remote.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from raydl import checkpoint as ckpt
+from raydl._process import process_name
 from raydl.errors import CheckpointError, FabricError
 
 logger = logging.getLogger(__name__)
@@ -37,7 +36,7 @@ class CheckpointPeer:
     def __init__(self, *, bind: str | None = None, provider: str | None = None) -> None:
         self._bind = bind
         self._provider = provider
-        self._name = f"{socket.gethostname()}:{os.getpid()}"
+        self._name = process_name()
         self._refs: dict[str, ckpt.CheckpointRef] = {}
 
     def name(self) -> str:

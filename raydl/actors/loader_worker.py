@@ -11,7 +11,6 @@ copy.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from raydl._process import process_name
 from raydl.errors import DataSourceError
 from raydl.memory import populated_empty
 from raydl.storage import LocalStorage
@@ -73,7 +73,7 @@ class LoaderWorker:
         self._labels = table.column("label").to_numpy()
         threads = spec.threads or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
-        self._name = f"{socket.gethostname()}:{os.getpid()}"
+        self._name = process_name()
         self._local = threading.local()
 
     def ready(self) -> dict:

@@ -146,6 +146,9 @@ def _progress(i: int, rounds: int, row: dict, took: float) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the rounds, print the table, write --json/--plot. 0 when every peer ran at least once."""
+    if importlib.util.find_spec("psutil") is None:  # the runner samples memory and CPU with it
+        _log("error: raydl bench loader needs psutil: pip install 'raydl[bench]'")
+        return 2
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         _log("error: --plot needs matplotlib: pip install 'raydl[bench]'")
         return 2
