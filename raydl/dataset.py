@@ -45,9 +45,15 @@ class Dataset:
     def _with(self, stage: Stage) -> Dataset:
         return Dataset(self.catalog, self.stages + (stage,))
 
-    def decode(self) -> Dataset:
-        """Bytes to RGB uint8 pixels (any mode becomes RGB)."""
-        return self._with(Decode())
+    def decode(self, *, fast: bool = False) -> Dataset:
+        """Bytes to RGB uint8 pixels (any mode becomes RGB).
+
+        By default the output stays within about a grey level of Pillow's (full
+        decode, box crop, antialiased resize). fast=True opts into the shortcuts
+        that change pixels for speed: a coarser DCT scale, libjpeg's IFAST IDCT
+        and no fancy upsampling.
+        """
+        return self._with(Decode(fast=fast))
 
     def random_resized_crop(self, size, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> Dataset:
         """A random box of `scale` of the area and `ratio` aspect, resized to `size`."""

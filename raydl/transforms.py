@@ -4,8 +4,15 @@ Stages are frozen, printable dataclasses recorded by `Dataset`. `compile_stages`
 turns them into a `SampleProgram`: for one sample it reads the image size from
 the header, draws the augmentation from the sample's seed, folds every
 geometric stage into one source box, decodes (downscaled in the DCT domain when
-the box is much larger than the output) and calls the native kernel once to
-crop, resize, flip, normalize and write the batch slot.
+the box is at least twice the output, or just as large with decode(fast=True))
+and calls the native kernel once to crop, resize, flip, normalize and write
+the batch slot.
+
+Fidelity is the default: the reference is Pillow stage by stage with
+torchvision's semantics (full decode, box crop, antialiased bilinear resize),
+and a program's output stays within about a grey level of it.
+`decode(fast=True)` opts into the shortcuts that change pixels: the coarser
+DCT scale, libjpeg's IFAST IDCT and no fancy upsampling.
 """
 from __future__ import annotations
 
@@ -18,8 +25,10 @@ import numpy as np
 from raydl import decode, native
 from raydl._splitmix import GAMMA, MASK64, mix64
 from raydl.config import is_positive_int, positive_int
+from raydl.buckets import assign_buckets, bucket_set, check_bucket_args
 
 __all__ = [
+    "AspectBuckets",
     "CenterCrop",
     "Decode",
     "Normalize",
@@ -55,7 +64,16 @@ class Stage:
 
 @dataclass(frozen=True)
 class Decode(Stage):
-    """Bytes to RGB uint8 (JPEG via libjpeg-turbo, the rest via Pillow)."""
+    """Bytes to RGB uint8 (JPEG via libjpeg-turbo, the rest via Pillow).
+
+    fast=True: coarser DCT scaling, IFAST IDCT, no fancy upsampling (faster, changes pixels).
+    """
+
+    fast: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fast, bool):
+            raise ValueError(f"fast must be True or False, got {self.fast!r}")
 
 
 @dataclass(frozen=True)
@@ -136,6 +154,51 @@ class Normalize(Stage):
         return cls(tuple(float(v) for v in mean), tuple(float(v) for v in std))  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class AspectBuckets(Stage):
+    """Crop each image to the ratio of the bucket nearest its own and resize it there (datago's buckets)."""
+
+    size: int = 512
+    multiple: int = 32
+    min_ratio: float = 0.5
+    max_ratio: float = 2.0
+    crop: str = "center"
+
+    def __post_init__(self) -> None:
+        check_bucket_args(self.size, self.multiple, self.min_ratio, self.max_ratio)
+        if self.crop not in ("center", "random"):
+            raise ValueError(f"crop must be 'center' or 'random', got {self.crop!r}")
+
+    @functools.cached_property
+    def buckets(self) -> tuple[tuple[int, int], ...]:
+        """The bucket set, (height, width) sorted by aspect ratio."""
+        return bucket_set(self.size, self.multiple, self.min_ratio, self.max_ratio)
+
+    def assign(self, widths, heights) -> np.ndarray:
+        """Bucket index of each image (-1 where its size is unknown)."""
+        return assign_buckets(self.buckets, widths, heights)
+
+    def bucket_crop(self, h: int, w: int, rng: SampleRng,
+                    bucket: tuple[int, int] | None = None) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+        """The bucket (height, width) and the crop box (left, top, width, height) of an h x w image.
+
+        The box is the largest with the bucket's aspect ratio (rounded to whole
+        pixels), centred as torchvision's center_crop or at a random offset.
+        """
+        if bucket is None:
+            bucket = self.buckets[int(self.assign([w], [h])[0])]
+        bh, bw = bucket
+        if w * bh > h * bw:  # wider than the bucket: full height
+            ch, cw = h, min(w, max(1, int(round(h * bw / bh))))
+        else:
+            cw, ch = w, min(h, max(1, int(round(w * bh / bw))))
+        if self.crop == "random":
+            top, left = rng.randint(0, h - ch), rng.randint(0, w - cw)
+        else:
+            top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+        return (bh, bw), (left, top, cw, ch)
+
+
 class SampleRng:
     """splitmix64 stream from one sample's seed: a few draws per sample, same on every platform."""
 
@@ -185,23 +248,41 @@ class SampleProgram:
     out_size: tuple[int, int] | None
     normalize: Normalize | None
     dct_scaling: bool = True
+    fast: bool = False
+    buckets: AspectBuckets | None = None
 
     @property
     def dtype(self) -> np.dtype:
         return np.dtype(np.float32) if self.normalize else np.dtype(np.uint8)
 
-    def slot_shape(self) -> tuple[int, ...]:
-        """Shape of one sample in the batch: (3, H, W) float32 or (H, W, 3) uint8."""
-        if self.out_size is None:
+    def slot_shape(self, size: tuple[int, int] | None = None) -> tuple[int, ...]:
+        """Shape of one sample in the batch: (3, H, W) float32 or (H, W, 3) uint8.
+
+        `size` gives (H, W) for a bucketed program, whose batches each have their bucket's size.
+        """
+        size = size or self.out_size
+        if size is None:
+            if self.buckets is not None:
+                raise ValueError("a bucketed program's slot shape depends on the bucket: pass size=(H, W)")
             raise ValueError(
                 "batches need one image shape: end the geometric stages with random_resized_crop, "
-                "center_crop or resize((h, w))"
+                "center_crop or resize((h, w)), or use aspect_buckets()"
             )
-        h, w = self.out_size
+        h, w = size
         return (3, h, w) if self.normalize else (h, w, 3)
 
-    def geometry(self, h: int, w: int, seed: int) -> tuple[tuple[float, float, float, float], bool]:
-        """Source box (x0, y0, x1, y1) and flip flag of a (h, w) image under this sample's seed."""
+    def slot_shapes(self) -> list[tuple[int, ...]]:
+        """Every slot shape a batch of this program can have (one per bucket, or the one)."""
+        if self.buckets is not None:
+            return [self.slot_shape(b) for b in self.buckets.buckets]
+        return [self.slot_shape()]
+
+    def geometry(self, h: int, w: int, seed: int,
+                 out_size: tuple[int, int] | None = None) -> tuple[tuple[float, float, float, float], bool]:
+        """Source box (x0, y0, x1, y1) and flip flag of a (h, w) image under this sample's seed.
+
+        out_size: the bucket (H, W) of a bucketed program (default: the one nearest the image's ratio).
+        """
         rng = SampleRng(seed)
         x0, y0, bw, bh = 0.0, 0.0, float(w), float(h)  # box in source pixels
         lh, lw = h, w  # logical size after the stages so far
@@ -220,6 +301,9 @@ class SampleProgram:
                 sx, sy = bw / lw, bh / lh
                 x0, y0, bw, bh = x0 + left * sx, y0 + top * sy, cw * sx, ch * sy
                 lh, lw = st.size
+            elif isinstance(st, AspectBuckets):
+                (lh, lw), (left, top, cw, ch) = st.bucket_crop(lh, lw, rng, out_size)
+                x0, y0, bw, bh = float(left), float(top), float(cw), float(ch)
             elif isinstance(st, RandomHFlip):
                 if rng.random() < st.p:
                     flip = not flip
@@ -228,17 +312,17 @@ class SampleProgram:
     def run(self, data: bytes, seed: int, out: np.ndarray) -> None:
         """Decode `data` and write the transformed sample into `out` (its batch slot)."""
         h, w = decode.image_size(data)
-        box, flip = self.geometry(h, w, seed)
+        oh, ow = (out.shape[1], out.shape[2]) if self.normalize else (out.shape[0], out.shape[1])
+        box, flip = self.geometry(h, w, seed, (oh, ow) if self.buckets is not None else None)
         scale, bias = self._affine
         jpeg = decode.is_jpeg(data)
-        if jpeg and native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias,
-                                                 dct_scaling=self.dct_scaling):
-            return  # decoded only the region the box needs
         factor = 1
         if self.dct_scaling and jpeg:
-            oh, ow = self.out_size  # type: ignore[misc]
-            factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow)
-        img = decode.decode_rgb(data, factor=factor)
+            factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow, fast=self.fast)
+        if jpeg and native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias,
+                                                 scale_denom=factor, fast=self.fast):
+            return  # decoded only the region the box needs
+        img = decode.decode_rgb(data, factor=factor, fast=self.fast)
         if img.shape[0] != h or img.shape[1] != w:  # downscaled decode: map the box onto it
             sy, sx = img.shape[0] / h, img.shape[1] / w
             box = (box[0] * sx, box[1] * sy, min(box[2] * sx, img.shape[1]), min(box[3] * sy, img.shape[0]))
@@ -270,11 +354,17 @@ def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> Sa
         raise ValueError("the first stage must be .decode()")
     out_size: tuple[int, int] | None = None
     normalize = None
+    buckets: AspectBuckets | None = None
     for st in stages[1:]:
         if isinstance(st, Decode):
             raise ValueError(".decode() can appear only once")
         if normalize is not None:
             raise ValueError(f".normalize() must be the last stage, but {st!r} follows it")
+        if isinstance(st, AspectBuckets):
+            if buckets is not None or any(isinstance(x, (RandomResizedCrop, Resize, CenterCrop)) for x in stages):
+                raise ValueError(".aspect_buckets() replaces the crop/resize stages: use it once, without "
+                                 "random_resized_crop, resize or center_crop")
+            buckets = st
         if isinstance(st, (RandomResizedCrop, CenterCrop)):
             out_size = st.size
         elif isinstance(st, Resize):
@@ -282,4 +372,4 @@ def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> Sa
         elif isinstance(st, Normalize):
             normalize = st
     return SampleProgram(stages=tuple(stages[1:]), out_size=out_size, normalize=normalize,
-                         dct_scaling=dct_scaling)
+                         dct_scaling=dct_scaling, fast=stages[0].fast, buckets=buckets)

@@ -122,9 +122,14 @@ def jpeg_crop_resize_into(
     flip: bool,
     scale: np.ndarray | None = None,
     bias: np.ndarray | None = None,
-    dct_scaling: bool = True,
+    scale_denom: int = 1,
+    fast: bool = False,
 ) -> bool:
     """As crop_resize_into, decoding from JPEG bytes only the region the box needs.
+
+    scale_denom (1, 2, 4 or 8) downscales in the DCT domain (see
+    raydl.decode.dct_factor); fast=True uses libjpeg's IFAST IDCT without fancy
+    upsampling, which is faster and changes pixels.
 
     Returns False when this path cannot take the image (module not built, CMYK
     JPEG): decode it another way then. Raises ValueError for corrupt data.
@@ -139,7 +144,7 @@ def jpeg_crop_resize_into(
         ffi.from_buffer("uint8_t[]", data), len(data),
         float(box[0]), float(box[1]), float(box[2]), float(box[3]),
         out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, ffi.from_buffer(out, require_writable=True),
-        int(bool(dct_scaling)), err, 200,
+        int(scale_denom), int(bool(fast)), err, 200,
     )
     if rc == _OK:
         return True

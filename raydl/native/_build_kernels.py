@@ -29,7 +29,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            double box_x0, double box_y0, double box_x1, double box_y1,
                            int out_h, int out_w, int flip, int out_format,
                            const float *scale, const float *bias, void *dst,
-                           int dct_scaling, char *errbuf, int errbuf_len);
+                           int scale_denom, int fast, char *errbuf, int errbuf_len);
 """
 # Paths relative to the project root: setup.py runs the build from there.
 _ARGS = dict(include_dirs=["raydl/native"], extra_compile_args=["-O3", "-std=gnu99"], libraries=["m"])

@@ -5,7 +5,9 @@
  * (jpeg_crop_scanline), stop after the last row the crop reads, and scale by
  * 1/2, 1/4 or 1/8 in the DCT domain. What it decodes is handed to
  * raydl_crop_resize with a margin of rows and columns around the box, so the
- * filter sees exactly the pixels it would see in a full decode.
+ * filter sees exactly the pixels it would see in a full decode. The caller
+ * picks the DCT scale (raydl.decode.dct_factor); `fast` trades exactness for
+ * speed (IFAST IDCT, no fancy upsampling).
  *
  * libjpeg reports fatal errors through error_exit, which must not return:
  * we longjmp back here and turn it into RAYDL_EJPEG with the message.
@@ -55,7 +57,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            double box_x0, double box_y0, double box_x1, double box_y1,
                            int out_h, int out_w, int flip, int out_format,
                            const float *scale, const float *bias, void *dst,
-                           int dct_scaling, char *errbuf, int errbuf_len) {
+                           int scale_denom, int fast, char *errbuf, int errbuf_len) {
     struct jpeg_decompress_struct cinfo;
     err_mgr_t err;
     /* volatile: these change after setjmp and are read after a longjmp */
@@ -88,14 +90,18 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
         copy_msg(errbuf, errbuf_len, "crop box outside the image");
         return RAYDL_EINVAL;
     }
-    int denom = 1;
-    if (dct_scaling) {
-        for (int d = 2; d <= 8; d *= 2)
-            if ((box_x1 - box_x0) / d >= out_w && (box_y1 - box_y0) / d >= out_h) denom = d;
+    if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
+        jpeg_destroy_decompress(&cinfo);
+        copy_msg(errbuf, errbuf_len, "scale_denom must be 1, 2, 4 or 8");
+        return RAYDL_EINVAL;
     }
     cinfo.out_color_space = JCS_RGB;
     cinfo.scale_num = 1;
-    cinfo.scale_denom = (unsigned int)denom;
+    cinfo.scale_denom = (unsigned int)scale_denom;
+    if (fast) { /* opt-in shortcuts that change pixels: fast integer IDCT, no fancy upsampling */
+        cinfo.dct_method = JDCT_IFAST;
+        cinfo.do_fancy_upsampling = FALSE;
+    }
     jpeg_start_decompress(&cinfo);
     started = 1;
 

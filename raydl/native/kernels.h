@@ -30,13 +30,14 @@ int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       const float *scale, const float *bias, void *dst);
 
 /* Decode only the rows/columns of JPEG `data` that the box (in full-resolution
- * pixels) needs, downscaled in the DCT domain when dct_scaling is set and the
- * box is at least twice the output, then raydl_crop_resize it into dst.
+ * pixels) needs, downscaled by 1/scale_denom (1, 2, 4 or 8) in the DCT domain,
+ * then raydl_crop_resize it into dst. fast: IFAST IDCT and no fancy upsampling
+ * (faster, different pixels).
  * RAYDL_EJPEG: corrupt data (message in errbuf); RAYDL_EUNSUPPORTED: a JPEG
  * this path does not convert (CMYK), to be decoded another way. */
 int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            double box_x0, double box_y0, double box_x1, double box_y1,
                            int out_h, int out_w, int flip, int out_format,
                            const float *scale, const float *bias, void *dst,
-                           int dct_scaling, char *errbuf, int errbuf_len);
+                           int scale_denom, int fast, char *errbuf, int errbuf_len);
 #endif

@@ -46,22 +46,31 @@ def test_region_decode_matches_full_decode(subsampling, mode, progressive):
                      progressive=progressive)
         h, w = decode.image_size(data)
         box, flip = prog.geometry(h, w, seed)
-        assert native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias, dct_scaling=False)
+        assert native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias)
         native.crop_resize_into(decode.decode_rgb(data), box, ref, flip=flip, scale=scale, bias=bias)
         np.testing.assert_allclose(out, ref, atol=1e-4)
 
 
 def test_dct_scaled_region_is_close_to_full_decode():
-    """With DCT scaling on a large image the result stays close to the full-resolution path."""
+    """With DCT scaling (1/2, 1/4) on a large image the result stays close to the full-resolution path."""
     prog = _program()
     scale, bias = prog._affine
     data = _jpeg(1200, 1600, 0)
     out = np.empty((3, 64, 64), np.float32)
     ref = np.empty_like(out)
     box = (100.0, 50.0, 1500.0, 1150.0)
-    assert native.jpeg_crop_resize_into(data, box, out, flip=False, scale=scale, bias=bias, dct_scaling=True)
     native.crop_resize_into(decode.decode_rgb(data), box, ref, flip=False, scale=scale, bias=bias)
-    assert np.abs(out - ref).mean() < 0.05  # in normalized units: about 3 grey levels
+    for denom in (2, 4):
+        assert native.jpeg_crop_resize_into(data, box, out, flip=False, scale=scale, bias=bias, scale_denom=denom)
+        assert np.abs(out - ref).mean() < 0.05  # in normalized units: about 3 grey levels
+
+
+def test_bad_scale_denom_is_refused():
+    """Only 1, 2, 4 and 8 are DCT scales this path takes."""
+    data = _jpeg(64, 64, 3)
+    out = np.empty((8, 8, 3), np.uint8)
+    with pytest.raises(NativeKernelError):
+        native.jpeg_crop_resize_into(data, (0, 0, 64, 64), out, flip=False, scale_denom=3)
 
 
 def test_corrupt_and_cmyk_jpegs():
