@@ -249,9 +249,7 @@ def publish(
 
 def _map_readonly(path: str) -> np.ndarray:
     if not os.path.isfile(path):
-        from raydl.errors import DataSourceError
-
-        raise DataSourceError(f"checkpoint path {path!r} is not a regular file", uri=path)
+        raise CheckpointError(f"cannot publish checkpoint path {path!r}: not a regular file")
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return np.frombuffer(mm, np.uint8)

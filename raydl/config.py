@@ -13,7 +13,7 @@ __all__ = [
     "LoaderConfig", "checkpoint_bind", "is_positive_int", "load_loader_config", "native_disabled", "positive_int",
 ]
 
-_ON_ERROR = ("skip", "raise")
+_ON_ERROR = ("skip", "replace", "raise")
 
 
 def native_disabled() -> bool:

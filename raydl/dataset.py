@@ -93,8 +93,12 @@ class Dataset:
     ) -> Loader:
         """Start loader actors on Ray (ray.init() first if needed) and return the Loader.
 
-        on_error="skip" leaves undecodable samples out of their batch and counts
-        them; "raise" stops the epoch with SampleDecodeError naming the file.
+        on_error="skip" leaves undecodable samples out of their batch (which may
+        then have 0 rows, with a warning) and counts them; "replace" puts in
+        their place a substitute drawn from the failed slot's seed (the same in
+        every run), so batches keep batch_size rows; "raise" stops the epoch
+        with SampleDecodeError naming the file. Only decode errors (and, under
+        "replace", unreadable files) are covered: any other failure is a LoaderError.
         num_workers actors start on every alive node that has cpus_per_worker
         CPUs (and the custom resource `node_resource`, when given), and on nodes
         that join later; each decodes on `threads_per_worker` threads (default:

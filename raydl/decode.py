@@ -1,22 +1,36 @@
 """Bytes to RGB uint8 pixels: libjpeg-turbo (simplejpeg) for JPEG, Pillow for the rest.
 
 Every mode Pillow knows (grayscale, CMYK, palette, 16-bit, with or without
-alpha) comes out as (H, W, 3) uint8. Anything that cannot be decoded raises
-ValueError with the decoder's reason; the caller names the file.
+alpha) comes out as (H, W, 3) uint8. Bytes that cannot be decoded raise
+raydl.errors.DecodeError (a ValueError) with the decoder's reason, never an
+object's repr; the caller names the file. Nothing else here is a decode error.
 """
 from __future__ import annotations
 
 import io
 import math
+import re
 import warnings
 
 import numpy as np
 import simplejpeg
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
+
+from raydl.errors import DecodeError
 
 __all__ = ["dct_factor", "decode_rgb", "image_size", "is_jpeg"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")
+# What Pillow raises on bad bytes (UnidentifiedImageError is an OSError).
+_PILLOW_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
+
+
+def _reason(exc: BaseException) -> str:
+    """The decoder's reason, without the reprs of our in-memory buffers (`<_io.BytesIO object at 0x…>`)."""
+    if isinstance(exc, UnidentifiedImageError):
+        return "UnidentifiedImageError: not an image format Pillow can identify"
+    return f"{type(exc).__name__}: {_REPR.sub('the bytes', str(exc))}"
 
 
 def is_jpeg(data: bytes) -> bool:
@@ -34,8 +48,8 @@ def image_size(data: bytes) -> tuple[int, int]:
     try:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size
-    except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+    except _PILLOW_DATA_ERRORS as exc:
+        raise DecodeError(_reason(exc)) from exc
     return h, w
 
 
@@ -86,8 +100,8 @@ def _decode_pillow(data: bytes, factor: int) -> np.ndarray:
                     im.draft("RGB", (im.size[0] // factor, im.size[1] // factor))
                 im.load()
                 return _to_rgb(im)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+    except _PILLOW_DATA_ERRORS as exc:
+        raise DecodeError(_reason(exc)) from exc
 
 
 def _to_rgb(im: Image.Image) -> np.ndarray:

@@ -3,6 +3,8 @@
     RaydlError
     ├── DataSourceError        a root, file or object cannot be listed or read (names it)
     │   └── SampleDecodeError  a sample's bytes cannot be decoded (names the file)
+    ├── DecodeError            (also a ValueError) the decode layer's "these bytes are not an image it can
+    │                          decode"; the only error on_error="skip"/"replace" covers, besides a failed read
     ├── NativeKernelError      a C kernel returned an error code
     ├── FabricError            a libfabric call failed (-FI_E...; names the call, the peer)
     ├── CheckpointError        a checkpoint could not be published or fetched (names the peer, chunk)
@@ -18,6 +20,7 @@ __all__ = [
     "BatchTimeoutError",
     "CheckpointError",
     "DataSourceError",
+    "DecodeError",
     "FabricError",
     "LoaderError",
     "NativeKernelError",
@@ -51,6 +54,14 @@ class SampleDecodeError(DataSourceError):
 
 def _rebuild_decode_error(message: str, uri: str, sample_id: int | None) -> SampleDecodeError:
     return SampleDecodeError(message, uri=uri, sample_id=sample_id)
+
+
+class DecodeError(RaydlError, ValueError):
+    """A sample's bytes are corrupt, truncated or in a format raydl cannot decode.
+
+    Raised by raydl.decode and the native JPEG path, which do not know the
+    file; the loader names it when it skips, replaces or raises (SampleDecodeError).
+    """
 
 
 class NativeKernelError(RaydlError):

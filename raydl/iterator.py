@@ -43,12 +43,14 @@ class IteratorStats:
     batches: int = 0
     samples_delivered: int = 0
     samples_skipped: int = 0
+    samples_replaced: int = 0  # on_error="replace": failed samples that a substitute stood in for
     wait_s: float = 0.0
     time_to_first_batch_s: float | None = None
     elapsed_s: float = 0.0
     retries: int = 0
     local_batches: int = 0  # made by an actor on this rank's node (read from the object store without a copy)
     skipped_uris: list[str] = field(default_factory=list, repr=False)
+    replaced_uris: list[str] = field(default_factory=list, repr=False)
 
     @property
     def images_per_s(self) -> float:
@@ -62,6 +64,7 @@ class IteratorStats:
             ("batches", str(self.batches)),
             ("samples delivered", str(self.samples_delivered)),
             ("samples skipped", str(self.samples_skipped)),
+            ("samples replaced", str(self.samples_replaced)),
             ("images/s", f"{self.images_per_s:.1f}"),
             ("time to first batch", ttfb),
             ("consumer wait", f"{self.wait_s:.2f} s"),
@@ -126,7 +129,13 @@ class DataIterator:
                     f"(actor {worker.name}); call iter_batches() again to keep waiting",
                     rank=self._rank, batch_index=k,
                 ) from exc
-            except ray.exceptions.RayTaskError as exc:  # the worker raised: a bug, not bad input
+            except ray.exceptions.RayTaskError as exc:  # the worker raised: not a sample it could skip
+                where = f"rank {self._rank}: batch {k} of epoch {self._epoch}"
+                if isinstance(exc.cause, SampleDecodeError):  # replace ran out of substitutes
+                    raise SampleDecodeError(f"{where}: {exc.cause}", uri=exc.cause.uri,
+                                            sample_id=exc.cause.sample_id) from exc
+                if isinstance(exc.cause, LoaderError):  # already names the sample and the worker
+                    raise LoaderError(f"{where}: {exc.cause}") from exc
                 raise LoaderError(
                     f"rank {self._rank}: batch {k} of epoch {self._epoch} failed on actor {worker.name}: "
                     f"{type(exc.cause).__name__}: {exc.cause}"
@@ -160,6 +169,19 @@ class DataIterator:
                 logger.warning("raydl: skipped sample %d (%s): %s", s.sample_id, s.uri, s.reason)
             self._stats.skipped_uris.append(s.uri)
         self._stats.samples_skipped += len(result.skipped)
+        for r in result.replaced:
+            if r.uri not in self._logged:
+                self._logged.add(r.uri)
+                logger.warning("raydl: replaced sample %d (%s) by sample %d: %s", r.sample_id, r.uri,
+                               r.substitute_id, r.reason)
+            self._stats.replaced_uris.append(r.uri)
+        self._stats.samples_replaced += len(result.replaced)
+        images = result.batch["image"]
+        if result.skipped and len(images) == 0:
+            logger.warning("raydl: rank %d: batch %d of epoch %d has no rows: all %d of its samples failed "
+                           "(on_error='skip'); it is yielded empty, %s %s, so that ranks stay in step "
+                           "(on_error='replace' keeps batches full)", self._rank, k, self._epoch,
+                           len(result.skipped), images.dtype, tuple(images.shape))
 
     def iter_batches(
         self, *, prefetch_batches: int | None = None, batch_format: str = "numpy", timeout_s: float | None = None
@@ -283,7 +305,8 @@ class DataIterator:
         """A snapshot of this rank's counters."""
         from dataclasses import replace
 
-        return replace(self._stats, skipped_uris=list(self._stats.skipped_uris))
+        return replace(self._stats, skipped_uris=list(self._stats.skipped_uris),
+                       replaced_uris=list(self._stats.replaced_uris))
 
     def __repr__(self) -> str:
         return f"DataIterator(rank={self._rank}, epoch={self._epoch}, next_batch={self._next}, batches={len(self)})"

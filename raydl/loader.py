@@ -59,7 +59,8 @@ class Loader:
             ray.init(logging_level=logging.WARNING, log_to_driver=False)
         self.batch_bytes = config.batch_size * program.dtype.itemsize * math.prod(program.slot_shape())
         self.object_store_budget = config.object_store_budget or _default_budget()
-        spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker)
+        spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker,
+                          on_error=config.on_error)
         here = ray.get_runtime_context().get_node_id()
         self._coordinator = ray.remote(LoaderCoordinator).options(
             num_cpus=0, max_concurrency=16, max_restarts=0,

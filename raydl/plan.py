@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raydl._splitmix import GAMMA, MASK64, mix64_array
+from raydl._splitmix import GAMMA, MASK64, mix64, mix64_array
 from raydl.config import positive_int
 
-__all__ = ["EpochPlan", "augmentation_seeds", "epoch_order"]
+__all__ = ["EpochPlan", "augmentation_seeds", "epoch_order", "substitute_id"]
 
 
 
@@ -46,6 +46,16 @@ def augmentation_seeds(ids: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:
     """One uint64 seed per sample id: same (seed, epoch, id), same augmentation."""
     base = mix64_array(np.array([(seed * GAMMA + epoch) & MASK64], dtype=np.uint64))[0]
     return mix64_array(np.asarray(ids, dtype=np.uint64) ^ base)
+
+
+def substitute_id(slot_seed: int, attempt: int, num_samples: int) -> int:
+    """The sample standing in for a failed one under on_error="replace": try `attempt` (0, 1, ...).
+
+    A pure function of the failed slot's augmentation seed (itself a function of
+    seed, epoch and sample id), so a failure gets the same substitute in every run.
+    """
+    positive_int("num_samples", num_samples)
+    return mix64((int(slot_seed) + (attempt + 1) * GAMMA) & MASK64) % num_samples
 
 
 @dataclass(frozen=True)

@@ -7,24 +7,34 @@ and the C kernel all release the GIL), each thread writing straight into the
 sample's slot of one preallocated batch array. The returned arrays go into
 Ray's object store as they are; a reader on the same node maps them without a
 copy.
+
+Error policy: a sample whose bytes cannot be read (DataSourceError) or
+decoded (DecodeError) is this sample's fault, and on_error decides: it is left
+out ("skip"), stands in for by a substitute drawn from its seed ("replace"),
+or named to the trainer ("raise"). Anything else raised while making a sample
+(a NativeKernelError, a MemoryError, a bug) fails the whole batch as a
+LoaderError naming the sample and this worker: no mode hides it.
 """
 from __future__ import annotations
 
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from raydl._process import process_name
-from raydl.errors import DataSourceError
+from raydl.errors import DataSourceError, DecodeError, LoaderError, SampleDecodeError
 from raydl.memory import populated_empty
+from raydl.plan import substitute_id
 from raydl.storage import LocalStorage
 from raydl.transforms import SampleProgram
 
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
+
+MAX_SUBSTITUTES = 8  # tries per failed sample under on_error="replace" before the batch fails
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,7 @@ class WorkerSpec:
     storage: LocalStorage
     program: SampleProgram
     threads: int | None = None
+    on_error: str = "skip"
 
 
 @dataclass(frozen=True)
@@ -52,16 +63,26 @@ class Skipped:
     sample_id: int
     uri: str
     reason: str
+    unreadable: bool = False  # the bytes could not be read, rather than decoded
+
+
+@dataclass(frozen=True)
+class Replaced:
+    sample_id: int
+    uri: str
+    reason: str
+    substitute_id: int
 
 
 @dataclass
 class BatchResult:
-    """A finished batch, the samples that could not be decoded (left out of it),
-    and the samples whose bytes could not be read at all (an error in every mode)."""
+    """A finished batch; the samples that could not be decoded (left out of it); the
+    samples whose bytes could not be read (an error unless replaced); the replaced ones."""
 
     batch: dict
     skipped: list[Skipped]
     unreadable: list[Skipped]
+    replaced: list[Replaced] = field(default_factory=list)
 
 
 class LoaderWorker:
@@ -84,38 +105,70 @@ class LoaderWorker:
                 "threads": self._pool._max_workers}
 
     def run_batch(self, task: BatchTask) -> BatchResult:
-        program = self._spec.program
         n = len(task.ids)
         images = self._batch_buffer(n)
-        keys = self._keys.take(pa.array(task.ids)).to_pylist()
-        errors: list[str | None] = [None] * n
-        unreadable: list[Skipped] = []
+        ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
+        keys = self._keys.take(pa.array(ids)).to_pylist()
+        failed: list[Skipped | None] = [None] * n
+        replaced: list[Replaced] = []
+        replace = self._spec.on_error == "replace"
 
         def one(i: int) -> None:
-            try:
-                data = self._spec.storage.read(keys[i])
-            except DataSourceError as exc:
-                unreadable.append(Skipped(int(task.ids[i]), exc.uri or keys[i], str(exc)))
-                errors[i] = str(exc)
-                return
-            try:
-                program.run(data, int(task.seeds[i]), images[i])
-            except Exception as exc:  # noqa: BLE001 - any decoder failure is this sample's fault
-                errors[i] = f"{type(exc).__name__}: {exc}"
+            sid, seed = int(ids[i]), int(task.seeds[i])
+            failure = self._sample(sid, keys[i], seed, images[i])
+            if failure is not None and replace:
+                ids[i] = self._substitute(failure, seed, images[i])
+                keys[i] = self._keys[int(ids[i])].as_py()
+                replaced.append(Replaced(sid, failure.uri, failure.reason, int(ids[i])))
+            else:
+                failed[i] = failure
 
         list(self._pool.map(one, range(n)))
-        ok = np.array([e is None for e in errors], dtype=bool)
-        bad_read = {u.sample_id for u in unreadable}
-        skipped = [
-            Skipped(int(task.ids[i]), self._spec.storage.uri(keys[i]), errors[i])  # type: ignore[arg-type]
-            for i in np.flatnonzero(~ok) if int(task.ids[i]) not in bad_read
-        ]
-        ids = task.ids.astype(np.int64, copy=False)
-        if skipped:  # the batch gets shorter by the failed rows and keeps its place in the plan
+        ok = np.array([f is None for f in failed], dtype=bool)
+        bad = [f for f in failed if f is not None]
+        if bad:  # the batch gets shorter by the failed rows (maybe to 0) and keeps its place in the plan
             images, ids = images[ok], ids[ok]
             keys = [k for k, good in zip(keys, ok) if good]
         batch = {"image": images, "label": self._labels[ids], "id": ids, "key": keys}
-        return BatchResult(batch=batch, skipped=skipped, unreadable=unreadable)
+        return BatchResult(batch=batch, skipped=[f for f in bad if not f.unreadable],
+                           unreadable=[f for f in bad if f.unreadable],
+                           replaced=sorted(replaced, key=lambda r: r.sample_id))
+
+    def _sample(self, sid: int, key: str, seed: int, out: np.ndarray) -> Skipped | None:
+        """Read and decode one sample into `out`; a Skipped when its bytes are at fault, else None.
+
+        Any other failure is not the sample's fault: it fails the batch, naming the sample and this worker.
+        """
+        uri = self._spec.storage.uri(key)
+        try:
+            data = self._spec.storage.read(key)
+        except DataSourceError as exc:
+            return Skipped(sid, exc.uri or uri, str(exc), unreadable=True)
+        try:
+            self._spec.program.run(data, seed, out)
+        except DecodeError as exc:
+            return Skipped(sid, uri, str(exc))
+        except Exception as exc:  # noqa: BLE001 - named and re-raised: a kernel error or a bug is never skipped
+            raise LoaderError(f"loader worker {self._name}: sample {sid} ({uri}) failed with "
+                              f"{type(exc).__name__}: {exc} (not a decode error: on_error does not cover it)") from exc
+        return None
+
+    def _substitute(self, failure: Skipped, seed: int, out: np.ndarray) -> int:
+        """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that decodes."""
+        n = len(self._keys)
+        tried = []
+        for attempt in range(MAX_SUBSTITUTES):
+            sub = substitute_id(seed, attempt, n)
+            if sub == failure.sample_id:
+                continue
+            tried.append(sub)
+            if self._sample(sub, self._keys[sub].as_py(), seed, out) is None:
+                return sub
+        raise SampleDecodeError(
+            f"sample {failure.sample_id} ({failure.uri}) failed ({failure.reason}) and none of its "
+            f"substitutes {tried} could be decoded either; is most of the data bad?",
+            uri=failure.uri, sample_id=failure.sample_id,
+        )
 
     def _batch_buffer(self, n: int) -> np.ndarray:
         """This thread's batch array, reused from its previous call.

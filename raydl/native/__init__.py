@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from raydl.errors import NativeKernelError
+from raydl.errors import DecodeError, NativeKernelError
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def jpeg_crop_resize_into(
     if rc == _EUNSUPPORTED:
         return False
     if rc == _EJPEG:
-        raise ValueError(f"corrupt JPEG: {ffi.string(err).decode(errors='replace')}")
+        raise DecodeError(f"corrupt JPEG: {ffi.string(err).decode(errors='replace')}")
     raise NativeKernelError(f"raydl_jpeg_crop_resize failed with code {rc} (box {box}, out {out.shape})")
 
 

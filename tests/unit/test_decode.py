@@ -167,3 +167,15 @@ def test_pillow_test_images_decode_or_raise_value_error():
         decoded += 1
     assert decoded > 0.5 * len(paths)  # most of them are valid images
     assert refused > 0  # and some are broken on purpose
+
+
+def test_undecodable_bytes_raise_decode_error_without_object_reprs():
+    """Bytes Pillow cannot identify raise DecodeError (a ValueError) whose reason shows no `<... object at 0x...>`."""
+    from raydl.errors import DecodeError
+
+    for data in (b"not an image at all", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40):
+        with pytest.raises(DecodeError) as info:
+            decode.decode_rgb(data)
+        assert isinstance(info.value, ValueError) and " object at 0x" not in str(info.value)
+        with pytest.raises(DecodeError):
+            decode.image_size(data)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from raydl.plan import EpochPlan, augmentation_seeds, epoch_order
+from raydl.plan import EpochPlan, augmentation_seeds, epoch_order, substitute_id
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -290,3 +290,14 @@ def test_scheduling_cost_imagenet_epoch(world_size):
         f"{plan.batches_per_rank} batches of rank 0 (ids + aug seeds) {1e3 * (t2 - t1):.1f} ms "
         f"({1e6 * (t2 - t1) / plan.batches_per_rank:.1f} us/batch)"
     )
+
+
+@pytest.mark.timeout(30)
+def test_substitutes_are_a_pure_function_of_the_slot_seed():
+    """substitute_id: same (seed, attempt) same id, in range; attempts and seeds spread over the samples."""
+    first = [substitute_id(s, 0, 61) for s in range(200)]
+    assert first == [substitute_id(s, 0, 61) for s in range(200)]
+    assert all(0 <= i < 61 for i in first) and len(set(first)) > 40
+    assert len({substitute_id(12345, a, 1000) for a in range(8)}) == 8
+    with pytest.raises(ValueError, match="num_samples"):
+        substitute_id(1, 0, 0)

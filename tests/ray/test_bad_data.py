@@ -1,0 +1,156 @@
+"""Bad data under each on_error mode, and failures that no mode may hide (local Ray, shared per module)."""
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import ray
+
+import raydl
+from raydl import native
+from raydl.config import LoaderConfig
+from raydl.errors import LoaderError, SampleDecodeError
+from raydl.loader import Loader
+from raydl.transforms import SampleProgram, compile_stages
+
+pytestmark = pytest.mark.timeout(180)
+
+# Real broken files from Pillow's test suite (../shared/data/pillow).
+PILLOW_BROKEN = ["truncated_jpeg.jpg", "truncated_image.png", "broken_data_stream.png", "broken.png",
+                 "junk_jpeg_header.jpg"]
+
+
+def _pipeline(root):
+    return raydl.read_images(str(root)).decode().random_resized_crop(32).random_hflip().normalize("imagenet")
+
+
+def _bad_folder(tmp_path, shared_data) -> tuple:
+    """12 generated images, Pillow's broken files, and real photos cut short or overwritten in the middle."""
+    from raydl.demo import make_images
+
+    root = tmp_path / "bad"
+    make_images(str(root), 12, classes=2, seed=2, corrupt=0)
+    broken = []
+    for name in PILLOW_BROKEN:
+        if (shared_data / "pillow" / name).exists():
+            shutil.copy(shared_data / "pillow" / name, root / "c00" / name)
+            broken.append(name)
+    for i, photo in enumerate(sorted((shared_data / "photos").glob("*.jpg"))[:2]):
+        data = photo.read_bytes()
+        cut = data[: len(data) // 3] if i == 0 else data[:2000] + b"\x00" * 4096 + data[6096:]
+        (root / "c01" / f"corrupt_{photo.name}").write_bytes(cut)
+        broken.append(f"corrupt_{photo.name}")
+    return root, broken
+
+
+def _epoch(it):
+    return list(it.iter_batches())
+
+
+def test_replace_keeps_every_batch_full_and_is_deterministic(ray_local, tmp_path, shared_data):
+    """on_error='replace': every batch has batch_size rows, substitutes show in id, are counted, and repeat per run."""
+    root, broken = _bad_folder(tmp_path, shared_data)
+    runs = []
+    for _ in range(2):
+        with _pipeline(root).loader(batch_size=4, seed=3, drop_last=True, on_error="replace") as loader:
+            it = loader.iterator(0)
+            runs.append((_epoch(it), it.stats()))
+    (batches, stats), (again, _) = runs
+    n = len(raydl.read_images(str(root)))
+    assert len(batches) == n // 4 and all(len(b["id"]) == 4 == b["image"].shape[0] for b in batches)
+    keys = [k for b in batches for k in b["key"]]
+    assert not any(k.rsplit("/", 1)[1] in broken for k in keys)  # ids/keys are the substitutes'
+    delivered_broken = sorted(u.rsplit("/", 1)[1] for u in stats.replaced_uris)
+    assert stats.samples_replaced == len(delivered_broken) > 0 and set(delivered_broken) <= set(broken)
+    assert stats.samples_skipped == 0
+    for a, b in zip(batches, again):
+        np.testing.assert_array_equal(a["id"], b["id"])
+        np.testing.assert_array_equal(a["image"], b["image"])
+    catalog = raydl.read_images(str(root)).catalog
+    for b in batches:  # labels and keys follow the substitute
+        assert b["key"] == [catalog.table.column("key")[int(i)].as_py() for i in b["id"]]
+        assert b["label"].tolist() == [catalog.table.column("label")[int(i)].as_py() for i in b["id"]]
+
+
+def test_replace_without_shared_data_on_a_generated_corrupt_file(ray_local, tmp_path):
+    """on_error='replace' on the demo's own corrupt file: the batch stays full and the substitute is another sample."""
+    from raydl.demo import make_images
+
+    root = tmp_path / "own"
+    make_images(str(root), 7, classes=1, seed=5, corrupt=1)
+    with _pipeline(root).loader(batch_size=8, shuffle=False, on_error="replace") as loader:
+        it = loader.iterator(0)
+        (batch,) = _epoch(it)
+    assert len(batch["id"]) == 8 == batch["image"].shape[0] and it.stats().samples_replaced == 1
+    assert "c00/corrupt0.jpg" not in batch["key"] and it.stats().replaced_uris[0].endswith("corrupt0.jpg")
+
+
+def test_all_bad_batch_under_skip_is_empty_with_shape_and_warning(ray_local, tmp_path, caplog):
+    """on_error='skip': a batch whose every sample fails comes out with 0 rows, the right dtype/shape, and a warning."""
+    from raydl.demo import make_images
+
+    root = tmp_path / "allbad"
+    make_images(str(root), 4, classes=1, seed=6, corrupt=4)  # sorted: the 4 images, then corrupt0..3
+    caplog.set_level(logging.WARNING, logger="raydl")
+    with _pipeline(root).loader(batch_size=4, shuffle=False) as loader:
+        it = loader.iterator(0)
+        full, empty = _epoch(it)
+    assert empty["image"].shape == (0, 3, 32, 32) and empty["image"].dtype == np.float32
+    assert empty["id"].dtype == np.int64 and empty["label"].dtype == np.int64 and empty["key"] == []
+    assert full["image"].shape == (4, 3, 32, 32)
+    assert it.stats().samples_skipped == 4
+    assert any("has no rows" in r.getMessage() for r in caplog.records)
+
+
+@dataclass(frozen=True)
+class _KernelFault(SampleProgram):
+    """A real program whose second sample asks the native kernel for a box outside the image."""
+
+    fault: str = "kernel"
+
+    def run(self, data: bytes, seed: int, out: np.ndarray) -> None:
+        if data[:2] == b"\x89P":  # the PNG files of the folder
+            if self.fault == "memory":
+                raise MemoryError("cannot allocate the decode buffer")
+            src = np.zeros((8, 8, 3), np.uint8)
+            native.crop_resize_into(src, (0.0, 0.0, 64.0, 64.0), out, flip=False, scale=None, bias=None)
+        super().run(data, seed, out)
+
+
+@pytest.mark.parametrize("fault,on_error", [("kernel", "skip"), ("kernel", "replace"), ("memory", "skip")])
+def test_kernel_error_and_memory_error_are_not_swallowed(ray_local, image_folder, fault, on_error):
+    """A NativeKernelError or MemoryError fails the batch as LoaderError naming the sample and worker, in any mode."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        ds = raydl.read_images(str(image_folder)).decode().center_crop(16)
+        base = compile_stages(ds.stages)
+        program = _KernelFault(base.stages, base.out_size, base.normalize, fault=fault)
+        loader = Loader(ds.catalog, program, LoaderConfig(batch_size=64, on_error=on_error, shuffle=False))
+        with loader:
+            with pytest.raises(LoaderError) as info:
+                _epoch(loader.iterator(0))
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    msg = str(info.value)
+    assert ("NativeKernelError" if fault == "kernel" else "MemoryError") in msg
+    assert "sample " in msg and ".png" in msg and "loader worker " in msg
+    assert not isinstance(info.value, SampleDecodeError)
+
+
+def test_messages_show_no_object_reprs(ray_local, tmp_path, shared_data):
+    """A file Pillow cannot identify is named without `<_io.BytesIO object at 0x…>` in the reason."""
+    root, broken = _bad_folder(tmp_path, shared_data)
+    if "broken.png" not in broken:
+        pytest.skip("broken.png is not in ../shared/data/pillow")
+    with _pipeline(root).loader(batch_size=64, shuffle=False) as loader:
+        it = loader.iterator(0)
+        _epoch(it)
+    with _pipeline(root).loader(batch_size=64, shuffle=False, on_error="raise") as loader:
+        with pytest.raises(SampleDecodeError) as info:
+            _epoch(loader.iterator(0))
+    assert " object at 0x" not in str(info.value)
+    assert it.stats().samples_skipped == len(broken)
