@@ -10,7 +10,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from raydl import checkpoint
-from raydl.actors.checkpoint_peer import peer_actor
+from raydl.checkpoint import layout
+from raydl.checkpoint import peer_actor
 from raydl.errors import CheckpointError
 from raydl.native import pyfi
 
@@ -82,7 +83,7 @@ def test_fetch_between_actors_on_two_nodes(cluster):
     pub = Publisher.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
         _other_node(cluster), soft=False)).remote()
     ref = ray.get(pub.publish.remote(1))
-    assert ref.transports == ("fabric",)
+    assert ref.transports == ("fabric", "object_store")
     got = checkpoint.fetch(ref)
     assert got.transport == "fabric" and "127.0.0.1" in got.peer
     _assert_same(got, _state(1))
@@ -113,8 +114,8 @@ def test_object_store_transport_and_auto_choice(cluster):
     assert (a.transport, b.transport) == ("object_store", "fabric")
     _assert_same(a, _state(3))
     _assert_same(b, _state(3))
-    only_fabric = checkpoint.publish(_state(3))
-    with pytest.raises(CheckpointError, match="object-store"):
+    only_fabric = checkpoint.publish(_state(3), transports=("fabric",))
+    with pytest.raises(CheckpointError, match="object store"):
         checkpoint.fetch(only_fabric, transport="object_store")
     checkpoint.unpublish(ref)
     checkpoint.unpublish(only_fabric)
@@ -122,12 +123,23 @@ def test_object_store_transport_and_auto_choice(cluster):
 
 def test_corrupt_chunk_is_detected_naming_peer_and_chunk(cluster, tmp_path):
     """A chunk whose bytes do not match its checksum fails the fetch, naming the chunk; no file is left."""
-    ref = checkpoint.publish(_state(4), chunk_size=64 << 10)
-    held = checkpoint._held[ref.key + ref.holder]
-    held.buffer[70_000] ^= 0xFF  # corrupt chunk 1 after its checksum was taken
-    with pytest.raises(CheckpointError, match=r"chunk 1 from .*127\.0\.0\.1.* is corrupt"):
-        checkpoint.fetch(ref, into=tmp_path / "bad.safetensors")
-    assert os.listdir(tmp_path) == []
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "model.safetensors"
+    path.write_bytes(layout.pack(_state(4)).tobytes())
+    ref = checkpoint.publish(str(path), chunk_size=64 << 10)  # served from a shared mapping of the file
+    with open(path, "r+b") as f:  # corrupt chunk 1 after its checksum was taken
+        f.seek(70_000)
+        byte = f.read(1)
+        f.seek(70_000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    out = tmp_path / "out"
+    out.mkdir()
+    for transport in ("fabric", "object_store"):
+        with pytest.raises(CheckpointError, match=r"chunk 1 from .*127\.0\.0\.1.* is corrupt"
+                           if transport == "fabric" else "chunk 1 from object store"):
+            checkpoint.fetch(ref, into=out / "bad.safetensors", transport=transport)
+        assert os.listdir(out) == []
     checkpoint.unpublish(ref)
 
 
@@ -187,10 +199,10 @@ def test_checksums_cover_every_chunk():
     """The ref carries one XXH3-64 digest per chunk of the laid-out bytes."""
     import xxhash
 
-    buf = checkpoint._pack(_state(9))
-    sums = checkpoint._checksums(buf, 1000)
+    buf = layout.pack(_state(9))
+    sums = layout.checksums(buf, 1000)
     assert len(sums) == -(-len(buf) // 1000) and sums[-1] == xxhash.xxh3_64_intdigest(buf[len(sums) * 1000 - 1000:])
-    header, start = checkpoint._parse_header(buf)
+    header, start = layout.parse_header(buf)
     assert start % 8 == 0 and start + max(v["data_offsets"][1] for v in header.values()) == len(buf)
 
 

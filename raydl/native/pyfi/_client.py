@@ -32,6 +32,39 @@ _CLIENT_SLEEP_US = 20
 _MAX_EAGAIN = 100_000          # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
 
 
+class Pacer:
+    """A token bucket of `bytes_per_s` with a burst of `burst` bytes: reads are posted no faster.
+    It paces the reader, since the server of a one-sided read never sees it; in a chain
+    (one reader per holder) that is the same as pacing each holder's outgoing link."""
+
+    def __init__(self, bytes_per_s: float, burst: int = 1 << 20) -> None:
+        if bytes_per_s <= 0:
+            raise ValueError(f"bytes_per_s must be positive, got {bytes_per_s}")
+        self.rate = float(bytes_per_s)
+        self._burst = burst
+        self._tokens = float(burst)
+        self._t = time.monotonic()
+        self._lock = threading.Lock()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._t) * self.rate)
+        self._t = now
+
+    def delay(self, nbytes: int) -> float:
+        """Seconds until `nbytes` may go (0: now)."""
+        with self._lock:
+            self._refill()
+            need = min(nbytes, self._burst) - self._tokens
+            return 0.0 if need <= 0 else need / self.rate
+
+    def spend(self, nbytes: int) -> None:
+        """Take nbytes (the balance may go negative: a chunk larger than the burst waits it off after)."""
+        with self._lock:
+            self._refill()
+            self._tokens -= nbytes
+
+
 class Connection(Closeable):
     """A client endpoint with the server's address in its AV. One operation at a time."""
 
@@ -59,20 +92,27 @@ class Connection(Closeable):
     # ------------------------------------------------------------ public --
     def read_into(self, dst: Any, offset: int = 0, size: int | None = None, *,
                   chunk_size: int = 4 << 20, max_inflight: int = 8, timeout: float = 30.0,
-                  progress: Callable[[int], None] | None = None) -> int:
+                  progress: Callable[[int], None] | None = None,
+                  watchdog: Callable[[], None] | None = None, watch_every: float = 1.0,
+                  pacer: Pacer | None = None) -> int:
         """Pull `size` bytes (default: all of dst) from the region at `offset` into dst.
 
         dst: bytearray, numpy array, CPU torch tensor, writable mmap ...; it is
         registered for the call. Reads are split into chunk_size pieces with up
         to max_inflight outstanding. `timeout` bounds the wait for any progress;
-        `progress(bytes_done)` is called as chunks complete. Returns bytes read."""
+        `progress(bytes_done)` is called as chunks complete. `watchdog()` is
+        called every `watch_every` seconds without a completion and may raise
+        to end the transfer (e.g. when the caller learns the peer died: a
+        refused rxm connection only ever answers -FI_EAGAIN). `pacer` (a Pacer,
+        shared across calls) posts reads no faster than its rate: a simulated
+        link. Returns bytes read."""
         with self._lock:
             span = as_span(dst, writable=True)
             try:
                 size = span.nbytes if size is None else size
                 self._check_request("read_into", offset, size, span.nbytes, chunk_size, max_inflight)
                 return self._transfer("fi_read", span, offset, size, chunk_size, max_inflight,
-                                      timeout, progress)
+                                      timeout, progress, watchdog, watch_every, pacer)
             finally:
                 span.release()
 
@@ -127,7 +167,9 @@ class Connection(Closeable):
         return self._stack
 
     def _transfer(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
-                  max_inflight: int, timeout: float, progress: Callable[[int], None] | None) -> int:
+                  max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
+                  watchdog: Callable[[], None] | None = None, watch_every: float = 1.0,
+                  pacer: Pacer | None = None) -> int:
         """Run one pipelined read or write: post chunks while slots are free, reap completions."""
         if size == 0:
             return 0
@@ -143,11 +185,15 @@ class Connection(Closeable):
         chunks = [(pos, min(chunk_size, size - pos)) for pos in range(0, size, chunk_size)]
         posted = done = eagain = 0
         busy = False
-        last_progress = time.monotonic()
+        last_progress = last_watch = time.monotonic()
+        paced = 0.0
         try:
             while done < size:
                 while posted < len(chunks) and free:
                     pos, length = chunks[posted]
+                    paced = 0.0 if pacer is None else pacer.delay(length)
+                    if paced > 0:
+                        break
                     slot = free[-1]
                     rc = self._post(call, stack, local, pos, offset + pos, length, slots + slot)
                     busy = rc == -lib.FI_EAGAIN
@@ -159,12 +205,20 @@ class Connection(Closeable):
                         break
                     check(rc, call, peer=self.peer)
                     eagain = 0
+                    if pacer is not None:
+                        pacer.spend(length)
                     free.pop()
                     inflight[slot] = length
                     posted += 1
                 wait_s = 0.05 if inflight else (0.001 if busy else 0.0)
-                finished, errors = stack.cq.poll(timeout_s=wait_s, spin=_CLIENT_SPIN,
-                                                 sleep_us=_CLIENT_SLEEP_US)
+                if paced > 0 and not inflight:   # nothing to progress: let the link catch up
+                    time.sleep(min(paced, 0.05))
+                    finished, errors = [], []
+                else:
+                    if paced > 0:
+                        wait_s = min(wait_s, paced)
+                    finished, errors = stack.cq.poll(timeout_s=wait_s, spin=_CLIENT_SPIN,
+                                                     sleep_us=_CLIENT_SLEEP_US)
                 if errors:
                     raise self._completion_error(call, errors[0], len(errors))
                 for ctx in finished:
@@ -172,11 +226,14 @@ class Connection(Closeable):
                     done += inflight.pop(slot)
                     free.append(slot)
                 now = time.monotonic()
-                if finished:
-                    last_progress = now
-                    if progress is not None:
+                if finished or paced > 0:
+                    last_progress = last_watch = now
+                    if finished and progress is not None:
                         progress(done)
-                elif now - last_progress > timeout:
+                elif watchdog is not None and now - last_watch > watch_every:
+                    last_watch = now
+                    watchdog()
+                if not finished and now - last_progress > timeout:
                     stuck = (f"{len(inflight)} in flight" if inflight else
                              "the provider kept answering -FI_EAGAIN: is the peer gone?")
                     raise FabricError(

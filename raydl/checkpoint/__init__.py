@@ -1,0 +1,28 @@
+"""Checkpoint transfer: publish once, fetch peer to peer with one-sided RMA reads.
+
+    ref = checkpoint.publish(model.state_dict())      # laid out once, served from this process
+    state = checkpoint.fetch(ref)                     # on any peer: dict[str, Tensor] on the bytes read
+    refs = checkpoint.broadcast(ref, peers)           # many peers, each serving on what it has
+
+Ray is the control plane (the small, picklable CheckpointRef travels through
+it); libfabric (raydl.native.pyfi) moves the bytes. The checkpoint is laid out
+as a safetensors file in one buffer registered with the fabric, so a fetched
+copy is a valid .safetensors file and tensors are built on it without another
+copy; each chunk carries an XXH3-64 digest checked on arrival. Every published
+checkpoint can also be fetched through Ray's object store, served on demand.
+
+The package, along its seams:
+    layout        the safetensors bytes: header, packing, tensors, digests (pure)
+    ref           CheckpointRef, FetchedCheckpoint, HolderLocation (what travels through Ray)
+    held          HeldCopy / HeldCopies: the copies a process serves, and their owner
+    fabric        the fabric transport: FabricClient, pull()
+    object_store  the object-store transport served on demand; holder_status()
+    chain         broadcast() over a chain of peers that pipelines
+    api           publish, fetch, broadcast, unpublish, peer_actor, prepare
+"""
+from raydl.checkpoint.api import DEFAULT_CHUNK, broadcast, fetch, peer_actor, prepare, publish, unpublish
+from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint
+from raydl.errors import CheckpointError
+
+__all__ = ["DEFAULT_CHUNK", "CheckpointError", "CheckpointRef", "FetchedCheckpoint", "broadcast", "fetch",
+           "peer_actor", "prepare", "publish", "unpublish"]

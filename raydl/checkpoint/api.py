@@ -1,0 +1,278 @@
+"""publish / fetch / broadcast / unpublish / peer_actor / prepare: the checkpoint API.
+
+This process's checkpoint state lives in one object, `_Process`: the copies it
+publishes (a HeldCopies) and its fabric client (connections it reads over).
+Only this module writes to it; interpreter exit closes it (servers stop before
+libfabric is unloaded).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import mmap
+import os
+import secrets
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from raydl.checkpoint import layout, object_store
+from raydl.checkpoint.fabric import FabricClient, pull, verify
+from raydl.checkpoint.held import HeldCopies, HeldCopy, SharedBuffer
+from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint, holder_name
+from raydl.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_CHUNK", "TRANSPORTS", "broadcast", "choose_transport", "fetch", "peer_actor", "prepare",
+           "publish", "unpublish"]
+
+DEFAULT_CHUNK = 4 << 20
+TRANSPORTS = ("auto", "fabric", "object_store")
+
+
+class _Process:
+    """What this process holds for checkpoints: its published copies and its fabric client."""
+
+    def __init__(self) -> None:
+        self.published = HeldCopies()
+        self._fabric: FabricClient | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def fabric(self) -> FabricClient:
+        with self._lock:
+            if self._fabric is None:
+                self._fabric = FabricClient()
+            return self._fabric
+
+    def close(self) -> None:
+        self.published.close_all()
+        with self._lock:
+            client, self._fabric = self._fabric, None
+        if client is not None:
+            client.close()
+
+
+_PROCESS = _Process()
+atexit.register(_PROCESS.close)
+
+
+def _bind(bind: str | None) -> str | None:
+    from raydl.config import checkpoint_bind
+
+    return bind if bind is not None else checkpoint_bind()
+
+
+def prepare() -> None:
+    """Bring this process's fabric stack up now (libfabric's one-time start-up, the provider probe)
+    so that the first fetch does not pay for it. Cheap after the first call; safe without libfabric."""
+    from raydl.native import pyfi
+
+    pyfi.available()
+
+
+def publish(
+    state: dict[str, Any] | str | os.PathLike,
+    *,
+    transports: tuple[str, ...] | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    bind: str | None = None,
+    provider: str | None = None,
+) -> CheckpointRef:
+    """Lay `state` out once as safetensors, serve it from this process, return its CheckpointRef.
+
+    state: dict[str, torch.Tensor] (any dtype, shape, contiguity) or a path to a
+    .safetensors file (served from a read-only mapping, not copied).
+    transports: ("fabric",), ("object_store",) or both; default: both where they
+    can work (fabric needs an RMA provider, the object store needs Ray). The
+    object store serves on demand, from these same bytes: nothing is put in
+    plasma until a peer asks. Keep serving until unpublish(ref).
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    from raydl.native import pyfi
+
+    if transports is None:
+        transports = ("fabric", "object_store") if pyfi.available() else ("object_store",)
+    bad = set(transports) - {"fabric", "object_store"}
+    if bad or not transports:
+        raise ValueError(f"transports must name 'fabric' and/or 'object_store', got {transports!r}")
+    if "fabric" in transports and not pyfi.available():
+        raise CheckpointError(f"transport 'fabric' asked for, but libfabric is unusable: {pyfi.unavailable_reason()}")
+    key = secrets.token_hex(16)
+    memory = None
+    if isinstance(state, (str, os.PathLike)):
+        memory = SharedBuffer.file(os.fspath(state))
+
+    def alloc(n: int) -> np.ndarray:
+        nonlocal memory
+        memory = SharedBuffer.anonymous(n, f"ckpt-{key}")
+        return memory.array
+    try:
+        if memory is None:
+            layout.pack_into(state, alloc)
+        buf = memory.array
+        header, _start = layout.parse_header(buf)
+        server = pyfi.serve(buf, bind=_bind(bind), provider=provider) if "fabric" in transports else None
+    except BaseException:
+        if memory is not None:
+            memory.close()
+        raise
+    ref = CheckpointRef(
+        key=key, size=len(buf), chunk_size=chunk_size, checksums=layout.checksums(buf, chunk_size),
+        header=json.dumps(header), holder=holder_name(), fabric=server.address if server else None,
+        location=memory.location, object_store="object_store" in transports,
+    )
+    _PROCESS.published.add(HeldCopy(key, memory, server))
+    logger.info("raydl: published checkpoint %s (%d bytes) over %s", key[:8], ref.size, ref.transports)
+    return ref
+
+
+def unpublish(ref: CheckpointRef) -> None:
+    """Stop serving `ref` from this process: deregister its fabric region and close its memory, so
+    later fetches fail with a CheckpointError naming the holder. Idempotent."""
+    _PROCESS.published.close(ref.key)
+
+
+def choose_transport(ref: CheckpointRef, transport: str) -> str:
+    """"fabric" or "object_store" for fetching `ref` here with `transport` ("auto", "fabric", "object_store")."""
+    from raydl.native import pyfi
+
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    if transport in ("auto", "fabric") and ref.fabric is not None and pyfi.available():
+        return "fabric"
+    if transport == "fabric":
+        why = "the publisher serves no fabric address" if ref.fabric is None else pyfi.unavailable_reason()
+        raise CheckpointError(f"transport='fabric' for {ref!r}, but {why}")
+    if "object_store" not in ref.transports:
+        raise CheckpointError(f"{ref!r} cannot be served through the object store (its holder has no Ray, or "
+                              "it was published with transports=('fabric',)), and fabric is not usable here")
+    if transport == "auto":
+        logger.warning("raydl: fetching checkpoint %s through the Ray object store (no fabric path)", ref.key[:8])
+    return "object_store"
+
+
+def fetch(
+    ref: CheckpointRef,
+    *,
+    transport: str = "auto",
+    device: str = "cpu",
+    into: str | os.PathLike | None = None,
+    timeout: float = 60.0,
+    chunk_size: int | None = None,
+    max_inflight: int = 8,
+    link_gbps: float | None = None,
+) -> FetchedCheckpoint:
+    """Pull the checkpoint into this process and return its tensors (built on the bytes, no copy).
+
+    transport: "fabric" (libfabric or an error), "object_store", or "auto"
+    (fabric when both sides can, else the object store; the choice is logged
+    and kept in `.transport`). into=path writes a .safetensors file atomically
+    (temporary file, then rename) and returns tensors mapped from it. Every
+    chunk's digest is checked; a mismatch is a CheckpointError naming the peer
+    and chunk, and nothing is left behind. A dead or unpublished holder is a
+    CheckpointError within seconds. link_gbps paces the reads (a simulated
+    link, for benchmarks and tests).
+    """
+    if link_gbps is not None and link_gbps <= 0:
+        raise ValueError(f"link_gbps must be positive, got {link_gbps}")
+    t0 = time.perf_counter()
+    phases: dict[str, float] = {}
+    chosen = choose_transport(ref, transport)
+    phases["probe"] = time.perf_counter() - t0
+    peer = f"{ref.holder} ({ref.fabric.peer})" if chosen == "fabric" else f"object store ({ref.holder})"
+    t = time.perf_counter()
+    target = _Target(ref.size, into)
+    phases["register"] = time.perf_counter() - t
+    try:
+        if chosen == "fabric":
+            pull(_PROCESS.fabric, ref, target.buffer, timeout=timeout, chunk_size=chunk_size or ref.chunk_size,
+                 max_inflight=max_inflight, link_gbps=link_gbps, phases=phases)
+        else:
+            t = time.perf_counter()
+            object_store.fetch_bytes(ref, target.buffer, timeout=timeout)
+            phases["transfer"] = time.perf_counter() - t
+            t = time.perf_counter()
+            verify(target.buffer, ref, 0, len(ref.checksums), peer)
+            phases["verify"] = time.perf_counter() - t
+        target.commit()
+    except BaseException:
+        target.abort()
+        raise
+    t = time.perf_counter()
+    header, start = layout.parse_header(target.buffer)
+    state = FetchedCheckpoint(layout.tensors(target.final_buffer(), header, start))
+    if device != "cpu":
+        state = FetchedCheckpoint({k: v.to(device) for k, v in state.items()})
+    phases["build"] = time.perf_counter() - t
+    state.transport, state.peer, state.path = chosen, peer, target.path
+    state.seconds, state.phases = time.perf_counter() - t0, phases
+    logger.info("raydl: fetched checkpoint %s (%d bytes) over %s from %s in %.2f s",
+                ref.key[:8], ref.size, chosen, peer, state.seconds)
+    return state
+
+
+class _Target:
+    """Where fetched bytes land: memory, or a temporary file renamed into place on success."""
+
+    def __init__(self, size: int, into: str | os.PathLike | None) -> None:
+        self.path = None if into is None else os.fspath(into)
+        self._tmp = None
+        if self.path is None:
+            self.buffer = layout.aligned_empty(size)
+            return
+        d = os.path.dirname(os.path.abspath(self.path))
+        fd, self._tmp = tempfile.mkstemp(prefix=".raydl-", suffix=".part", dir=d)
+        try:
+            os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        finally:
+            os.close(fd)
+        self.buffer = np.frombuffer(self._mm, np.uint8)
+
+    def commit(self) -> None:
+        if self._tmp is None:
+            return
+        self._mm.flush()
+        fd = os.open(self._tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self._tmp, self.path)
+        self._tmp = None
+
+    def abort(self) -> None:
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp)
+            except FileNotFoundError:
+                pass
+            self._tmp = None
+
+    def final_buffer(self) -> np.ndarray:
+        if self.path is None:
+            return self.buffer
+        with open(self.path, "rb") as f:  # private copy-on-write mapping: writable tensors, no copy
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return np.frombuffer(mm, np.uint8)
+
+
+def broadcast(ref: CheckpointRef, targets: list, **kwargs) -> list[dict[str, Any]]:
+    """Get `ref` to every target (CheckpointPeer actors, see peer_actor), over a chain; see raydl.checkpoint.chain."""
+    from raydl.checkpoint.chain import broadcast as _broadcast
+
+    return _broadcast(ref, targets, **kwargs)
+
+
+def peer_actor(node_id: str | None = None, **kwargs):
+    """Start a CheckpointPeer actor (on `node_id` when given): a broadcast target that serves on what it gets."""
+    from raydl.actors.checkpoint_peer import peer_actor as _peer_actor
+
+    return _peer_actor(node_id, **kwargs)

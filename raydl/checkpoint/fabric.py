@@ -1,0 +1,172 @@
+"""The fabric transport: pull a served checkpoint with pipelined one-sided reads, verifying as it lands.
+
+FabricClient is a process's client side: it keeps connections to the holders
+it has read from (opening one costs ~70 ms), one user at a time each. pull()
+reads windows of chunks; each window's digests are checked on a helper thread
+while the next window is read, so checking costs no transfer time. When the
+reads stop making progress, pull() asks what became of the holder (see
+object_store.holder_status): a dead or unpublished holder ends the pull within
+about a second, naming it, instead of after the read timeout.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from raydl.checkpoint.layout import first_corrupt
+from raydl.checkpoint.object_store import DEAD, UNPUBLISHED, holder_status
+from raydl.checkpoint.ref import CheckpointRef
+from raydl.errors import CheckpointError, FabricError
+
+__all__ = ["FabricClient", "pull", "verify"]
+
+WATCH_EVERY_S = 1.0   # no completion for this long: ask whether the holder is still there
+
+
+class FabricClient:
+    """Connections from this process to the holders it reads from, kept for reuse (up to `max_connections`)."""
+
+    def __init__(self, max_connections: int = 16) -> None:
+        self._idle: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self._max = max_connections
+
+    def connection(self, address) -> _Lease:
+        """A context manager lending a connection to `address`; a failed transfer drops it."""
+        return _Lease(self, address)
+
+    def _take(self, address):
+        from raydl.native import pyfi
+
+        with self._lock:
+            conn = self._idle.pop(address, None)
+        return conn if conn is not None and not conn.closed else pyfi.connect(address)
+
+    def _give_back(self, address, conn) -> None:
+        with self._lock:
+            old = self._idle.pop(address, None)
+            self._idle[address] = conn
+            extra = []
+            while len(self._idle) > self._max:
+                extra.append(self._idle.pop(next(iter(self._idle))))
+        for c in [old, *extra]:
+            if c is not None and c is not conn:
+                c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._idle = list(self._idle.values()), {}
+        for c in conns:
+            c.close()
+
+
+class _Lease:
+    def __init__(self, client: FabricClient, address) -> None:
+        self._client, self._address = client, address
+
+    def __enter__(self):
+        self._conn = self._client._take(self._address)
+        return self._conn
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None or self._conn.closed:
+            self._conn.close()
+        else:
+            self._client._give_back(self._address, self._conn)
+
+
+def verify(buf: np.ndarray, ref: CheckpointRef, first: int, last: int, peer: str) -> None:
+    """Check chunks [first, last) of buf against the ref's digests; CheckpointError naming peer and chunk."""
+    bad = first_corrupt(buf, ref.checksums, ref.chunk_size, first, last)
+    if bad is not None:
+        i, got = bad
+        raise CheckpointError(f"checkpoint {ref.key[:8]}: chunk {i} from {peer} is corrupt "
+                              f"(xxh3-64 {got:#018x}, expected {ref.checksums[i]:#018x})")
+
+
+def holder_watchdog(ref: CheckpointRef) -> Callable[[], None]:
+    """Raises CheckpointError when the holder of `ref` is dead or no longer serves it."""
+    def watch() -> None:
+        state = holder_status(ref.location)
+        if state == DEAD:
+            raise CheckpointError(f"checkpoint {ref.key[:8]}: its holder {ref.holder} "
+                                  f"({ref.fabric.peer}) is dead")
+        if state == UNPUBLISHED:
+            raise CheckpointError(f"checkpoint {ref.key[:8]} is no longer published by {ref.holder} "
+                                  f"({ref.fabric.peer}): it was unpublished")
+    return watch
+
+
+def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: int = 0, timeout: float,
+         chunk_size: int, max_inflight: int, window_bytes: int | None = None, link_gbps: float | None = None,
+         upstream_done: Callable[[], int] | None = None, on_done: Callable[[int], None] | None = None,
+         phases: dict[str, float] | None = None) -> None:
+    """Read chunks [start, end) of the checkpoint from ref.fabric into dst, verifying as they land.
+
+    upstream_done() -> chunks the source holds (broadcast: a holder still
+    receiving); on_done(n) hears each verified prefix. window_bytes: how much
+    is read between progress checks (default 4 x chunk_size x max_inflight).
+    link_gbps paces the reads (a simulated link, for benchmarks and tests).
+    phases, when given, gets "connect", "transfer" and "verify" seconds added.
+    """
+    n = len(ref.checksums)
+    c = ref.chunk_size
+    window = max(1, (window_bytes or 4 * chunk_size * max_inflight) // c)
+    done = start
+    peer = ref.fabric.peer
+    checks: list = []
+    pacer = None
+    if link_gbps:
+        from raydl.native.pyfi import Pacer
+
+        pacer = Pacer(link_gbps * 1e9 / 8, burst=chunk_size)
+    verify_s = [0.0]
+
+    def check(first: int, last: int) -> None:
+        t = time.perf_counter()
+        verify(dst, ref, first, last, peer)
+        verify_s[0] += time.perf_counter() - t
+        if on_done is not None:
+            on_done(last)
+
+    watch = holder_watchdog(ref)
+    with ThreadPoolExecutor(1, thread_name_prefix="raydl-digest") as verifier:
+        try:
+            t0 = time.perf_counter()
+            with client.connection(ref.fabric) as conn:
+                t1 = time.perf_counter()
+                while done < n:
+                    avail = n if upstream_done is None else upstream_done()
+                    if avail <= done:
+                        time.sleep(0.001)
+                        continue
+                    end = min(avail, done + window)
+                    lo, hi = done * c, min(end * c, ref.size)
+                    conn.read_into(dst[lo:hi], offset=lo, chunk_size=chunk_size, max_inflight=max_inflight,
+                                   timeout=timeout, watchdog=watch, watch_every=WATCH_EVERY_S,
+                                   pacer=pacer)
+                    checks.append(verifier.submit(check, done, end))  # in order: one verifier thread
+                    done = end
+                    if checks[0].done():
+                        checks.pop(0).result()  # surface a corrupt chunk early
+                t2 = time.perf_counter()
+        except BaseException as exc:
+            for f in checks:  # nothing more to check: the copy is abandoned
+                f.cancel()
+            if isinstance(exc, FabricError):
+                raise CheckpointError(
+                    f"checkpoint {ref.key[:8]}: transfer from {ref.holder} ({peer}) failed at chunk {done}: "
+                    f"{exc}") from exc
+            raise
+        for f in checks:
+            f.result()
+        t3 = time.perf_counter()
+    if phases is not None:
+        phases["connect"] = phases.get("connect", 0.0) + (t1 - t0)
+        phases["transfer"] = phases.get("transfer", 0.0) + (t2 - t1)
+        phases["verify"] = phases.get("verify", 0.0) + (t3 - t2)  # what the overlap did not hide
+        phases["verify_cpu"] = phases.get("verify_cpu", 0.0) + verify_s[0]
