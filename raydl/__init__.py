@@ -6,6 +6,7 @@
             ...
 """
 from raydl import errors
+from raydl.config import S3Options
 from raydl.dataset import Dataset, read_images
 from raydl.iterator import DataIterator, IteratorStats
 from raydl.loader import Loader
@@ -17,6 +18,7 @@ __all__ = [
     "Dataset",
     "IteratorStats",
     "Loader",
+    "S3Options",
     "errors",
     "read_images",
 ]

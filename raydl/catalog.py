@@ -1,29 +1,47 @@
-"""Listing a source into the catalog: an Arrow table with one row per sample.
+"""The catalog: an Arrow table with one row per sample, and the table of shards (objects) they live in.
 
-The sample id is the row number, 0..N-1, in sorted key order. The fingerprint
-identifies the catalog's content (keys, sizes, labels) so that plans and resume
-states can tell two catalogs apart.
+    table:   shard | offset | length | row | label | key  [| extra columns, e.g. width, height]
+    shards:  uri | size | etag
+
+The sample id is the row number, 0..N-1. A sample is `length` bytes at
+`offset` of shard `shard` (a row of `shards`): the whole file for an image
+folder, a tar member for WebDataset, a row group's column chunk for Parquet
+(there `row` is the row within the row group; elsewhere -1). Sources may add
+columns after the core ones (`extra`).
+
+The fingerprint identifies the content: every column of the table, and each
+shard's path relative to `root`, size and etag. Plans and resume states use it,
+so a state cannot be loaded against changed data (a copy of the same files
+elsewhere keeps the fingerprint).
 """
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 
-from raydl.errors import DataSourceError
-from raydl.storage import LocalStorage
+from raydl.storage.base import ObjectInfo, Storage
 
-__all__ = ["IMAGE_EXTENSIONS", "Catalog", "list_image_folder"]
+if TYPE_CHECKING:
+    from raydl.sources.base import Source
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+__all__ = ["CORE_COLUMNS", "Catalog", "make_catalog"]
+
+CORE_COLUMNS = ("shard", "offset", "length", "row", "label", "key")
 
 
 @dataclass(frozen=True)
 class Catalog:
-    """The samples of a source. `table` columns: key (str), label (int64), size (int64)."""
+    """The samples of a source, where their bytes are, and how to cut them out (`source`)."""
 
-    storage: LocalStorage
+    root: str
+    storage: Storage
+    source: Source
+    shards: pa.Table
     table: pa.Table
     classes: tuple[str, ...]
     fingerprint: str
@@ -31,55 +49,74 @@ class Catalog:
     def __len__(self) -> int:
         return self.table.num_rows
 
+    def uri(self, sample_id: int) -> str:
+        """The URI of the shard (file, object) sample `sample_id` lives in."""
+        shard = self.table.column("shard")[sample_id].as_py()
+        return self.shards.column("uri")[shard].as_py()
 
-def _fingerprint(table: pa.Table) -> str:
+
+def _relative(uri: str, root: str) -> str:
+    return uri[len(root):].lstrip("/") if uri.startswith(root) else uri
+
+
+def _fingerprint(table: pa.Table, shards: pa.Table, root: str) -> str:
     h = hashlib.sha256()
-    for name in table.column_names:
-        h.update(name.encode())
-        for chunk in table.column(name).chunks:
-            for buf in chunk.buffers():
-                if buf is not None:
-                    h.update(buf)
+
+    def add_table(t: pa.Table) -> None:
+        for name in t.column_names:
+            h.update(name.encode())
+            for chunk in t.column(name).chunks:
+                for buf in chunk.buffers():
+                    if buf is not None:
+                        h.update(buf)
+
+    add_table(table)
+    rel = pa.table({
+        "path": pa.array([_relative(u, root) for u in shards.column("uri").to_pylist()], pa.string()),
+        "size": shards.column("size"),
+        "etag": shards.column("etag"),
+    })
+    add_table(rel)
     return h.hexdigest()[:32]
 
 
-def list_image_folder(root: str, *, labels: str | None = "folder") -> Catalog:
-    """List every image under `root` (recursively) into a Catalog.
-
-    labels="folder": the label is the index of the sample's top-level folder
-    under root among all such folders in sorted order (torchvision's
-    ImageFolder); images directly in root are an error then, since they have
-    no class. labels=None: every label is -1.
-    """
-    if labels not in ("folder", None):
-        raise ValueError(f"labels must be 'folder' or None, got {labels!r}")
-    storage = LocalStorage(root)
-    entries = sorted((k, s) for k, s in storage.walk() if k.lower().endswith(IMAGE_EXTENSIONS))
-    if not entries:
-        raise DataSourceError(
-            f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {root!r}", uri=root
-        )
-    keys = [k for k, _ in entries]
-    sizes = [s for _, s in entries]
-    if labels == "folder":
-        loose = [k for k in keys if "/" not in k]
-        if loose:
-            raise DataSourceError(
-                f"{storage.uri(loose[0])!r} (and {len(loose) - 1} more) lie directly in the root, "
-                "so they have no class folder; move them into a class folder or pass labels=None",
-                uri=storage.uri(loose[0]),
-            )
-        classes = tuple(sorted({k.split("/", 1)[0] for k in keys}))
-        index = {c: i for i, c in enumerate(classes)}
-        label_values = [index[k.split("/", 1)[0]] for k in keys]
-    else:
-        classes = ()
-        label_values = [-1] * len(keys)
-    table = pa.table(
-        {
-            "key": pa.array(keys, pa.string()),
-            "label": pa.array(label_values, pa.int64()),
-            "size": pa.array(sizes, pa.int64()),
-        }
-    )
-    return Catalog(storage=storage, table=table, classes=classes, fingerprint=_fingerprint(table))
+def make_catalog(
+    *,
+    root: str,
+    storage: Storage,
+    source: Source,
+    shards: Sequence[ObjectInfo],
+    shard: Sequence[int] | np.ndarray,
+    offset: Sequence[int] | np.ndarray,
+    length: Sequence[int] | np.ndarray,
+    label: Sequence[int] | np.ndarray,
+    key: Sequence[str],
+    row: Sequence[int] | np.ndarray | None = None,
+    classes: tuple[str, ...] = (),
+    extra: Mapping[str, pa.Array] | None = None,
+) -> Catalog:
+    """Build the two tables and the fingerprint. `extra` columns come after the core ones, in the given order."""
+    n = len(key)
+    columns = {
+        "shard": pa.array(np.asarray(shard, dtype=np.int64)),
+        "offset": pa.array(np.asarray(offset, dtype=np.int64)),
+        "length": pa.array(np.asarray(length, dtype=np.int64)),
+        "row": pa.array(np.full(n, -1, np.int64) if row is None else np.asarray(row, dtype=np.int64)),
+        "label": pa.array(np.asarray(label, dtype=np.int64)),
+        "key": pa.array(list(key), pa.string()),
+    }
+    for name, values in (extra or {}).items():
+        if name in columns:
+            raise ValueError(f"extra catalog column {name!r} clashes with a core column")
+        columns[name] = values
+    bad = {name: len(col) for name, col in columns.items() if len(col) != n}
+    if bad:
+        raise ValueError(f"catalog columns must all have {n} rows; got {bad}")
+    table = pa.table(columns)
+    shard_table = pa.table({
+        "uri": pa.array([s.uri for s in shards], pa.string()),
+        "size": pa.array([s.size for s in shards], pa.int64()),
+        "etag": pa.array([s.etag for s in shards], pa.string()),
+    })
+    return Catalog(root=root, storage=storage, source=source, shards=shard_table, table=table,
+                   classes=tuple(classes), fingerprint=_fingerprint(table, shard_table, root))

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, fields
 
 __all__ = [
-    "LoaderConfig", "checkpoint_bind", "is_positive_int", "load_loader_config", "native_disabled", "positive_int",
+    "LoaderConfig", "S3Options", "checkpoint_bind", "is_positive_int", "load_loader_config", "native_disabled",
+    "positive_int",
 ]
 
 _ON_ERROR = ("skip", "replace", "raise")
@@ -64,6 +65,7 @@ class LoaderConfig:
     node_resource: str | None = None
     prefetch_batches: int = 2
     object_store_budget: int | None = None
+    io_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         positive_int("batch_size", self.batch_size)
@@ -80,8 +82,39 @@ class LoaderConfig:
             raise ValueError(f"node_resource must be a non-empty resource name, got {self.node_resource!r}")
         if self.threads_per_worker is not None:
             positive_int("threads_per_worker", self.threads_per_worker)
+        if self.io_concurrency is not None:
+            positive_int("io_concurrency", self.io_concurrency)
         if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker >= 0):
             raise ValueError(f"cpus_per_worker must be a number >= 0, got {self.cpus_per_worker!r}")
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How raydl talks to S3 or an S3-compatible store. Unset fields fall back to boto3's own
+    configuration (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE, ~/.aws, instance roles).
+
+    max_concurrency: concurrent GETs per loader actor (and its connection pool size).
+    retries: tries per request in all, on throttling (503 SlowDown), 5xx and connection errors,
+    with exponential backoff and jitter; never on 403/404. timeout_s: connect and read timeout
+    of one request; retrying stops once retries x timeout_s have passed.
+    """
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    max_concurrency: int = 64
+    retries: int = 5
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint_url", "region", "profile"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
+        positive_int("max_concurrency", self.max_concurrency)
+        positive_int("retries", self.retries)
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number, got {self.timeout_s!r}")
 
 
 def load_loader_config(path: str, **overrides: object) -> LoaderConfig:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raydl.catalog import Catalog, list_image_folder
-from raydl.config import LoaderConfig
+from raydl.catalog import Catalog
+from raydl.config import LoaderConfig, S3Options
 from raydl.loader import Loader
+from raydl.sources.images import list_image_folder
+from raydl.storage import resolve
 from raydl.transforms import (
     CenterCrop,
     Decode,
@@ -24,15 +26,17 @@ from raydl.transforms import (
 __all__ = ["Dataset", "read_images"]
 
 
-def read_images(root: str, *, labels: str | None = "folder") -> Dataset:
-    """An image folder on local disk, listed once (recursively) into a catalog.
+def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | None = None) -> Dataset:
+    """An image folder, local or s3://bucket/prefix, listed once (recursively) into a catalog.
 
     Files ending .jpg/.jpeg/.png/.webp/.bmp are samples; sample ids are rows in
     sorted path order. labels="folder" numbers the top-level folders under root
     in sorted order (torchvision's ImageFolder); labels=None gives -1.
-    Raises DataSourceError naming `root` when it is missing or holds no images.
+    Raises DataSourceError naming `root` when it is missing or holds no images,
+    and ValueError naming an unsupported URL scheme.
     """
-    return Dataset(list_image_folder(str(root), labels=labels))
+    storage, root = resolve(str(root), s3)
+    return Dataset(list_image_folder(root, labels=labels, storage=storage))
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class Dataset:
         node_resource: str | None = None,
         prefetch_batches: int = 2,
         object_store_budget: int | None = None,
+        io_concurrency: int | None = None,
     ) -> Loader:
         """Start loader actors on Ray (ray.init() first if needed) and return the Loader.
 
@@ -105,13 +110,15 @@ class Dataset:
         the CPUs it may run on). Each rank keeps at most prefetch_batches batch
         tasks in flight, fewer when the loader's batches would not fit
         `object_store_budget` bytes (default: a quarter of the smallest node's
-        object store).
+        object store). Each actor fetches bytes on `io_concurrency` IO threads,
+        apart from its decode threads (default: the storage's, 4 for local disk,
+        `S3Options.max_concurrency` for S3).
         """
         config = LoaderConfig(
             batch_size=batch_size, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
             on_error=on_error, num_workers=num_workers, threads_per_worker=threads_per_worker,
             cpus_per_worker=cpus_per_worker, node_resource=node_resource, prefetch_batches=prefetch_batches,
-            object_store_budget=object_store_budget,
+            object_store_budget=object_store_budget, io_concurrency=io_concurrency,
         )
         return self.loader_from_config(config)
 
@@ -123,7 +130,7 @@ class Dataset:
         return len(self.catalog)
 
     def __repr__(self) -> str:
-        lines = [f"Dataset(root={self.catalog.storage.root!r}, samples={len(self.catalog)}, "
-                 f"classes={len(self.catalog.classes)})"]
+        c = self.catalog
+        lines = [f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={len(c.classes)})"]
         lines += [f"  -> {st!r}" for st in self.stages]
         return "\n".join(lines)

@@ -2,6 +2,8 @@
 
     RaydlError
     ├── DataSourceError        a root, file or object cannot be listed or read (names it)
+    │   ├── AccessDeniedError  the store refused access: a permission error (names the bucket)
+    │   ├── ObjectChangedError an object changed after it was listed (names it)
     │   └── SampleDecodeError  a sample's bytes cannot be decoded (names the file)
     ├── DecodeError            (also a ValueError) the decode layer's "these bytes are not an image it can
     │                          decode"; the only error on_error="skip"/"replace" covers, besides a failed read
@@ -17,6 +19,7 @@ Lower-level errors (OSError, PIL, Ray, libfabric) are translated at the boundary
 from __future__ import annotations
 
 __all__ = [
+    "AccessDeniedError",
     "BatchTimeoutError",
     "CheckpointError",
     "DataSourceError",
@@ -24,6 +27,7 @@ __all__ = [
     "FabricError",
     "LoaderError",
     "NativeKernelError",
+    "ObjectChangedError",
     "RaydlError",
     "SampleDecodeError",
 ]
@@ -39,6 +43,21 @@ class DataSourceError(RaydlError):
     def __init__(self, message: str, *, uri: str | None = None) -> None:
         super().__init__(message)
         self.uri = uri
+
+    def __reduce__(self):  # keep the keyword-only field across pickling (Ray)
+        return (_rebuild_source_error, (type(self), str(self), self.uri))
+
+
+class AccessDeniedError(DataSourceError, PermissionError):
+    """The store refused access to a bucket or object (HTTP 403): the credentials lack a permission."""
+
+
+class ObjectChangedError(DataSourceError):
+    """An object's etag or size differs from when it was listed; raydl never reads the other bytes."""
+
+
+def _rebuild_source_error(cls: type, message: str, uri: str | None) -> DataSourceError:
+    return cls(message, uri=uri)
 
 
 class SampleDecodeError(DataSourceError):

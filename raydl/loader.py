@@ -59,14 +59,14 @@ class Loader:
             ray.init(logging_level=logging.WARNING, log_to_driver=False)
         self.batch_bytes = config.batch_size * program.dtype.itemsize * math.prod(program.slot_shape())
         self.object_store_budget = config.object_store_budget or _default_budget()
-        spec = WorkerSpec(storage=catalog.storage, program=program, threads=config.threads_per_worker,
-                          on_error=config.on_error)
+        spec = WorkerSpec(program=program, threads=config.threads_per_worker, on_error=config.on_error,
+                          io_concurrency=config.io_concurrency)
         here = ray.get_runtime_context().get_node_id()
         self._coordinator = ray.remote(LoaderCoordinator).options(
             num_cpus=0, max_concurrency=16, max_restarts=0,
             # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-        ).remote(spec, [ray.put(catalog.table)], config)
+        ).remote(spec, [ray.put(catalog)], config)
         self._version, self._workers = ray.get(self._coordinator.workers.remote())
         self._fetched = time.monotonic()
         if not self._workers:

@@ -51,7 +51,7 @@ class LoaderCoordinator:
 
     def __init__(self, spec: WorkerSpec, catalog_ref: list, config: LoaderConfig) -> None:
         self._spec = spec
-        self._catalog_ref = catalog_ref[0]  # wrapped in a list so Ray passes the reference, not the table
+        self._catalog_ref = catalog_ref[0]  # wrapped in a list so Ray passes the reference, not the catalog
         self._config = config
         self._lock = threading.Lock()
         self._workers: list[WorkerInfo] = []

@@ -1,12 +1,15 @@
 """The loader worker: a plain class that turns a batch task into a batch.
 
 Ray wiring (`ray.remote`, options, placement) is applied in raydl/loader.py.
-A task names its samples and their augmentation seeds; the worker reads the
-bytes and decodes/transforms each sample on its thread pool (IO, libjpeg-turbo
-and the C kernel all release the GIL), each thread writing straight into the
-sample's slot of one preallocated batch array. The returned arrays go into
-Ray's object store as they are; a reader on the same node maps them without a
-copy.
+A task names its samples and their augmentation seeds. The worker turns the
+samples into byte ranges (catalog rows: shard, offset, length), coalesces
+neighbouring ranges into blocks, and fetches the blocks on its IO pool
+(`io_concurrency` threads: many for S3, a few for disk). As each block lands,
+its samples are cut out and go to the decode pool, so IO and decode overlap
+within a batch; decode threads (libjpeg-turbo and the C kernel release the
+GIL) write straight into the sample's slot of one preallocated batch array.
+The returned arrays go into Ray's object store as they are; a reader on the
+same node maps them without a copy.
 
 Error policy: a sample whose bytes cannot be read (DataSourceError) or
 decoded (DecodeError) is this sample's fault, and on_error decides: it is left
@@ -19,17 +22,18 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from raydl._process import process_name
+from raydl.catalog import Catalog
 from raydl.errors import DataSourceError, DecodeError, LoaderError, SampleDecodeError
 from raydl.memory import populated_empty
 from raydl.plan import substitute_id
-from raydl.storage import LocalStorage
+from raydl.storage.fetch import Block, IOPool, coalesce
 from raydl.transforms import SampleProgram
 
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
@@ -39,12 +43,12 @@ MAX_SUBSTITUTES = 8  # tries per failed sample under on_error="replace" before t
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker needs besides the catalog table."""
+    """Everything a worker needs besides the catalog (which comes through the object store)."""
 
-    storage: LocalStorage
     program: SampleProgram
     threads: int | None = None
     on_error: str = "skip"
+    io_concurrency: int | None = None  # None: the storage's default
 
 
 @dataclass(frozen=True)
@@ -88,12 +92,18 @@ class BatchResult:
 class LoaderWorker:
     """Runs batch tasks for any rank; between tasks it keeps only its decode pool and per-thread batch arrays."""
 
-    def __init__(self, spec: WorkerSpec, table: pa.Table) -> None:
+    def __init__(self, spec: WorkerSpec, catalog: Catalog) -> None:
         self._spec = spec
-        self._keys = table.column("key")
-        self._labels = table.column("label").to_numpy()
+        self._source, self._storage = catalog.source, catalog.storage
+        t = catalog.table
+        self._where = np.stack([t.column(c).to_numpy() for c in ("shard", "offset", "length", "row")], axis=1)
+        self._keys = t.column("key")
+        self._labels = t.column("label").to_numpy()
+        self._shard_uri = catalog.shards.column("uri")
+        self._shard_etag = catalog.shards.column("etag")
         threads = spec.threads or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
+        self._io = IOPool(spec.io_concurrency or catalog.storage.default_io_concurrency)
         self._name = process_name()
         self._local = threading.local()
 
@@ -102,28 +112,62 @@ class LoaderWorker:
         import ray
 
         return {"name": self._name, "node_id": ray.get_runtime_context().get_node_id(),
-                "threads": self._pool._max_workers}
+                "threads": self._pool._max_workers, "io_concurrency": self._io.concurrency}
 
     def run_batch(self, task: BatchTask) -> BatchResult:
         n = len(task.ids)
         images = self._batch_buffer(n)
         ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
         keys = self._keys.take(pa.array(ids)).to_pylist()
+        where = self._where[ids]
+        shard_ids = np.unique(where[:, 0])
+        uris = dict(zip(shard_ids.tolist(), self._shard_uri.take(pa.array(shard_ids)).to_pylist()))
+        etags = dict(zip(shard_ids.tolist(), self._shard_etag.take(pa.array(shard_ids)).to_pylist()))
         failed: list[Skipped | None] = [None] * n
         replaced: list[Replaced] = []
         replace = self._spec.on_error == "replace"
 
-        def one(i: int) -> None:
-            sid, seed = int(ids[i]), int(task.seeds[i])
-            failure = self._sample(sid, keys[i], seed, images[i])
+        def finish(i: int, failure: Skipped | None) -> None:
             if failure is not None and replace:
+                sid, seed = int(task.ids[i]), int(task.seeds[i])
                 ids[i] = self._substitute(failure, seed, images[i])
                 keys[i] = self._keys[int(ids[i])].as_py()
                 replaced.append(Replaced(sid, failure.uri, failure.reason, int(ids[i])))
             else:
                 failed[i] = failure
 
-        list(self._pool.map(one, range(n)))
+        def decode(i: int, data: bytes) -> None:
+            sid = int(task.ids[i])
+            finish(i, self._decode(sid, self._source.sample_uri(uris[int(where[i, 0])], keys[i]), data,
+                                   int(task.seeds[i]), images[i]))
+
+        def fetch(block: Block) -> list[Future]:
+            """Read one block (on an IO thread), then hand each of its samples to the decode pool."""
+            uri = uris[block.shard]
+            try:
+                data = self._source.read_block(self._storage, uri, etags[block.shard], block.offset, block.length)
+            except DataSourceError as exc:
+                return [self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
+                                                             unreadable=True)) for i in block.members]
+            out = []
+            for i in block.members:
+                shard, offset, length, row = (int(v) for v in where[i])
+                start = offset - block.offset
+                piece = data if (start == 0 and length == len(data)) else data[start:start + length]
+                try:
+                    sample = self._source.cut(shard, offset, length, row, piece)
+                except DataSourceError as exc:
+                    out.append(self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
+                                                                    unreadable=True)))
+                    continue
+                out.append(self._pool.submit(decode, i, sample))
+            return out
+
+        decodes: list[Future] = []
+        for done in as_completed([self._io.submit(fetch, b) for b in coalesce(where[:, :3].tolist())]):
+            decodes.extend(done.result())
+        for f in decodes:
+            f.result()  # a LoaderError (not the sample's fault) fails the batch here
         ok = np.array([f is None for f in failed], dtype=bool)
         bad = [f for f in failed if f is not None]
         if bad:  # the batch gets shorter by the failed rows (maybe to 0) and keeps its place in the plan
@@ -134,16 +178,27 @@ class LoaderWorker:
                            unreadable=[f for f in bad if f.unreadable],
                            replaced=sorted(replaced, key=lambda r: r.sample_id))
 
-    def _sample(self, sid: int, key: str, seed: int, out: np.ndarray) -> Skipped | None:
-        """Read and decode one sample into `out`; a Skipped when its bytes are at fault, else None.
+    def _read(self, sid: int) -> tuple[str, bytes]:
+        """One sample's URI (as errors name it) and image bytes, read on its own (substitutes)."""
+        shard, offset, length, row = (int(v) for v in self._where[sid])
+        uri = self._shard_uri[shard].as_py()
+        data = self._source.read_block(self._storage, uri, self._shard_etag[shard].as_py(), offset, length)
+        return self._source.sample_uri(uri, self._keys[sid].as_py()), self._source.cut(shard, offset, length, row, data)
+
+    def _sample(self, sid: int, seed: int, out: np.ndarray) -> Skipped | None:
+        """Read and decode one sample into `out`; a Skipped when its bytes are at fault, else None."""
+        try:
+            uri, data = self._read(sid)
+        except DataSourceError as exc:
+            return Skipped(sid, exc.uri or self._shard_uri[int(self._where[sid, 0])].as_py(), str(exc),
+                           unreadable=True)
+        return self._decode(sid, uri, data, seed, out)
+
+    def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Skipped | None:
+        """Decode one sample into `out`; a Skipped when its bytes are at fault, else None.
 
         Any other failure is not the sample's fault: it fails the batch, naming the sample and this worker.
         """
-        uri = self._spec.storage.uri(key)
-        try:
-            data = self._spec.storage.read(key)
-        except DataSourceError as exc:
-            return Skipped(sid, exc.uri or uri, str(exc), unreadable=True)
         try:
             self._spec.program.run(data, seed, out)
         except DecodeError as exc:
@@ -162,7 +217,7 @@ class LoaderWorker:
             if sub == failure.sample_id:
                 continue
             tried.append(sub)
-            if self._sample(sub, self._keys[sub].as_py(), seed, out) is None:
+            if self._sample(sub, seed, out) is None:
                 return sub
         raise SampleDecodeError(
             f"sample {failure.sample_id} ({failure.uri}) failed ({failure.reason}) and none of its "

@@ -16,12 +16,13 @@ import random
 import numpy as np
 from PIL import Image
 
-__all__ = ["CROP", "IMAGE_EXTENSIONS", "list_images", "open_rgb", "rrc_params", "train_transform"]
+from raydl.sources.images import IMAGE_EXTENSIONS
+
+__all__ = ["CROP", "list_images", "open_rgb", "rrc_params", "train_transform"]
 
 CROP = 224
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
 
 _MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 _STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)

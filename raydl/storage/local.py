@@ -1,50 +1,130 @@
-"""Local-disk storage: lists a folder and reads files by key (path under the root)."""
+"""Local disk: os.pread through a per-process cache of open files."""
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from raydl.errors import DataSourceError
+from raydl.errors import DataSourceError, ObjectChangedError
+from raydl.storage.base import ObjectInfo
 
 __all__ = ["LocalStorage"]
+
+_MAX_OPEN = 128  # per process; an image folder opens each file once an epoch, tar shards stay open
+
+
+class _FileCache:
+    """An LRU of read-only file descriptors shared by the threads of one process (rebuilt after a fork).
+
+    A descriptor in use is never closed under its reader: eviction closes it
+    when its last user releases it, so a reused descriptor number can never
+    hand a reader another file's bytes.
+    """
+
+    def __init__(self, capacity: int = _MAX_OPEN) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._users: dict[int, int] = {}
+        self._evicted: set[int] = set()
+        self._pid = os.getpid()
+
+    def acquire(self, path: str) -> int:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child must not share (or close) its parent's descriptors
+                self._fds, self._users, self._evicted = collections.OrderedDict(), {}, set()
+                self._pid = os.getpid()
+            fd = self._fds.get(path)
+            if fd is not None:
+                self._fds.move_to_end(path)
+                self._users[fd] += 1
+                return fd
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        with self._lock:
+            old = self._fds.get(path)
+            if old is not None:  # another thread opened it meanwhile
+                os.close(fd)
+                self._users[old] += 1
+                return old
+            self._fds[path] = fd
+            self._users[fd] = 1
+            while len(self._fds) > self._capacity:
+                _, victim = self._fds.popitem(last=False)
+                self._evicted.add(victim)
+                self._close_if_unused(victim)
+            return fd
+
+    def release(self, fd: int, *, forget: str | None = None) -> None:
+        """Done with `fd`; `forget` drops the path from the cache (it failed or changed)."""
+        with self._lock:
+            if forget is not None and self._fds.get(forget) == fd:
+                del self._fds[forget]
+                self._evicted.add(fd)
+            self._users[fd] -= 1
+            self._close_if_unused(fd)
+
+    def _close_if_unused(self, fd: int) -> None:
+        if fd in self._evicted and self._users.get(fd, 0) == 0:
+            self._evicted.discard(fd)
+            self._users.pop(fd, None)
+            os.close(fd)
+
+
+_FILES = _FileCache()
 
 
 @dataclass(frozen=True)
 class LocalStorage:
-    """Files under `root`, addressed by their '/'-separated path relative to it."""
+    """Files on a local (or network-mounted) file system, addressed by path."""
 
-    root: str
+    default_io_concurrency: int = 4
 
-    def uri(self, key: str) -> str:
-        return os.path.join(self.root, key)
-
-    def walk(self) -> Iterator[tuple[str, int]]:
-        """Yield (key, size) for every regular file under root, in no particular order."""
-        if not os.path.isdir(self.root):
-            what = "is not a directory" if os.path.exists(self.root) else "does not exist"
-            raise DataSourceError(f"image root {self.root!r} {what}", uri=self.root)
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every regular file under the directory `prefix` (following links), or `prefix` itself if a file."""
+        if os.path.isfile(prefix):
+            yield self.stat(prefix)
+            return
+        if not os.path.isdir(prefix):
+            what = "is not a directory" if os.path.exists(prefix) else "does not exist"
+            raise DataSourceError(f"{prefix!r} {what}", uri=prefix)
 
         def on_error(exc: OSError) -> None:
-            raise DataSourceError(f"cannot list {exc.filename!r} under {self.root!r}: {exc}",
+            raise DataSourceError(f"cannot list {exc.filename!r} under {prefix!r}: {exc}",
                                   uri=exc.filename) from exc
 
-        for dirpath, _dirnames, filenames in os.walk(self.root, onerror=on_error, followlinks=True):
-            rel = os.path.relpath(dirpath, self.root)
+        for dirpath, _dirnames, filenames in os.walk(prefix, onerror=on_error, followlinks=True):
             for name in filenames:
-                path = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(path)
-                except OSError as exc:
-                    raise DataSourceError(f"cannot stat {path!r}: {exc}", uri=path) from exc
-                key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                yield key, st.st_size
+                yield self.stat(os.path.join(dirpath, name))
 
-    def read(self, key: str) -> bytes:
-        """The whole file; a missing or unreadable file is a DataSourceError naming it."""
-        path = self.uri(key)
+    def stat(self, uri: str) -> ObjectInfo:
         try:
-            with open(path, "rb") as f:
+            st = os.stat(uri)
+        except OSError as exc:
+            raise DataSourceError(f"cannot stat {uri!r}: {exc}", uri=uri) from exc
+        return ObjectInfo(uri, st.st_size)  # local files have no etag
+
+    def read_range(self, uri: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        try:
+            fd = _FILES.acquire(uri)
+        except OSError as exc:
+            raise DataSourceError(f"cannot read {uri!r} at offset {offset}: {exc}", uri=uri) from exc
+        try:
+            data = os.pread(fd, length, offset)
+        except OSError as exc:
+            _FILES.release(fd, forget=uri)
+            raise DataSourceError(f"cannot read {uri!r} at offset {offset}: {exc}", uri=uri) from exc
+        if len(data) == length:
+            _FILES.release(fd)
+            return data
+        _FILES.release(fd, forget=uri)  # it shrank: a later read must see the file as it is now
+        raise ObjectChangedError(f"{uri!r} changed after it was listed: {length} bytes at offset {offset} asked, "
+                              f"{len(data)} there", uri=uri)
+
+    def read(self, uri: str) -> bytes:
+        try:
+            with open(uri, "rb") as f:
                 return f.read()
         except OSError as exc:
-            raise DataSourceError(f"cannot read {path!r}: {exc}", uri=path) from exc
+            raise DataSourceError(f"cannot read {uri!r}: {exc}", uri=uri) from exc

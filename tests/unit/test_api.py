@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(60)
 def test_all_is_sorted_and_pinned():
     """raydl.__all__ is sorted and is exactly the current public API (change this test on purpose)."""
     assert raydl.__all__ == sorted(raydl.__all__)
-    assert raydl.__all__ == ["DataIterator", "Dataset", "IteratorStats", "Loader", "errors", "read_images"]
+    assert raydl.__all__ == ["DataIterator", "Dataset", "IteratorStats", "Loader", "S3Options", "errors",
+                            "read_images"]
 
 
 def test_every_exported_name_exists():
@@ -41,6 +42,7 @@ def test_every_exported_name_exists():
     ("seed", -1), ("seed", 2**63), ("seed", True), ("seed", 1.5),
     ("num_workers", 0), ("num_workers", -2),
     ("threads_per_worker", 0),
+    ("io_concurrency", 0), ("io_concurrency", 1.5),
     ("cpus_per_worker", -0.5), ("cpus_per_worker", "1"),
 ])
 def test_loader_config_rejects_bad_values_naming_the_parameter(field, value):

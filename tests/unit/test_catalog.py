@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from raydl import read_images
-from raydl.catalog import IMAGE_EXTENSIONS, list_image_folder
+from raydl.sources.images import IMAGE_EXTENSIONS, list_image_folder
 from raydl.errors import DataSourceError
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,7 +35,7 @@ def tree(tmp_path):
 
 def columns(ds):
     t = ds.catalog.table
-    return t.column("key").to_pylist(), t.column("label").to_pylist(), t.column("size").to_pylist()
+    return t.column("key").to_pylist(), t.column("label").to_pylist(), t.column("length").to_pylist()
 
 
 def test_keys_labels_and_sizes(tree):
@@ -47,16 +47,19 @@ def test_keys_labels_and_sizes(tree):
     assert labels == [0, 1, 1, 2, 2]
     assert sizes == [4, 2, 3, 1, 5]
     assert len(ds) == len(ds.catalog) == 5
-    assert ds.catalog.table.column_names == ["key", "label", "size"]
+    assert ds.catalog.table.column_names == ["shard", "offset", "length", "row", "label", "key"]
+    assert ds.catalog.table.column("shard").to_pylist() == [0, 1, 2, 3, 4]  # one object per image
+    assert set(ds.catalog.table.column("offset").to_pylist()) == {0}
 
 
 def test_sample_ids_are_rows_and_uris_name_files(tree):
-    """Sample id i is row i; the storage maps each key back to its file under root."""
+    """Sample id i is row i; the catalog maps it back to its file under root, which the storage reads."""
     ds = read_images(tree)  # a Path works as well as a str
     keys, _, sizes = columns(ds)
-    for key, size in zip(keys, sizes):
-        assert os.path.getsize(ds.catalog.storage.uri(key)) == size
-    assert ds.catalog.storage.read(keys[4]) == b"12345"
+    for i, (key, size) in enumerate(zip(keys, sizes)):
+        assert ds.catalog.uri(i) == os.path.join(str(tree), key)
+        assert os.path.getsize(ds.catalog.uri(i)) == size
+    assert ds.catalog.storage.read_range(ds.catalog.uri(4), 0, 5) == b"12345"
 
 
 def test_labels_none_gives_minus_one_and_allows_loose_files(tree):

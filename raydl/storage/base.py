@@ -1,0 +1,64 @@
+"""The storage interface: where sample bytes live.
+
+A storage lists objects under a prefix and reads byte ranges of one object.
+It is not bound to a root: every call names a full URI (a local path, or
+s3://bucket/key). Storages are small picklable values; whatever they hold per
+process (open files, a boto3 client) is built lazily in that process and
+never pickled. Every failure is a DataSourceError naming the URI, and the
+offset when there is one, raised `from` the lower-level error.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["ObjectInfo", "Storage", "split_scheme"]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object: its full URI, its size in bytes, and its etag ("" where the store has none)."""
+
+    uri: str
+    size: int
+    etag: str = ""
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What a source needs from a store. Implementations: LocalStorage, S3Storage."""
+
+    #: how many concurrent reads this store wants per process (the loader's `io_concurrency` default)
+    default_io_concurrency: int
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object under `prefix` (recursively; a prefix naming one object lists it). Any order."""
+        ...
+
+    def stat(self, uri: str) -> ObjectInfo:
+        """One object's size and etag."""
+        ...
+
+    def read_range(self, uri: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        """Exactly `length` bytes of `uri` from `offset`.
+
+        With `etag`, an object whose etag is not that one any more is a
+        DataSourceError saying it changed; fewer bytes than asked is too
+        (raydl never silently reads other bytes).
+        """
+        ...
+
+    def read(self, uri: str) -> bytes:
+        """The whole object."""
+        ...
+
+
+def split_scheme(uri: str) -> tuple[str, str]:
+    """("s3", "bucket/key") for "s3://bucket/key", ("file", path) for a local path or file:// URI."""
+    head, sep, rest = uri.partition("://")
+    if not sep:
+        return "file", uri
+    if not head or not head.replace("+", "").replace("-", "").replace(".", "").isalnum():
+        return "file", uri  # not a scheme: a local path that happens to hold "://"
+    return head.lower(), rest

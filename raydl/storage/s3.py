@@ -1,0 +1,243 @@
+"""S3 and S3-compatible stores through boto3.
+
+The storage value holds only its S3Options; each process builds its boto3
+client lazily, once, and shares it between threads (boto3 clients are thread
+safe). The client is never pickled. Its connection pool holds
+`max_concurrency` connections, matched to the worker's IO pool, and is reused
+across batches. Requests are retried by raydl's own policy
+(raydl/storage/fetch.py): botocore's retries are switched off so that the
+bounds in S3Options are the only ones.
+
+botocore errors become raydl.errors types here, naming s3://bucket/key; no
+message ever carries credentials.
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from raydl.config import S3Options
+from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
+from raydl.storage.base import ObjectInfo
+from raydl.storage.fetch import RetryPolicy, call_with_retries
+
+__all__ = ["S3Storage", "is_retryable", "split_s3"]
+
+_RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+                          "InternalError", "ServiceUnavailable", "503", "500", "502", "504"})
+_DENIED_CODES = frozenset({"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "InvalidAccessKeyId",
+                           "SignatureDoesNotMatch"})
+_MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_CHANGED_CODES = frozenset({"PreconditionFailed", "412", "InvalidRange", "416"})
+
+_clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """("bucket", "key/prefix") of "s3://bucket/key/prefix"; a bad URI is a ValueError naming it."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an s3:// URI: {uri!r}")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not bucket:
+        raise ValueError(f"{uri!r} names no bucket (expected s3://bucket/key)")
+    return bucket, key
+
+
+def _error_code(exc: BaseException) -> tuple[str, int]:
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Throttling (503 SlowDown), 5xx and connection-level failures are worth another try; 4xx never."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        ConnectionError as BotoConnectionError,
+        EndpointConnectionError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    if isinstance(exc, ClientError):
+        code, status = _error_code(exc)
+        return code in _RETRY_CODES or status >= 500
+    transient = (BotoConnectionError, EndpointConnectionError, ConnectionClosedError, ReadTimeoutError,
+                 IncompleteReadError, ResponseStreamingError, ConnectionError, TimeoutError)
+    if isinstance(exc, transient):
+        return True
+    try:
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
+        return isinstance(exc, Urllib3Error)
+    except ImportError:  # pragma: no cover - botocore depends on urllib3
+        return False
+
+
+@dataclass(frozen=True)
+class S3Storage:
+    """Objects in S3 (or an S3-compatible store), addressed as s3://bucket/key."""
+
+    options: S3Options = field(default_factory=S3Options)
+
+    def __post_init__(self) -> None:
+        if self.options is None:
+            object.__setattr__(self, "options", S3Options())
+        if not isinstance(self.options, S3Options):
+            raise ValueError(f"s3 must be a raydl.S3Options or None, got {type(self.options).__name__}")
+
+    @property
+    def default_io_concurrency(self) -> int:
+        return self.options.max_concurrency
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        o = self.options
+        return RetryPolicy(attempts=o.retries, base_delay_s=0.05, max_delay_s=2.0, deadline_s=o.timeout_s * o.retries)
+
+    # -- the client (per process, lazily) -----------------------------------------------------------
+    def client(self):
+        """This process's boto3 client for these options (built on first use; shared by threads)."""
+        key = (self.options, os.getpid())
+        client = _clients.get(key)
+        if client is None:
+            with _clients_lock:
+                client = _clients.get(key)
+                if client is None:
+                    client = _clients[key] = self._make_client()
+        return client
+
+    def _make_client(self):
+        import boto3
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError
+
+        o = self.options
+        config = Config(
+            max_pool_connections=o.max_concurrency,
+            connect_timeout=o.timeout_s,
+            read_timeout=o.timeout_s,
+            retries={"total_max_attempts": 1, "mode": "standard"},  # raydl's RetryPolicy retries
+            **({"region_name": o.region} if o.region else {}),
+        )
+        try:
+            session = boto3.session.Session(profile_name=o.profile) if o.profile else boto3.session.Session()
+            return session.client("s3", endpoint_url=o.endpoint_url, config=config)
+        except BotoCoreError as exc:  # an unknown profile, a bad region ...
+            raise DataSourceError(f"cannot set up the S3 client: {type(exc).__name__}: {exc}") from exc
+
+    # -- errors ------------------------------------------------------------------------------------
+    def _translate(self, exc: BaseException, uri: str, what: str, *, tries: int = 1,
+                   offset: int | None = None) -> DataSourceError:
+        from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+
+        bucket, _ = split_s3(uri)
+        at = f" at offset {offset}" if offset is not None else ""
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            return AccessDeniedError(f"cannot {what} {uri}: no usable AWS credentials were found (set a profile, "
+                                     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or an instance role)", uri=uri)
+        if isinstance(exc, ClientError):
+            code, status = _error_code(exc)
+            if code in _DENIED_CODES or status == 403:
+                return AccessDeniedError(
+                    f"permission error: access to bucket {bucket!r} was denied ({code or status}) when trying to "
+                    f"{what} {uri}; the credentials in use lack the permission (e.g. s3:GetObject, s3:ListBucket)",
+                    uri=uri)
+            if code == "NoSuchBucket":
+                return DataSourceError(f"cannot {what} {uri}: bucket {bucket!r} does not exist", uri=uri)
+            if code in _MISSING_CODES or status == 404:
+                return DataSourceError(f"cannot {what} {uri}{at}: the object does not exist (any more)", uri=uri)
+            if code in _CHANGED_CODES or status in (412, 416):
+                return ObjectChangedError(f"{uri} changed after it was listed ({code or status}{at}); "
+                                          "list the data again", uri=uri)
+            detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+        tried = f" after {tries} tries" if tries > 1 else ""
+        return DataSourceError(f"cannot {what} {uri}{at}{tried}: {detail}", uri=uri)
+
+    def _call(self, fn, uri: str, what: str, *, offset: int | None = None):
+        tries = [0]
+
+        def attempt():
+            tries[0] += 1
+            return fn()
+
+        try:
+            return call_with_retries(attempt, self.retry_policy, is_retryable=is_retryable,
+                                     clock=time.monotonic, sleep=time.sleep, rng=random.Random())
+        except DataSourceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every botocore/urllib3 failure is translated here
+            raise self._translate(exc, uri, what, tries=tries[0], offset=offset) from exc
+
+    # -- the interface -----------------------------------------------------------------------------
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with the prefix (any number of keys: pages of 1000)."""
+        bucket, key_prefix = split_s3(prefix)
+        client = self.client()
+        token = None
+        while True:
+            kwargs = {"Bucket": bucket, "Prefix": key_prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._call(lambda kw=kwargs: client.list_objects_v2(**kw), prefix, "list")
+            for obj in page.get("Contents", ()):
+                if obj["Key"].endswith("/"):
+                    continue  # a folder marker, not data
+                yield ObjectInfo(f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag", "").strip('"'))
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    def stat(self, uri: str) -> ObjectInfo:
+        bucket, key = split_s3(uri)
+        client = self.client()
+        head = self._call(lambda: client.head_object(Bucket=bucket, Key=key), uri, "stat")
+        return ObjectInfo(uri, int(head["ContentLength"]), head.get("ETag", "").strip('"'))
+
+    def read_range(self, uri: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        bucket, key = split_s3(uri)
+        if length == 0:
+            return b""
+        client = self.client()
+        kwargs = {"Bucket": bucket, "Key": key, "Range": f"bytes={offset}-{offset + length - 1}"}
+        if etag:
+            kwargs["IfMatch"] = f'"{etag}"'
+
+        def get() -> tuple[bytes, str]:
+            response = client.get_object(**kwargs)
+            body = response["Body"]
+            try:
+                return body.read(), response.get("ETag", "").strip('"')
+            finally:
+                body.close()
+
+        data, got = self._call(get, uri, "read", offset=offset)
+        if etag and got and got != etag:
+            raise ObjectChangedError(f"{uri} changed after it was listed: etag {got!r}, listed {etag!r}", uri=uri)
+        if len(data) != length:
+            raise ObjectChangedError(f"{uri} changed after it was listed: {length} bytes at offset {offset} asked, "
+                                     f"{len(data)} there", uri=uri)
+        return data
+
+    def read(self, uri: str) -> bytes:
+        bucket, key = split_s3(uri)
+        client = self.client()
+
+        def get() -> bytes:
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+            try:
+                return body.read()
+            finally:
+                body.close()
+
+        return self._call(get, uri, "read")
