@@ -9,10 +9,13 @@ folder, a tar member for WebDataset, a row group's column chunk for Parquet
 (there `row` is the row within the row group; elsewhere -1). Sources may add
 columns after the core ones (`extra`).
 
-The fingerprint identifies the content: every column of the table, and each
-shard's path relative to `root`, size and etag. Plans and resume states use it,
-so a state cannot be loaded against changed data (a copy of the same files
-elsewhere keeps the fingerprint).
+Two fingerprints:
+- `samples_fingerprint` covers every column of the sample table (keys, labels,
+  where each sample sits). The shuffle is seeded by it, so the same files give
+  the same order wherever they are stored (a local copy and its S3 upload).
+- `fingerprint` covers that and each shard's path relative to `root`, size and
+  etag. Resume states carry it, so a state cannot be loaded against changed
+  data (a copy of the same files elsewhere in the same store keeps it).
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class Catalog:
     table: pa.Table
     classes: tuple[str, ...]
     fingerprint: str
+    samples_fingerprint: str
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -59,7 +63,7 @@ def _relative(uri: str, root: str) -> str:
     return uri[len(root):].lstrip("/") if uri.startswith(root) else uri
 
 
-def _fingerprint(table: pa.Table, shards: pa.Table, root: str) -> str:
+def _fingerprint(table: pa.Table, shards: pa.Table | None, root: str) -> str:
     h = hashlib.sha256()
 
     def add_table(t: pa.Table) -> None:
@@ -71,6 +75,8 @@ def _fingerprint(table: pa.Table, shards: pa.Table, root: str) -> str:
                         h.update(buf)
 
     add_table(table)
+    if shards is None:
+        return h.hexdigest()[:32]
     rel = pa.table({
         "path": pa.array([_relative(u, root) for u in shards.column("uri").to_pylist()], pa.string()),
         "size": shards.column("size"),
@@ -119,4 +125,5 @@ def make_catalog(
         "etag": pa.array([s.etag for s in shards], pa.string()),
     })
     return Catalog(root=root, storage=storage, source=source, shards=shard_table, table=table,
-                   classes=tuple(classes), fingerprint=_fingerprint(table, shard_table, root))
+                   classes=tuple(classes), fingerprint=_fingerprint(table, shard_table, root),
+                   samples_fingerprint=_fingerprint(table, None, root))

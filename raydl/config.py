@@ -96,7 +96,7 @@ class S3Options:
     max_concurrency: concurrent GETs per loader actor (and its connection pool size).
     retries: tries per request in all, on throttling (503 SlowDown), 5xx and connection errors,
     with exponential backoff and jitter; never on 403/404. timeout_s: connect and read timeout
-    of one request; retrying stops once retries x timeout_s have passed.
+    of one request, and the time after which a read stops retrying.
     """
 
     endpoint_url: str | None = None

@@ -201,7 +201,7 @@ class DataIterator:
         c = self._config
         plan = self._plan()
         order = epoch_order(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
-                            fingerprint=self._loader.fingerprint)
+                            fingerprint=self._loader.samples_fingerprint)
         nb = plan.batches_per_rank
 
         def task_of(k: int) -> BatchTask:

@@ -52,6 +52,7 @@ class Loader:
         self.program = program
         self.num_samples = len(catalog)
         self.fingerprint = catalog.fingerprint
+        self.samples_fingerprint = catalog.samples_fingerprint  # seeds the shuffle: same files, same order anywhere
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True

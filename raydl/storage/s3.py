@@ -101,7 +101,7 @@ class S3Storage:
     @property
     def retry_policy(self) -> RetryPolicy:
         o = self.options
-        return RetryPolicy(attempts=o.retries, base_delay_s=0.05, max_delay_s=2.0, deadline_s=o.timeout_s * o.retries)
+        return RetryPolicy(attempts=o.retries, base_delay_s=0.05, max_delay_s=2.0, deadline_s=o.timeout_s)
 
     # -- the client (per process, lazily) -----------------------------------------------------------
     def client(self):

@@ -12,8 +12,11 @@ _CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
 def moto_server():
     """moto's ThreadedMotoServer on a free port; yields its endpoint URL. Dummy credentials go in the
     environment (before any Ray starts, so loader actors inherit them)."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     saved = {k: os.environ.get(k) for k in _CREDS}
     os.environ.update(_CREDS)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -35,14 +38,49 @@ def s3_client(moto_server):
     return boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
 
 
+_made: set[str] = set()
+
+
 @pytest.fixture
 def bucket(s3_client, request):
-    """A fresh, empty bucket named after the test."""
-    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    """A fresh, empty bucket named after the test (the server lives for the session; buckets are not reused)."""
+    base = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    name, i = base, 0
+    while name in _made:
+        i += 1
+        name = f"{base[:48]}-{i}"
+    _made.add(name)
     s3_client.create_bucket(Bucket=name)
-    yield name
-    paginator = s3_client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=name):
-        for obj in page.get("Contents", ()):
-            s3_client.delete_object(Bucket=name, Key=obj["Key"])
-    s3_client.delete_bucket(Bucket=name)
+    return name
+
+
+def put_many(bucket: str, objects: dict[str, bytes]) -> None:
+    """Test data straight into the in-process moto backend (thousands of PUTs over HTTP take minutes here);
+    every read in the tests still goes over HTTP."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
+    for key, data in objects.items():
+        backend.put_object(bucket, key, data)
+
+
+@pytest.fixture(scope="module")
+def ray_s3(moto_server):
+    """A local Ray (2 CPUs) started after the S3 server, so its workers inherit the dummy credentials."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def upload_folder(bucket: str, root, prefix: str) -> None:
+    """Every file under `root` to s3://bucket/prefix/<relative path>."""
+    from pathlib import Path
+
+    root = Path(root)
+    put_many(bucket, {f"{prefix}/{p.relative_to(root).as_posix()}": p.read_bytes()
+                      for p in sorted(root.rglob("*")) if p.is_file()})

@@ -132,3 +132,24 @@ def test_fingerprint_is_stable_and_content_sensitive(tree, tmp_path):
     changed(lambda: os.rename(copy / "dog" / "c.jpg", copy / "dog" / "d.jpg"))  # a rename
     changed(lambda: os.rename(copy / "dog" / "d.jpg", copy / "cat" / "d.jpg"))  # another label
     assert read_images(str(copy), labels=None).catalog.fingerprint not in seen  # labels are content too
+
+
+def test_etags_enter_the_fingerprint_but_not_the_shuffle_seed(tree):
+    """The same files with other etags (an S3 copy) keep samples_fingerprint (same order) but not fingerprint."""
+    import dataclasses
+
+    from raydl.catalog import make_catalog
+    from raydl.storage import ObjectInfo
+
+    cat = read_images(str(tree)).catalog
+    n = len(cat)
+    args = dict(root=cat.root, storage=cat.storage, source=cat.source,
+                shard=range(n), offset=[0] * n, length=cat.table.column("length").to_pylist(),
+                label=cat.table.column("label").to_pylist(), key=cat.table.column("key").to_pylist(),
+                classes=cat.classes)
+    infos = [ObjectInfo(u, s) for u, s in zip(cat.shards.column("uri").to_pylist(), cat.shards.column("size").to_pylist())]
+    same = make_catalog(shards=infos, **args)
+    tagged = make_catalog(shards=[dataclasses.replace(o, etag=f"e{i}") for i, o in enumerate(infos)], **args)
+    assert same.fingerprint == cat.fingerprint
+    assert tagged.fingerprint != cat.fingerprint
+    assert tagged.samples_fingerprint == cat.samples_fingerprint

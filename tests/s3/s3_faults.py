@@ -1,0 +1,86 @@
+"""An HTTP front for the moto server that answers chosen requests with S3 error responses.
+
+Requests the `plan` leaves alone are forwarded to the server unchanged; the
+others get the status and S3 error code the plan names (503 SlowDown, 500,
+403 AccessDenied ...), as a real store would send them.
+"""
+from __future__ import annotations
+
+import http.client
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["FaultFront"]
+
+_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+
+
+class FaultFront:
+    """plan(method, path, n) -> (status, code) to fail the n-th request (0-based, all requests counted), or None."""
+
+    def __init__(self, upstream: str, plan: Callable[[str, str, int], tuple[int, str] | None]) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.plan = plan
+        self.requests: list[tuple[str, str, int]] = []  # (method, path, status sent)
+        lock = threading.Lock()
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    n = len(front.requests)
+                    front.requests.append((self.command, self.path, 0))
+                fault = front.plan(self.command, self.path, n)
+                if fault is not None:
+                    status, code = fault
+                    payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                               f"<Message>injected {code}</Message></Error>").encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                    front.requests[n] = (self.command, self.path, status)
+                    return
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                try:
+                    conn.request(self.command, self.path, body=body or None, headers=dict(self.headers))
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in _DROP:
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                front.requests[n] = (self.command, self.path, resp.status)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FaultFront:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,123 @@
+"""S3Storage against the moto server: pagination, retries and their bounds, error mapping, changed objects."""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import pytest
+
+import raydl
+from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
+from raydl.storage.s3 import S3Storage
+
+from conftest import put_many
+from s3_faults import FaultFront
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _storage(endpoint: str, **kw) -> S3Storage:
+    return S3Storage(raydl.S3Options(endpoint_url=endpoint, **kw))
+
+
+@pytest.fixture
+def blob(s3_client, bucket):
+    s3_client.put_object(Bucket=bucket, Key="x/blob.bin", Body=b"0123456789" * 100)
+    return f"s3://{bucket}/x/blob.bin"
+
+
+def test_listing_pages_past_1000_keys(moto_server, s3_client, bucket):
+    """A prefix holding more than 1000 keys (one page) is listed completely, and nothing outside the prefix."""
+    keys = [f"many/k{i:05d}" for i in range(1234)]
+    put_many(bucket, {k: b"z" for k in keys} | {"many2/other": b"z"})
+    got = sorted(o.uri for o in _storage(moto_server).list(f"s3://{bucket}/many/"))
+    assert got == [f"s3://{bucket}/{k}" for k in keys]
+
+
+def test_throttling_and_5xx_are_retried(moto_server, blob):
+    """503 SlowDown and 500 InternalError are retried with backoff; the read then succeeds with the right bytes."""
+    faults = {0: (503, "SlowDown"), 1: (500, "InternalError")}
+    with FaultFront(moto_server, lambda m, p, n: faults.get(n)) as front:
+        data = _storage(front.url, retries=3).read_range(blob, 10, 5)
+        assert data == b"01234"
+        assert [s for _, _, s in front.requests] == [503, 500, 206]
+
+
+def test_retries_are_bounded_in_count(moto_server, blob):
+    """A store that keeps throttling gets exactly `retries` tries, then an error naming the object and the tries."""
+    with FaultFront(moto_server, lambda m, p, n: (503, "SlowDown")) as front:
+        with pytest.raises(DataSourceError, match="after 3 tries") as info:
+            _storage(front.url, retries=3).read_range(blob, 0, 10)
+        assert len(front.requests) == 3
+    assert info.value.uri == blob and blob in str(info.value) and "SlowDown" in str(info.value)
+
+
+def test_retries_are_bounded_in_time(moto_server, blob):
+    """Retrying stops once timeout_s has passed since the first try, however many tries are left."""
+    with FaultFront(moto_server, lambda m, p, n: (503, "SlowDown")) as front:
+        t0 = time.monotonic()
+        with pytest.raises(DataSourceError, match="SlowDown"):
+            _storage(front.url, retries=1000, timeout_s=1.0).read_range(blob, 0, 10)
+        took = time.monotonic() - t0
+        assert 1 < len(front.requests) < 1000
+    assert took < 5.0
+
+
+def test_access_denied_is_a_permission_error_naming_the_bucket(moto_server, blob, bucket, monkeypatch, caplog):
+    """403 AccessDenied: no retry, an AccessDeniedError (a PermissionError) naming the bucket; no credentials shown."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sEcReT-never-shown-42")
+    caplog.set_level(logging.DEBUG, logger="raydl")
+    with FaultFront(moto_server, lambda m, p, n: (403, "AccessDenied")) as front:
+        with pytest.raises(AccessDeniedError) as info:
+            _storage(front.url).read_range(blob, 0, 10)
+        assert len(front.requests) == 1
+    msg = str(info.value)
+    assert isinstance(info.value, PermissionError) and isinstance(info.value, DataSourceError)
+    assert "permission" in msg and repr(bucket) in msg and blob in msg
+    assert "sEcReT" not in msg and "sEcReT" not in caplog.text
+
+
+def test_missing_key_is_not_retried_and_names_it(moto_server, bucket):
+    """A 404 is final: one request, a DataSourceError naming s3://bucket/key."""
+    uri = f"s3://{bucket}/gone/key.jpg"
+    with FaultFront(moto_server, lambda m, p, n: None) as front:
+        with pytest.raises(DataSourceError, match="does not exist") as info:
+            _storage(front.url).read_range(uri, 0, 4)
+        assert len(front.requests) == 1
+    assert info.value.uri == uri and uri in str(info.value)
+
+
+def test_changed_etag_is_an_error_naming_the_object(moto_server, s3_client, bucket, blob):
+    """An object rewritten after listing (same size, new etag) is ObjectChangedError; the new bytes are not read."""
+    storage = _storage(moto_server)
+    listed = storage.stat(blob)
+    s3_client.put_object(Bucket=bucket, Key="x/blob.bin", Body=b"9876543210" * 100)
+    with pytest.raises(ObjectChangedError) as info:
+        storage.read_range(blob, 0, 10, etag=listed.etag)
+    assert info.value.uri == blob and blob in str(info.value)
+
+
+def test_connection_errors_are_retried_then_named(blob):
+    """A store that refuses connections is retried (bounded) and then named with the object."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    with pytest.raises(DataSourceError, match="after 2 tries") as info:
+        _storage(f"http://127.0.0.1:{port}", retries=2, timeout_s=2).read_range(blob, 0, 10)
+    assert blob in str(info.value)
+
+
+def test_read_images_from_s3_and_bad_schemes(moto_server, s3_client, bucket):
+    """read_images lists an s3:// prefix like a folder; an unknown scheme is a ValueError naming it."""
+    for key in ("train/cat/1.jpg", "train/dog/2.png", "train/dog/3.txt", "train2/x/4.jpg"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"not decoded here")
+    ds = raydl.read_images(f"s3://{bucket}/train", s3=raydl.S3Options(endpoint_url=moto_server))
+    assert ds.catalog.table.column("key").to_pylist() == ["cat/1.jpg", "dog/2.png"]
+    assert ds.catalog.classes == ("cat", "dog")
+    assert all(e for e in ds.catalog.shards.column("etag").to_pylist())
+    with pytest.raises(DataSourceError, match="no images"):
+        raydl.read_images(f"s3://{bucket}/nothing-here", s3=raydl.S3Options(endpoint_url=moto_server))
+    with pytest.raises(ValueError, match="'gs'"):
+        raydl.read_images("gs://bucket/train")
