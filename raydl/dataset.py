@@ -11,7 +11,7 @@ from raydl.catalog import Catalog
 from raydl.config import LoaderConfig, S3Options
 from raydl.loader import Loader
 from raydl.sources.images import list_image_folder
-from raydl.storage import resolve
+from raydl.storage import resolve, split_scheme, storage_for
 from raydl.transforms import (
     CenterCrop,
     Decode,
@@ -23,7 +23,7 @@ from raydl.transforms import (
     compile_stages,
 )
 
-__all__ = ["Dataset", "read_images"]
+__all__ = ["Dataset", "read_images", "read_webdataset"]
 
 
 def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | None = None) -> Dataset:
@@ -37,6 +37,43 @@ def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | Non
     """
     storage, root = resolve(str(root), s3)
     return Dataset(list_image_folder(root, labels=labels, storage=storage))
+
+
+def read_webdataset(
+    urls: str | list[str],
+    *,
+    s3: S3Options | None = None,
+    image_fields: tuple[str, ...] = ("jpg", "jpeg", "png", "webp"),
+    label_field: str | None = "cls",
+) -> Dataset:
+    """WebDataset tar shards, local or s3://, indexed once from their tar headers into a catalog.
+
+    `urls`: a brace pattern ("shards/train-{000000..000127}.tar"), a glob, or a
+    list of them. Members group into samples exactly as the webdataset library
+    groups them; the image is the first of `image_fields` a sample has (samples
+    with none are left out), the label the integer in its `label_field` member
+    (-1 without one), and batch["key"] the webdataset key. Compressed shards
+    (.tar.gz/.tgz) are read whole. A pattern that matches nothing, a malformed
+    brace pattern or an unknown scheme is a ValueError naming it; a corrupt or
+    truncated shard a DataSourceError naming the shard and the offset.
+    """
+    from raydl.sources.webdataset import list_webdataset
+
+    patterns = [urls] if isinstance(urls, str) else list(urls)
+    schemes = {split_scheme(str(u))[0] for u in patterns}
+    if len(schemes) > 1:
+        raise ValueError(f"all shard URLs must use one scheme, got {sorted(schemes)} in {urls!r}")
+    storage = storage_for(str(patterns[0]), s3) if patterns else None
+
+    def storage_of(url: str):
+        storage_for(url, s3)  # a ValueError naming an unknown scheme
+        return storage
+
+    fields = (image_fields,) if isinstance(image_fields, str) else tuple(image_fields)
+    if not fields or not all(isinstance(f, str) and f for f in fields):
+        raise ValueError(f"image_fields must be a non-empty tuple of field names, got {image_fields!r}")
+    patterns = [p[len("file://"):] if p.startswith("file://") else p for p in map(str, patterns)]
+    return Dataset(list_webdataset(patterns, storage_of=storage_of, image_fields=fields, label_field=label_field))
 
 
 @dataclass(frozen=True)

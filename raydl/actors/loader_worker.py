@@ -33,6 +33,7 @@ from raydl.catalog import Catalog
 from raydl.errors import DataSourceError, DecodeError, LoaderError, SampleDecodeError
 from raydl.memory import populated_empty
 from raydl.plan import substitute_id
+from raydl.storage.base import ObjectInfo
 from raydl.storage.fetch import Block, IOPool, coalesce
 from raydl.transforms import SampleProgram
 
@@ -99,8 +100,7 @@ class LoaderWorker:
         self._where = np.stack([t.column(c).to_numpy() for c in ("shard", "offset", "length", "row")], axis=1)
         self._keys = t.column("key")
         self._labels = t.column("label").to_numpy()
-        self._shard_uri = catalog.shards.column("uri")
-        self._shard_etag = catalog.shards.column("etag")
+        self._shards = catalog.shards
         threads = spec.threads or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
         self._io = IOPool(spec.io_concurrency or catalog.storage.default_io_concurrency)
@@ -121,8 +121,7 @@ class LoaderWorker:
         keys = self._keys.take(pa.array(ids)).to_pylist()
         where = self._where[ids]
         shard_ids = np.unique(where[:, 0])
-        uris = dict(zip(shard_ids.tolist(), self._shard_uri.take(pa.array(shard_ids)).to_pylist()))
-        etags = dict(zip(shard_ids.tolist(), self._shard_etag.take(pa.array(shard_ids)).to_pylist()))
+        shards = dict(zip(shard_ids.tolist(), self._shard_infos(shard_ids)))
         failed: list[Skipped | None] = [None] * n
         replaced: list[Replaced] = []
         replace = self._spec.on_error == "replace"
@@ -138,14 +137,15 @@ class LoaderWorker:
 
         def decode(i: int, data: bytes) -> None:
             sid = int(task.ids[i])
-            finish(i, self._decode(sid, self._source.sample_uri(uris[int(where[i, 0])], keys[i]), data,
+            finish(i, self._decode(sid, self._source.sample_uri(shards[int(where[i, 0])].uri, keys[i]), data,
                                    int(task.seeds[i]), images[i]))
 
         def fetch(block: Block) -> list[Future]:
             """Read one block (on an IO thread), then hand each of its samples to the decode pool."""
-            uri = uris[block.shard]
+            shard = shards[block.shard]
+            uri = shard.uri
             try:
-                data = self._source.read_block(self._storage, uri, etags[block.shard], block.offset, block.length)
+                data = self._source.read_block(self._storage, shard, block.offset, block.length)
             except DataSourceError as exc:
                 return [self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
                                                              unreadable=True)) for i in block.members]
@@ -178,19 +178,23 @@ class LoaderWorker:
                            unreadable=[f for f in bad if f.unreadable],
                            replaced=sorted(replaced, key=lambda r: r.sample_id))
 
+    def _shard_infos(self, shard_ids: np.ndarray) -> list[ObjectInfo]:
+        rows = self._shards.take(pa.array(shard_ids)).to_pydict()
+        return [ObjectInfo(u, s, e) for u, s, e in zip(rows["uri"], rows["size"], rows["etag"])]
+
     def _read(self, sid: int) -> tuple[str, bytes]:
         """One sample's URI (as errors name it) and image bytes, read on its own (substitutes)."""
         shard, offset, length, row = (int(v) for v in self._where[sid])
-        uri = self._shard_uri[shard].as_py()
-        data = self._source.read_block(self._storage, uri, self._shard_etag[shard].as_py(), offset, length)
-        return self._source.sample_uri(uri, self._keys[sid].as_py()), self._source.cut(shard, offset, length, row, data)
+        (info,) = self._shard_infos(np.array([shard]))
+        data = self._source.read_block(self._storage, info, offset, length)
+        return self._source.sample_uri(info.uri, self._keys[sid].as_py()), self._source.cut(shard, offset, length, row, data)
 
     def _sample(self, sid: int, seed: int, out: np.ndarray) -> Skipped | None:
         """Read and decode one sample into `out`; a Skipped when its bytes are at fault, else None."""
         try:
             uri, data = self._read(sid)
         except DataSourceError as exc:
-            return Skipped(sid, exc.uri or self._shard_uri[int(self._where[sid, 0])].as_py(), str(exc),
+            return Skipped(sid, exc.uri or self._shard_infos(self._where[sid:sid + 1, 0])[0].uri, str(exc),
                            unreadable=True)
         return self._decode(sid, uri, data, seed, out)
 

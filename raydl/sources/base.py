@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from raydl.storage.base import Storage
+from raydl.storage.base import ObjectInfo, Storage
 
 __all__ = ["Source", "WholeRanges"]
 
@@ -20,8 +20,8 @@ class Source(Protocol):
 
     name: str
 
-    def read_block(self, storage: Storage, uri: str, etag: str, offset: int, length: int) -> bytes:
-        """The bytes [offset, offset+length) of shard `uri` (of its decompressed stream, where compressed)."""
+    def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
+        """The bytes [offset, offset+length) of `shard` as listed (of its decompressed stream, where compressed)."""
         ...
 
     def cut(self, shard: int, offset: int, length: int, row: int, data: bytes) -> bytes:
@@ -39,8 +39,8 @@ class WholeRanges:
 
     name: str = "images"
 
-    def read_block(self, storage: Storage, uri: str, etag: str, offset: int, length: int) -> bytes:
-        return storage.read_range(uri, offset, length, etag=etag or None)
+    def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
+        return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
     def cut(self, shard: int, offset: int, length: int, row: int, data: bytes) -> bytes:
         return data
