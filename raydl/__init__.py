@@ -7,7 +7,7 @@
 """
 from raydl import errors
 from raydl.config import S3Options
-from raydl.dataset import Dataset, read_images, read_webdataset
+from raydl.dataset import Dataset, read_images, read_parquet, read_webdataset
 from raydl.iterator import DataIterator, IteratorStats
 from raydl.loader import Loader
 
@@ -21,5 +21,6 @@ __all__ = [
     "S3Options",
     "errors",
     "read_images",
+    "read_parquet",
     "read_webdataset",
 ]

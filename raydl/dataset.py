@@ -23,7 +23,7 @@ from raydl.transforms import (
     compile_stages,
 )
 
-__all__ = ["Dataset", "read_images", "read_webdataset"]
+__all__ = ["Dataset", "read_images", "read_parquet", "read_webdataset"]
 
 
 def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | None = None) -> Dataset:
@@ -74,6 +74,36 @@ def read_webdataset(
         raise ValueError(f"image_fields must be a non-empty tuple of field names, got {image_fields!r}")
     patterns = [p[len("file://"):] if p.startswith("file://") else p for p in map(str, patterns)]
     return Dataset(list_webdataset(patterns, storage_of=storage_of, image_fields=fields, label_field=label_field))
+
+
+def read_parquet(
+    paths: str | list[str],
+    *,
+    image_column: str,
+    label_column: str | None = None,
+    s3: S3Options | None = None,
+) -> Dataset:
+    """Parquet files, local or s3://, one sample per row with the encoded image in `image_column`.
+
+    `paths`: files, folders or s3:// prefixes ending in "/" (every *.parquet
+    below), brace patterns or globs, or a list of them. Listing reads each
+    file's footer and the (small) label column, never the images; loader
+    actors read only the row groups and the image column they need. A struct
+    image column ({"bytes", "path"}, as Hugging Face datasets store images)
+    reads its "bytes". `label_column` must hold integers (-1 without one).
+    A column that does not exist is a ValueError naming the column and the file.
+    """
+    from raydl.sources.parquet import list_parquet
+
+    patterns = [paths] if isinstance(paths, str) else [str(p) for p in paths]
+    if not patterns:
+        raise ValueError("paths must name at least one Parquet file")
+    schemes = {split_scheme(p)[0] for p in patterns}
+    if len(schemes) > 1:
+        raise ValueError(f"all Parquet paths must use one scheme, got {sorted(schemes)} in {paths!r}")
+    storage = storage_for(patterns[0], s3)
+    patterns = [p[len("file://"):] if p.startswith("file://") else p for p in patterns]
+    return Dataset(list_parquet(patterns, storage=storage, image_column=image_column, label_column=label_column))
 
 
 @dataclass(frozen=True)
