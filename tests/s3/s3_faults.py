@@ -23,6 +23,7 @@ class FaultFront:
         host, port = upstream.removeprefix("http://").split(":")
         self.plan = plan
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status sent)
+        self.connections = 0  # client connections accepted (keep-alive: several requests each)
         lock = threading.Lock()
         front = self
 
@@ -31,6 +32,11 @@ class FaultFront:
 
             def log_message(self, *args) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with lock:
+                    front.connections += 1
 
             def _handle(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 import socket
 import time
 
@@ -33,6 +34,20 @@ def test_listing_pages_past_1000_keys(moto_server, s3_client, bucket):
     put_many(bucket, {k: b"z" for k in keys} | {"many2/other": b"z"})
     got = sorted(o.uri for o in _storage(moto_server).list(f"s3://{bucket}/many/"))
     assert got == [f"s3://{bucket}/{k}" for k in keys]
+
+
+def test_connections_are_pooled_and_reused_across_batches(moto_server, blob):
+    """Many rounds of concurrent ranged GETs from one process use at most max_concurrency connections in all
+    (moto itself closes every connection, so this front keeps them alive as S3 does)."""
+    data = b"0123456789" * 100
+    with FaultFront(moto_server, lambda m, p, n: None) as front:
+        storage = _storage(front.url, max_concurrency=4)
+        with ThreadPoolExecutor(4) as pool:  # the worker's IO pool is max_concurrency threads
+            for _ in range(3):
+                got = list(pool.map(lambda i: storage.read_range(blob, i, 3), range(16)))
+                assert got == [data[i:i + 3] for i in range(16)]
+        assert len(front.requests) == 48
+        assert front.connections <= 4
 
 
 def test_throttling_and_5xx_are_retried(moto_server, blob):

@@ -43,3 +43,59 @@ def test_key_deleted_after_listing_fails_the_epoch_naming_it(ray_s3, moto_server
         with pytest.raises(DataSourceError, match="does not exist") as info:
             list(loader.iterator(0).iter_batches())
     assert victim in str(info.value) and info.value.uri == victim
+
+
+def _folder_as_shards(root, out_dir, per_shard=20):
+    """The image folder as WebDataset shards (sorted keys; a .cls per image) and as one Parquet file."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ds = raydl.read_images(str(root))
+    keys = ds.catalog.table.column("key").to_pylist()
+    labels = ds.catalog.table.column("label").to_pylist()
+    out_dir.mkdir()
+    for s in range(0, len(keys), per_shard):
+        with tarfile.open(out_dir / f"shard-{s // per_shard:03d}.tar", "w") as tar:
+            for key, label in zip(keys[s:s + per_shard], labels[s:s + per_shard]):
+                for name, data in ((key, (root / key).read_bytes()), (key.rsplit(".", 1)[0] + ".cls",
+                                                                       str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    table = pa.table({"img": [(root / k).read_bytes() for k in keys], "label": labels})
+    pq.write_table(table, out_dir / "all.parquet", row_group_size=16)
+    return (len(keys) + per_shard - 1) // per_shard
+
+
+def _epoch(ds, **kw):
+    with _pipeline(ds).loader(batch_size=16, **kw) as loader:
+        return list(loader.iterator(0).iter_batches())
+
+
+def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_server, bucket, image_folder, tmp_path):
+    """The same images as WebDataset shards (local and on S3) and as Parquet give the folder's labels and pixels;
+    the S3 shards give batch for batch what the local shards give."""
+    n_shards = _folder_as_shards(image_folder, tmp_path / "wds")
+    upload_folder(bucket, tmp_path / "wds", "wds")
+    s3 = raydl.S3Options(endpoint_url=moto_server, max_concurrency=8)
+    pattern = f"shard-{{000..{n_shards - 1:03d}}}.tar"
+    folder = raydl.read_images(str(image_folder))
+    local = raydl.read_webdataset(str(tmp_path / "wds" / pattern))
+    remote = raydl.read_webdataset(f"s3://{bucket}/wds/{pattern}", s3=s3)
+    table = raydl.read_parquet(str(tmp_path / "wds" / "all.parquet"), image_column="img", label_column="label")
+    assert local.catalog.table.column("key").to_pylist() == [
+        k.rsplit(".", 1)[0] for k in folder.catalog.table.column("key").to_pylist()]
+
+    ref = _epoch(folder, shuffle=False, seed=2)
+    for ds in (local, table):
+        for x, y in zip(_epoch(ds, shuffle=False, seed=2), ref):
+            np.testing.assert_array_equal(x["id"], y["id"])
+            np.testing.assert_array_equal(x["label"], y["label"])
+            np.testing.assert_array_equal(x["image"], y["image"])
+    for x, y in zip(_epoch(remote, seed=9), _epoch(local, seed=9)):  # shuffled: same order from S3 as from disk
+        np.testing.assert_array_equal(x["id"], y["id"])
+        np.testing.assert_array_equal(x["image"], y["image"])
+        assert x["key"] == y["key"]
