@@ -20,6 +20,7 @@ from typing import Any, Callable
 from raydl.errors import FabricError
 from raydl.native.pyfi._buffers import Span, as_span
 from raydl.native.pyfi._lib import check, fabric_error, load
+from raydl.native.pyfi._lifecycle import GATE
 from raydl.native.pyfi._objects import Closeable, CompletionError, MemoryRegion
 from raydl.native.pyfi._stack import FabricAddress, Stack, is_loopback
 
@@ -173,6 +174,14 @@ class Connection(Closeable):
         """Run one pipelined read or write: post chunks while slots are free, reap completions."""
         if size == 0:
             return 0
+        with GATE.inside(call):  # at exit, the poll below raises and the transfer ends (see _lifecycle)
+            return self._transfer_inside(call, span, offset, size, chunk_size, max_inflight, timeout, progress,
+                                         watchdog, watch_every, pacer)
+
+    def _transfer_inside(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
+                         max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
+                         watchdog: Callable[[], None] | None, watch_every: float,
+                         pacer: Pacer | None) -> int:
         stack = self._live_stack()
         ffi, lib = load()
         access = lib.FI_READ if call == "fi_read" else lib.FI_WRITE

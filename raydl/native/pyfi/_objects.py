@@ -17,6 +17,10 @@ from typing import Any
 from raydl.errors import FabricError
 from raydl.native.pyfi._buffers import Span, as_span
 from raydl.native.pyfi._lib import api_version, check, load
+from raydl.native.pyfi._lifecycle import GATE
+
+# Every wait inside libfabric is bounded by this, so a thread is never stuck in there (see _lifecycle).
+MAX_WAIT_S = 0.1
 
 EP_TYPES = {0: "FI_EP_UNSPEC", 1: "FI_EP_MSG", 2: "FI_EP_DGRAM", 3: "FI_EP_RDM",
             4: "FI_EP_SOCK_STREAM", 5: "FI_EP_SOCK_DGRAM"}
@@ -297,9 +301,10 @@ class CompletionQueue(_Fid):
         sleeping sleep_us between polls after `spin` back-to-back polls; polling
         is also what drives a manual-progress provider's transfers."""
         _, lib = load()
-        rc = lib.pyfi_cq_wait(self.ptr, self._entries, len(self._entries),
-                              int(timeout_s * 1e6), spin, sleep_us)
-        return self._completions(rc, "fi_cq_read")
+        with GATE.inside("fi_cq_read"):
+            rc = lib.pyfi_cq_wait(self.ptr, self._entries, len(self._entries),
+                                  int(min(timeout_s, MAX_WAIT_S) * 1e6), spin, sleep_us)
+            return self._completions(rc, "fi_cq_read")
 
     def wait(self, timeout_s: float) -> tuple[list[int], list[CompletionError]]:
         """Like poll(), blocking in fi_cq_sread (a waitable queue only); a
@@ -307,14 +312,15 @@ class CompletionQueue(_Fid):
         _, lib = load()
         if not self.waitable:
             return self.poll(timeout_s=timeout_s, sleep_us=50)
-        rc = lib.fi_cq_sread(self.ptr, self._entries, len(self._entries), load()[0].NULL,
-                             max(1, int(timeout_s * 1000)))
-        if rc in (-lib.FI_ENOSYS, -lib.FI_EOPNOTSUPP):
-            self.waitable = False
-            return [], []
-        if rc == -lib.FI_ETIMEDOUT:
-            return [], []
-        return self._completions(rc, "fi_cq_sread")
+        with GATE.inside("fi_cq_sread"):
+            rc = lib.fi_cq_sread(self.ptr, self._entries, len(self._entries), load()[0].NULL,
+                                 max(1, int(min(timeout_s, MAX_WAIT_S) * 1000)))
+            if rc in (-lib.FI_ENOSYS, -lib.FI_EOPNOTSUPP):
+                self.waitable = False
+                return [], []
+            if rc == -lib.FI_ETIMEDOUT:
+                return [], []
+            return self._completions(rc, "fi_cq_sread")
 
     def _completions(self, rc: int, call: str) -> tuple[list[int], list[CompletionError]]:
         ffi, lib = load()

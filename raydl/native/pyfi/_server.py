@@ -21,6 +21,7 @@ from typing import Any, Callable
 from raydl.errors import DataSourceError, FabricError
 from raydl.native.pyfi._buffers import Span, as_span
 from raydl.native.pyfi._lib import load
+from raydl.native.pyfi._lifecycle import GATE
 from raydl.native.pyfi._objects import Closeable, CompletionQueue
 from raydl.native.pyfi._probe import choose_provider
 from raydl.native.pyfi._stack import FabricAddress, Stack, parse_bind
@@ -82,11 +83,12 @@ class Server(Closeable):
 
 
 def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str) -> None:
-    while not stop.is_set():
+    while not stop.is_set() and not GATE.closed:
         try:
             _, errors = cq.wait(_SERVE_SLICE_S)
-        except FabricError as exc:  # the queue itself failed: stop serving, say why
-            logger.error("pyfi server %s stopped: %s", peer, exc)
+        except FabricError as exc:  # the queue itself failed, or the process exits: stop serving
+            if not GATE.closed:
+                logger.error("pyfi server %s stopped: %s", peer, exc)
             return
         for err in errors:
             logger.warning("pyfi server %s: completion error %s", peer, err.text)
