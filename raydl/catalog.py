@@ -1,6 +1,10 @@
 """The catalog: an Arrow table with one row per sample, and the table of shards (objects) they live in.
 
     table:   shard | offset | length | row | label | key  [| extra columns, e.g. width, height]
+
+Image folders add width and height (int32) read from each file's header at
+listing (raydl/sizes.py): -1 where the header is unreadable, the reason in
+`size_errors` by sample id.
     shards:  uri | size | etag
 
 The sample id is the row number, 0..N-1. A sample is `length` bytes at
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +53,7 @@ class Catalog:
     classes: tuple[str, ...]
     fingerprint: str
     samples_fingerprint: str
+    size_errors: Mapping[int, str] = field(default_factory=dict, compare=False)
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -100,6 +105,7 @@ def make_catalog(
     row: Sequence[int] | np.ndarray | None = None,
     classes: tuple[str, ...] = (),
     extra: Mapping[str, pa.Array] | None = None,
+    size_errors: Mapping[int, str] | None = None,
 ) -> Catalog:
     """Build the two tables and the fingerprint. `extra` columns come after the core ones, in the given order."""
     n = len(key)
@@ -126,4 +132,4 @@ def make_catalog(
     })
     return Catalog(root=root, storage=storage, source=source, shards=shard_table, table=table,
                    classes=tuple(classes), fingerprint=_fingerprint(table, shard_table, root),
-                   samples_fingerprint=_fingerprint(table, None, root))
+                   samples_fingerprint=_fingerprint(table, None, root), size_errors=dict(size_errors or {}))

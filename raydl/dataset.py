@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig, S3Options
 from raydl.loader import Loader
 from raydl.sources.images import list_image_folder
 from raydl.storage import resolve, split_scheme, storage_for
 from raydl.transforms import (
+    AspectBuckets,
     CenterCrop,
     Decode,
     Normalize,
@@ -137,6 +140,30 @@ class Dataset:
     def center_crop(self, size) -> Dataset:
         """The central `size` (int or (height, width)) window."""
         return self._with(CenterCrop(size))
+
+    def aspect_buckets(self, size: int = 512, *, multiple: int = 32, min_ratio: float = 0.5,
+                       max_ratio: float = 2.0, crop: str = "center") -> Dataset:
+        """Crop and resize every image into the aspect-ratio bucket nearest its own (datago's buckets).
+
+        Buckets: with p = size // multiple and s = p*p, each pw from
+        ceil(sqrt(s*min_ratio)) to floor(sqrt(s*max_ratio)) gives a bucket
+        pw*multiple wide and (s // pw)*multiple high, plus the transposes. Each
+        image is cropped to its bucket's ratio (crop="center" or a seeded
+        "random" offset) and resized with antialiasing. Batches are
+        bucket-pure: batch["image"] is (B, H_b, W_b, 3), batch["bucket"] is
+        (H_b, W_b). Replaces random_resized_crop/resize/center_crop.
+        """
+        return self._with(AspectBuckets(size, multiple, min_ratio, max_ratio, crop))
+
+    def bucket_counts(self) -> dict[tuple[int, int], int]:
+        """How many images go to each bucket (H, W), from the sizes read at listing, in bucket order."""
+        stage = next((st for st in self.stages if isinstance(st, AspectBuckets)), None)
+        if stage is None:
+            raise ValueError("bucket_counts() needs .aspect_buckets(...) in the pipeline")
+        t = self.catalog.table
+        idx = stage.assign(t.column("width").to_numpy(), t.column("height").to_numpy())
+        counts = np.bincount(idx[idx >= 0], minlength=len(stage.buckets))
+        return {b: int(c) for b, c in zip(stage.buckets, counts)}
 
     def random_hflip(self, p: float = 0.5) -> Dataset:
         """Mirror left-right with probability p."""

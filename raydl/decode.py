@@ -18,7 +18,9 @@ from PIL import Image, UnidentifiedImageError
 
 from raydl.errors import DecodeError
 
-__all__ = ["dct_factor", "decode_rgb", "image_size", "is_jpeg"]
+__all__ = ["HEADER_BYTES", "NeedMoreBytes", "dct_factor", "decode_rgb", "header_size", "image_size", "is_jpeg"]
+
+HEADER_BYTES = 16 * 1024  # what listing reads of each file first; EXIF and ICC blocks can push JPEG's SOF further
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")
@@ -50,6 +52,86 @@ def image_size(data: bytes) -> tuple[int, int]:
             w, h = im.size
     except _PILLOW_DATA_ERRORS as exc:
         raise DecodeError(_reason(exc)) from exc
+    return h, w
+
+
+class NeedMoreBytes(ValueError):
+    """The header did not fit in the bytes given: read more of the file."""
+
+
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _jpeg_sof(data: bytes) -> tuple[int, int] | None:
+    """(height, width) from the first SOF marker, walking the segments from the start; None past the end."""
+    i, n = 2, len(data)
+    while True:
+        while i < n and data[i] != 0xFF:  # stray bytes between segments: libjpeg skips them too
+            i += 1
+        while i < n and data[i] == 0xFF:  # fill bytes
+            i += 1
+        if i >= n:
+            return None
+        marker = data[i]
+        i += 1
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers
+            continue
+        if marker in (0xD9, 0xDA):
+            raise ValueError("JPEG has no frame header (SOF) before its scan")
+        if i + 2 > n:
+            return None
+        length = (data[i] << 8) | data[i + 1]
+        if length < 2:
+            raise ValueError(f"JPEG segment 0x{marker:02X} has a bad length {length}")
+        if marker in _SOF:
+            if i + 7 > n:
+                return None
+            h = (data[i + 3] << 8) | data[i + 4]
+            w = (data[i + 5] << 8) | data[i + 6]
+            if h == 0 or w == 0:
+                raise ValueError(f"JPEG frame header gives an empty size {w}x{h}")
+            return h, w
+        i += length
+
+
+def header_size(prefix: bytes, *, complete: bool) -> tuple[int, int]:
+    """(height, width) from the first bytes of an image file, without decoding pixels.
+
+    JPEG: the SOF marker; PNG: the IHDR chunk; anything else: Pillow's header
+    reader. `complete` says whether `prefix` is the whole file. Raises
+    NeedMoreBytes when the header runs past an incomplete prefix, ValueError
+    when it cannot be read.
+    """
+    if prefix[:3] == _JPEG_MAGIC:
+        size = _jpeg_sof(prefix)
+        if size is not None:
+            return size
+        if not complete:
+            raise NeedMoreBytes("JPEG frame header lies past the bytes read")
+        raise ValueError("JPEG ends before its frame header (SOF)")
+    if prefix[:8] == _PNG_MAGIC:
+        if len(prefix) < 24:
+            if not complete:
+                raise NeedMoreBytes("PNG header lies past the bytes read")
+            raise ValueError("PNG ends before its IHDR chunk")
+        if prefix[12:16] != b"IHDR":
+            raise ValueError("PNG does not start with an IHDR chunk")
+        w, h = int.from_bytes(prefix[16:20], "big"), int.from_bytes(prefix[20:24], "big")
+        if h == 0 or w == 0:
+            raise ValueError(f"PNG IHDR gives an empty size {w}x{h}")
+        return h, w
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(prefix)) as im:
+                w, h = im.size
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        if not complete:
+            raise NeedMoreBytes(f"{type(exc).__name__}: {exc}") from exc
+        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+    if h <= 0 or w <= 0:
+        raise ValueError(f"image header gives an empty size {w}x{h}")
     return h, w
 
 

@@ -20,7 +20,7 @@ import ray
 from raydl.actors.loader_worker import BatchResult, BatchTask
 from raydl.config import positive_int
 from raydl.errors import BatchTimeoutError, DataSourceError, LoaderError, SampleDecodeError
-from raydl.plan import EpochPlan, augmentation_seeds, epoch_order
+from raydl.plan import BucketBatches, EpochPlan, augmentation_seeds, bucket_batches, epoch_order
 from raydl.scheduling import choose_worker, prefetch_depth
 
 if TYPE_CHECKING:
@@ -83,6 +83,10 @@ class DataIterator:
         self._config = loader.config
         self._rank = rank
         self._n = loader.num_samples
+        # The plan's unit: a sample, or with aspect buckets a whole (bucket-pure) batch.
+        self._buckets = loader.buckets
+        self._units = loader.plan_units
+        self._unit = 1 if self._buckets is not None else loader.config.batch_size
         self._epoch = 0
         self._next = 0  # next batch index of the current epoch
         self._start = 0  # position in the epoch order where this epoch's plan starts (elastic resume)
@@ -95,16 +99,31 @@ class DataIterator:
     # -- plan ---------------------------------------------------------------------------
     def _plan(self) -> EpochPlan:
         c = self._config
-        return EpochPlan(self._n, c.world_size, c.batch_size, c.drop_last, start=self._start)
+        return EpochPlan(self._units, c.world_size, self._unit, c.drop_last, start=self._start)
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (the same on every rank)."""
         return self._plan().batches_per_rank
 
-    def _task(self, order: np.ndarray, plan: EpochPlan, k: int) -> BatchTask:
-        ids = plan.batch_ids(order, self._rank, k)
+    def _order(self) -> np.ndarray | BucketBatches:
+        """The epoch's global order: sample ids, or the bucket-pure batches."""
+        c = self._config
+        if self._buckets is None:
+            return epoch_order(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
+                               fingerprint=self._loader.samples_fingerprint)
+        return bucket_batches(self._loader.bucket_of, num_buckets=len(self._buckets), batch_size=c.batch_size,
+                              seed=c.seed, epoch=self._epoch, shuffle=c.shuffle, drop_last=c.drop_last,
+                              fingerprint=self._loader.samples_fingerprint)
+
+    def _task(self, order: np.ndarray | BucketBatches, plan: EpochPlan, k: int) -> BatchTask:
+        bucket = None
+        if isinstance(order, BucketBatches):
+            j = int(plan.positions(self._rank, k)[0])
+            ids, bucket = order.batch(j), self._buckets[int(order.bucket[j])]  # type: ignore[index]
+        else:
+            ids = plan.batch_ids(order, self._rank, k)
         seeds = augmentation_seeds(ids, seed=self._config.seed, epoch=self._epoch)
-        return BatchTask(rank=self._rank, epoch=self._epoch, index=k, ids=ids, seeds=seeds)
+        return BatchTask(rank=self._rank, epoch=self._epoch, index=k, ids=ids, seeds=seeds, bucket=bucket)
 
     # -- execution ----------------------------------------------------------------------
     def _submit(self, task: BatchTask, attempt: int = 0) -> None:
@@ -183,6 +202,15 @@ class DataIterator:
                            "(on_error='replace' keeps batches full)", self._rank, k, self._epoch,
                            len(result.skipped), images.dtype, tuple(images.shape))
 
+    def _account_unlisted(self) -> None:
+        """Samples whose size could not be read at listing are in no bucket: rank 0 reports them each epoch."""
+        for sample_id, uri, reason in self._loader.unlisted:
+            if uri not in self._logged:
+                self._logged.add(uri)
+                logger.warning("raydl: skipped sample %d (%s): %s", sample_id, uri, reason)
+            self._stats.skipped_uris.append(uri)
+        self._stats.samples_skipped += len(self._loader.unlisted)
+
     def iter_batches(
         self, *, prefetch_batches: int | None = None, batch_format: str = "numpy", timeout_s: float | None = None
     ) -> Iterator[dict[str, Any]]:
@@ -200,9 +228,10 @@ class DataIterator:
     def _epoch_batches(self, depth: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
         c = self._config
         plan = self._plan()
-        order = epoch_order(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
-                            fingerprint=self._loader.samples_fingerprint)
+        order = self._order()
         nb = plan.batches_per_rank
+        if self._next == 0 and self._rank == 0:
+            self._account_unlisted()
 
         def task_of(k: int) -> BatchTask:
             return self._task(order, plan, k)
@@ -275,6 +304,7 @@ class DataIterator:
             "drop_last": c.drop_last,
             "num_samples": self._n,
             "fingerprint": self._loader.fingerprint,
+            "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -283,19 +313,23 @@ class DataIterator:
         if state.get("version") != 1:
             raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
         mine = {"fingerprint": self._loader.fingerprint, "num_samples": self._n, "seed": c.seed,
-                "shuffle": c.shuffle, "drop_last": c.drop_last}
+                "shuffle": c.shuffle, "drop_last": c.drop_last,
+                "buckets": None if self._buckets is None else [list(b) for b in self._buckets]}
         for key, value in mine.items():
             if state.get(key) != value:
                 raise ValueError(f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
                                  f"{value!r}; build the loader over the same data with the same settings")
-        old = EpochPlan(self._n, int(state["world_size"]), int(state["batch_size"]), c.drop_last,
-                        start=int(state["start"]))
+        if self._buckets is not None and int(state["batch_size"]) != c.batch_size:
+            raise ValueError(f"cannot resume: the state's batch_size is {state['batch_size']!r}, this loader's is "
+                             f"{c.batch_size!r}; with aspect buckets the batches themselves depend on it")
+        old_unit = 1 if self._buckets is not None else int(state["batch_size"])
+        old = EpochPlan(self._units, int(state["world_size"]), old_unit, c.drop_last, start=int(state["start"]))
         done = int(state["batches_done"])
         epoch, start, next_batch = int(state["epoch"]), old.start, done
         if (int(state["world_size"]), int(state["batch_size"])) != (c.world_size, c.batch_size):
             start, next_batch = old.consumed(done), 0  # re-deal the rest of the epoch
-            if start >= self._n or EpochPlan(self._n, c.world_size, c.batch_size, c.drop_last,
-                                             start=start).batches_per_rank == 0:
+            if start >= self._units or EpochPlan(self._units, c.world_size, self._unit, c.drop_last,
+                                                 start=start).batches_per_rank == 0:
                 epoch, start = epoch + 1, 0
         self._epoch, self._start, self._next = epoch, start, next_batch
         self._pending.clear()

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -25,7 +26,8 @@ from raydl.actors.coordinator import REFRESH_S, LoaderCoordinator, WorkerInfo, l
 from raydl.actors.loader_worker import WorkerSpec
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig
-from raydl.errors import LoaderError
+from raydl.errors import LoaderError, SampleDecodeError
+from raydl.plan import bucket_batch_count
 from raydl.transforms import SampleProgram
 
 if TYPE_CHECKING:
@@ -47,18 +49,19 @@ class Loader:
     """
 
     def __init__(self, catalog: Catalog, program: SampleProgram, config: LoaderConfig) -> None:
-        program.slot_shape()  # fail before any actor starts if batches cannot have one shape
+        shapes = program.slot_shapes()  # fail before any actor starts if batches cannot have a shape
         self.config = config
         self.program = program
         self.num_samples = len(catalog)
         self.fingerprint = catalog.fingerprint
         self.samples_fingerprint = catalog.samples_fingerprint  # seeds the shuffle: same files, same order anywhere
+        self.buckets, self.bucket_of, self.unlisted, self.plan_units = _plan_units(catalog, program, config)
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True
         if not ray.is_initialized():
             ray.init(logging_level=logging.WARNING, log_to_driver=False)
-        self.batch_bytes = config.batch_size * program.dtype.itemsize * math.prod(program.slot_shape())
+        self.batch_bytes = config.batch_size * program.dtype.itemsize * max(math.prod(s) for s in shapes)
         self.object_store_budget = config.object_store_budget or _default_budget()
         spec = WorkerSpec(program=program, threads=config.threads_per_worker, on_error=config.on_error,
                           io_concurrency=config.io_concurrency)
@@ -178,6 +181,37 @@ class Loader:
         c = self.config
         return (f"Loader(samples={self.num_samples}, batch_size={c.batch_size}, world_size={c.world_size}, "
                 f"workers={len(self._workers)}, closed={self._closed})")
+
+
+def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
+    """(buckets, bucket of each sample, samples in no bucket, units the plan deals).
+
+    Without aspect buckets the plan deals samples; with them it deals whole
+    bucket-pure batches, and samples whose header gave no size are in none
+    (reported through on_error).
+    """
+    if program.buckets is None:
+        return None, None, (), len(catalog)
+    names = catalog.table.column_names
+    if "width" not in names or "height" not in names:
+        raise ValueError("aspect_buckets() needs image sizes in the catalog (width and height columns)")
+    buckets = program.buckets.buckets
+    bucket_of = program.buckets.assign(catalog.table.column("width").to_numpy(),
+                                       catalog.table.column("height").to_numpy())
+    unlisted = tuple(
+        (int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog"))
+        for i in np.flatnonzero(bucket_of < 0)
+    )
+    if unlisted and config.on_error == "raise":
+        sample_id, uri, reason = unlisted[0]
+        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+        raise SampleDecodeError(f"cannot bucket sample {sample_id} ({uri}): {reason}{more}",
+                                uri=uri, sample_id=sample_id)
+    units = bucket_batch_count(bucket_of, len(buckets), config.batch_size, config.drop_last)
+    if units == 0:
+        raise ValueError(f"no aspect bucket holds a full batch of {config.batch_size} (drop_last=True); "
+                         f"bucket sizes: {np.bincount(bucket_of[bucket_of >= 0], minlength=len(buckets)).tolist()}")
+    return buckets, bucket_of, unlisted, units
 
 
 def _default_budget() -> int:

@@ -18,6 +18,14 @@ A plan can start part-way through the order (`start`), which is how a resume
 at another world size re-deals the rest of an epoch.
 
 Each sample's augmentation seed is a pure function of (seed, epoch, sample id).
+
+Aspect-ratio buckets (`bucket_batches`) make every batch hold one bucket's
+samples: within each bucket the ids are shuffled and cut into batches (a last
+partial batch is filled by wrapping within its bucket, or dropped with
+drop_last), then the order of all the batches is shuffled. The ranks deal
+those batches exactly as they deal samples above, with one batch as the unit
+(EpochPlan with batch_size=1), so equal counts per rank, padding by wrapping
+and the re-deal at another world size carry over unchanged.
 """
 from __future__ import annotations
 
@@ -28,7 +36,8 @@ import numpy as np
 from raydl._splitmix import GAMMA, MASK64, mix64, mix64_array
 from raydl.config import positive_int
 
-__all__ = ["EpochPlan", "augmentation_seeds", "epoch_order", "substitute_id"]
+__all__ = ["BucketBatches", "EpochPlan", "augmentation_seeds", "bucket_batch_count", "bucket_batches", "epoch_order",
+           "substitute_id"]
 
 
 
@@ -40,6 +49,71 @@ def epoch_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool, finge
     fp = int(fingerprint[:16], 16) if fingerprint else 0
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, fp])))
     return rng.permutation(num_samples).astype(np.int64, copy=False)
+
+
+def _rng(seed: int, epoch: int, fingerprint: str, *stream: int) -> np.random.Generator:
+    fp = int(fingerprint[:16], 16) if fingerprint else 0
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, fp, *stream])))
+
+
+@dataclass(frozen=True)
+class BucketBatches:
+    """One epoch's bucket-pure batches in global order: batch j holds ids[offsets[j]:offsets[j+1]] of bucket[j]."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    bucket: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.bucket)
+
+    def batch(self, j: int) -> np.ndarray:
+        return self.ids[self.offsets[j]:self.offsets[j + 1]]
+
+
+def bucket_batch_count(bucket_of: np.ndarray, num_buckets: int, batch_size: int, drop_last: bool) -> int:
+    """How many batches bucket_batches makes (the same every epoch)."""
+    counts = np.bincount(bucket_of[bucket_of >= 0], minlength=num_buckets)
+    full = counts // batch_size
+    return int(full.sum() if drop_last else (full + (counts % batch_size > 0)).sum())
+
+
+def bucket_batches(bucket_of: np.ndarray, *, num_buckets: int, batch_size: int, seed: int, epoch: int,
+                   shuffle: bool, drop_last: bool, fingerprint: str) -> BucketBatches:
+    """Batches of one bucket each, for samples whose bucket is `bucket_of[id]` (-1: in no batch).
+
+    Within each bucket the ids are shuffled and chunked into batches of
+    `batch_size`; a last partial batch is dropped (drop_last) or filled by
+    wrapping around its bucket's order; then the order of the batches is
+    shuffled. Without shuffle, buckets and ids keep ascending order.
+    """
+    positive_int("batch_size", batch_size)
+    bucket_of = np.asarray(bucket_of, dtype=np.int64)
+    rng = _rng(seed, epoch, fingerprint, 1) if shuffle else None
+    parts: list[np.ndarray] = []
+    owners: list[int] = []
+    for b in range(num_buckets):
+        members = np.flatnonzero(bucket_of == b)
+        if len(members) == 0:
+            continue
+        if rng is not None:
+            members = members[rng.permutation(len(members))]
+        nfull, rem = divmod(len(members), batch_size)
+        nb = nfull + (1 if rem and not drop_last else 0)
+        if nb == 0:
+            continue
+        take = np.arange(nb * batch_size) % len(members)  # the last batch wraps within the bucket
+        parts.append(members[take])
+        owners += [b] * nb
+    if not parts:
+        return BucketBatches(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64))
+    ids = np.concatenate(parts).reshape(-1, batch_size)
+    bucket = np.asarray(owners, dtype=np.int64)
+    if rng is not None:
+        perm = rng.permutation(len(bucket))
+        ids, bucket = ids[perm], bucket[perm]
+    offsets = np.arange(len(bucket) + 1, dtype=np.int64) * batch_size
+    return BucketBatches(ids.reshape(-1), offsets, bucket)
 
 
 def augmentation_seeds(ids: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:

@@ -20,6 +20,7 @@ LoaderError naming the sample and this worker: no mode hides it.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
@@ -54,13 +55,14 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class BatchTask:
-    """Batch `index` of `rank` in `epoch`: the samples, in order, and their seeds."""
+    """Batch `index` of `rank` in `epoch`: the samples, in order, their seeds, and their bucket (H, W) if any."""
 
     rank: int
     epoch: int
     index: int
     ids: np.ndarray
     seeds: np.ndarray
+    bucket: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class LoaderWorker:
 
     def run_batch(self, task: BatchTask) -> BatchResult:
         n = len(task.ids)
-        images = self._batch_buffer(n)
+        images = self._batch_buffer(n, self._spec.program.slot_shape(task.bucket))
         ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
         keys = self._keys.take(pa.array(ids)).to_pylist()
         where = self._where[ids]
@@ -174,6 +176,8 @@ class LoaderWorker:
             images, ids = images[ok], ids[ok]
             keys = [k for k, good in zip(keys, ok) if good]
         batch = {"image": images, "label": self._labels[ids], "id": ids, "key": keys}
+        if task.bucket is not None:
+            batch["bucket"] = tuple(task.bucket)
         return BatchResult(batch=batch, skipped=[f for f in bad if not f.unreadable],
                            unreadable=[f for f in bad if f.unreadable],
                            replaced=sorted(replaced, key=lambda r: r.sample_id))
@@ -229,18 +233,21 @@ class LoaderWorker:
             uri=failure.uri, sample_id=failure.sample_id,
         )
 
-    def _batch_buffer(self, n: int) -> np.ndarray:
-        """This thread's batch array, reused from its previous call.
+    def _batch_buffer(self, n: int, slot: tuple[int, ...]) -> np.ndarray:
+        """This thread's batch array, reused from its previous call, as (n, *slot).
 
         Fresh memory costs a page fault per 4 KiB on first touch - as much as
-        the decode itself here, and serialized across threads. Reuse is safe:
+        the decode itself here, and serialized across threads. One flat buffer
+        per thread, as large as the largest batch seen, serves every shape
+        (aspect buckets change the shape from batch to batch). Reuse is safe:
         Ray copies a call's return value into the object store on the thread
         that ran the call, before that thread takes the next call.
         """
-        program = self._spec.program
-        shape = (n, *program.slot_shape())
+        dtype = self._spec.program.dtype
+        shape = (n, *slot)
+        nbytes = math.prod(shape) * dtype.itemsize
         buf = getattr(self._local, "buffer", None)
-        if buf is None or buf.shape[0] < n:
-            buf = populated_empty(shape, program.dtype)
+        if buf is None or buf.nbytes < nbytes:
+            buf = populated_empty((nbytes,), np.uint8)
             self._local.buffer = buf
-        return buf[:n]
+        return buf[:nbytes].view(dtype).reshape(shape)

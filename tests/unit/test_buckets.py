@@ -112,3 +112,62 @@ def test_aspect_buckets_replaces_the_crop_stages():
         compile_stages((Decode(), CenterCrop(224), AspectBuckets(512)))
     with pytest.raises(ValueError, match="aspect_buckets"):
         compile_stages((Decode(), AspectBuckets(512), AspectBuckets(256)))
+
+
+# ------------------------------------------------------------- the plan ----
+
+from raydl.plan import EpochPlan, bucket_batch_count, bucket_batches  # noqa: E402
+
+
+def _deal(bb, world_size, drop_last):
+    plan = EpochPlan(len(bb), world_size, 1, drop_last)
+    return [[int(plan.positions(r, k)[0]) for k in range(plan.batches_per_rank)] for r in range(world_size)]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_bucket_plan_is_pure_equal_and_complete(world_size, drop_last):
+    """Batches are bucket-pure and full; every rank gets as many; without drop_last every sample appears,
+    and a sample repeats only as padding inside its own bucket."""
+    rng = np.random.default_rng(world_size)
+    bucket_of = rng.integers(-1, 5, 503)
+    B = 8
+    bb = bucket_batches(bucket_of, num_buckets=5, batch_size=B, seed=1, epoch=0, shuffle=True,
+                        drop_last=drop_last, fingerprint="ab" * 8)
+    assert len(bb) == bucket_batch_count(bucket_of, 5, B, drop_last)
+    for j in range(len(bb)):
+        ids = bb.batch(j)
+        assert len(ids) == B and set(bucket_of[ids]) == {bb.bucket[j]}
+    dealt = _deal(bb, world_size, drop_last)
+    assert len({len(r) for r in dealt}) == 1
+    delivered = np.concatenate([bb.batch(j) for r in dealt for j in r])
+    listed = set(np.flatnonzero(bucket_of >= 0).tolist())
+    if drop_last:
+        assert len(delivered) == len(set(delivered.tolist())) and set(delivered.tolist()) <= listed
+    else:
+        assert set(delivered.tolist()) == listed
+
+
+def test_bucket_plan_depends_on_seed_epoch_and_fingerprint_only():
+    """Same inputs, same batches; another epoch or seed reorders; shuffle=False keeps bucket and id order."""
+    bucket_of = np.arange(100) % 3
+
+    def make(**kw):
+        args = dict(num_buckets=3, batch_size=4, seed=0, epoch=0, shuffle=True, drop_last=False, fingerprint="cd" * 8)
+        bb = bucket_batches(bucket_of, **{**args, **kw})
+        return [bb.batch(j).tolist() for j in range(len(bb))]
+
+    assert make() == make()
+    assert make() != make(epoch=1) and make() != make(seed=1) and make() != make(fingerprint="ef" * 8)
+    plain = make(shuffle=False)
+    assert plain[0] == [0, 3, 6, 9] and plain[8] == [96, 99, 0, 3]  # bucket 0's last batch wraps within it
+
+
+def test_bucket_plan_is_independent_of_world_size():
+    """The global batch order does not depend on the world size: ranks deal it round-robin."""
+    bucket_of = np.random.default_rng(3).integers(0, 4, 300)
+    bb = bucket_batches(bucket_of, num_buckets=4, batch_size=8, seed=4, epoch=2, shuffle=True,
+                        drop_last=True, fingerprint="01" * 8)
+    d2, d3 = _deal(bb, 2, True), _deal(bb, 3, True)
+    assert sorted(j for r in d2 for j in r)[: len(bb) - 2] == list(range(len(bb)))[: len(bb) - 2]
+    assert [d3[r][0] for r in range(3)] == [0, 1, 2]

@@ -1,0 +1,60 @@
+"""Image sizes at listing time, from the first bytes of every file (no pixel decode).
+
+Aspect buckets need each image's width and height before anything is decoded.
+`header_sizes` reads the first HEADER_BYTES of each file (a ranged GET on S3),
+parses the JPEG SOF / PNG IHDR (or lets Pillow read any other header), and
+reads the whole file only when the header lies further in (large EXIF or ICC
+blocks). Files are read in parallel on a thread pool. A file whose header
+cannot be read gets width = height = -1 and a reason, so that the loader can
+route it through on_error like any other bad sample.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from raydl.decode import HEADER_BYTES, NeedMoreBytes, header_size
+from raydl.errors import DataSourceError
+
+__all__ = ["HeaderSizes", "header_sizes"]
+
+# read(item, length) -> the first `length` bytes of the object (all of it when it is shorter, or for None)
+ReadPrefix = Callable[[Any, "int | None"], bytes]
+
+
+class HeaderSizes:
+    """Widths and heights (int32, -1 where unknown) and the reason for each unknown one, by row."""
+
+    def __init__(self, widths: np.ndarray, heights: np.ndarray, errors: dict[int, str]) -> None:
+        self.widths, self.heights, self.errors = widths, heights, errors
+
+
+def _one(read: ReadPrefix, key: Any) -> tuple[int, int] | str:
+    try:
+        head = read(key, HEADER_BYTES)
+        try:
+            h, w = header_size(head, complete=len(head) < HEADER_BYTES)
+        except NeedMoreBytes:
+            h, w = header_size(read(key, None), complete=True)
+        return w, h
+    except (ValueError, DataSourceError) as exc:
+        return f"cannot read the image size from the header: {exc}"
+
+
+def header_sizes(read: ReadPrefix, keys: Sequence[Any], *, threads: int = 16) -> HeaderSizes:
+    """Sizes of every key's image from its header, read on `threads` threads (IO-bound: S3's ranged GETs)."""
+    widths = np.full(len(keys), -1, np.int32)
+    heights = np.full(len(keys), -1, np.int32)
+    errors: dict[int, str] = {}
+    if not keys:
+        return HeaderSizes(widths, heights, errors)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(keys)))) as pool:
+        for i, got in enumerate(pool.map(lambda k: _one(read, k), keys, chunksize=64)):
+            if isinstance(got, str):
+                errors[i] = got
+            else:
+                widths[i], heights[i] = got
+    return HeaderSizes(widths, heights, errors)

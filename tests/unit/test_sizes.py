@@ -1,0 +1,69 @@
+"""Image sizes from the first bytes of each file (listing time), against the decoded sizes."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from raydl import decode
+from raydl.sizes import header_sizes
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _read_from(files: dict[str, bytes]):
+    def read(key, length):
+        data = files[key]
+        return data if length is None else data[:length]
+    return read
+
+
+def _encode(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def test_formats_and_a_header_past_the_first_read():
+    """JPEG (SOF after a 40 KiB APP segment, progressive, grey), PNG, WebP, BMP: sizes from headers only."""
+    rgb = Image.fromarray(np.random.default_rng(0).integers(0, 255, (37, 53, 3), dtype=np.uint8))
+    big_icc = bytes(40_000)  # pushes the SOF past decode.HEADER_BYTES
+    files = {
+        "plain.jpg": _encode(rgb, "JPEG"),
+        "icc.jpg": _encode(rgb, "JPEG", icc_profile=big_icc),
+        "prog.jpg": _encode(rgb, "JPEG", progressive=True),
+        "grey.jpg": _encode(rgb.convert("L"), "JPEG"),
+        "a.png": _encode(rgb, "PNG"),
+        "a.webp": _encode(rgb, "WEBP"),
+        "a.bmp": _encode(rgb, "BMP"),
+        "junk.jpg": b"\xff\xd8\xff\xe0 not a JPEG at all",
+        "empty.png": b"",
+    }
+    assert decode._jpeg_sof(files["icc.jpg"][: decode.HEADER_BYTES]) is None
+    keys = list(files)
+    sizes = header_sizes(_read_from(files), keys, threads=3)
+    for i, key in enumerate(keys[:-2]):
+        assert (sizes.widths[i], sizes.heights[i]) == (53, 37), key
+    assert sizes.widths[-1] == sizes.heights[-1] == sizes.widths[-2] == -1
+    assert set(sizes.errors) == {len(keys) - 2, len(keys) - 1}
+    assert "header" in sizes.errors[len(keys) - 2]
+
+
+@pytest.mark.shared_data
+def test_header_sizes_match_decoded_sizes_on_pillow_images(shared_data):
+    """On Pillow's test images, every file that decodes has the header size its decode has."""
+    paths = sorted((shared_data / "pillow").iterdir())
+    files = {p.name: p.read_bytes() for p in paths if p.is_file()}
+    keys = list(files)
+    sizes = header_sizes(_read_from(files), keys)
+    compared = 0
+    for i, key in enumerate(keys):
+        try:
+            h, w = decode.decode_rgb(files[key]).shape[:2]
+        except ValueError:
+            continue  # undecodable: on_error's business at decode time
+        assert (int(sizes.heights[i]), int(sizes.widths[i])) == (h, w), (key, sizes.errors.get(i))
+        compared += 1
+    assert compared > 300
