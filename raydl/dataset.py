@@ -151,7 +151,8 @@ class Dataset:
         image is cropped to its bucket's ratio (crop="center" or a seeded
         "random" offset) and resized with antialiasing. Batches are
         bucket-pure: batch["image"] is (B, H_b, W_b, 3), batch["bucket"] is
-        (H_b, W_b). Replaces random_resized_crop/resize/center_crop.
+        (H_b, W_b); a bucket's last batch is shorter (dropped with drop_last).
+        Replaces random_resized_crop/resize/center_crop.
         """
         return self._with(AspectBuckets(size, multiple, min_ratio, max_ratio, crop))
 

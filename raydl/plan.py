@@ -20,12 +20,12 @@ at another world size re-deals the rest of an epoch.
 Each sample's augmentation seed is a pure function of (seed, epoch, sample id).
 
 Aspect-ratio buckets (`bucket_batches`) make every batch hold one bucket's
-samples: within each bucket the ids are shuffled and cut into batches (a last
-partial batch is filled by wrapping within its bucket, or dropped with
-drop_last), then the order of all the batches is shuffled. The ranks deal
-those batches exactly as they deal samples above, with one batch as the unit
-(EpochPlan with batch_size=1), so equal counts per rank, padding by wrapping
-and the re-deal at another world size carry over unchanged.
+samples: within each bucket the ids are shuffled and cut into batches (a
+bucket's last batch is shorter, or dropped with drop_last), then the order of
+all the batches is shuffled. The ranks deal those batches exactly as they deal
+samples above, with one batch as the unit (EpochPlan with batch_size=1): equal
+counts per rank, padding by wrapping (a pad is a whole batch of one bucket
+again) and the re-deal at another world size carry over unchanged.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _rng(seed: int, epoch: int, fingerprint: str, *stream: int) -> np.random.Gen
 
 @dataclass(frozen=True)
 class BucketBatches:
-    """One epoch's bucket-pure batches in global order: batch j holds ids[offsets[j]:offsets[j+1]] of bucket[j]."""
+    """One epoch's bucket-pure batches in global order: batch j is ids[offsets[j]:offsets[j+1]], all of bucket[j]."""
 
     ids: np.ndarray
     offsets: np.ndarray
@@ -83,37 +83,31 @@ def bucket_batches(bucket_of: np.ndarray, *, num_buckets: int, batch_size: int, 
     """Batches of one bucket each, for samples whose bucket is `bucket_of[id]` (-1: in no batch).
 
     Within each bucket the ids are shuffled and chunked into batches of
-    `batch_size`; a last partial batch is dropped (drop_last) or filled by
-    wrapping around its bucket's order; then the order of the batches is
-    shuffled. Without shuffle, buckets and ids keep ascending order.
+    `batch_size`; a bucket's last partial batch is kept short, or dropped with
+    drop_last; then the order of the batches is shuffled. Without shuffle,
+    buckets and ids keep ascending order.
     """
     positive_int("batch_size", batch_size)
     bucket_of = np.asarray(bucket_of, dtype=np.int64)
     rng = _rng(seed, epoch, fingerprint, 1) if shuffle else None
-    parts: list[np.ndarray] = []
+    batches: list[np.ndarray] = []
     owners: list[int] = []
     for b in range(num_buckets):
         members = np.flatnonzero(bucket_of == b)
-        if len(members) == 0:
-            continue
         if rng is not None:
             members = members[rng.permutation(len(members))]
-        nfull, rem = divmod(len(members), batch_size)
-        nb = nfull + (1 if rem and not drop_last else 0)
-        if nb == 0:
-            continue
-        take = np.arange(nb * batch_size) % len(members)  # the last batch wraps within the bucket
-        parts.append(members[take])
-        owners += [b] * nb
-    if not parts:
+        stop = len(members) - len(members) % batch_size if drop_last else len(members)
+        for first in range(0, stop, batch_size):
+            batches.append(members[first:first + batch_size])
+            owners.append(b)
+    if not batches:
         return BucketBatches(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64))
-    ids = np.concatenate(parts).reshape(-1, batch_size)
-    bucket = np.asarray(owners, dtype=np.int64)
-    if rng is not None:
-        perm = rng.permutation(len(bucket))
-        ids, bucket = ids[perm], bucket[perm]
-    offsets = np.arange(len(bucket) + 1, dtype=np.int64) * batch_size
-    return BucketBatches(ids.reshape(-1), offsets, bucket)
+    order = rng.permutation(len(batches)) if rng is not None else np.arange(len(batches))
+    batches = [batches[j] for j in order]
+    offsets = np.zeros(len(batches) + 1, np.int64)
+    np.cumsum([len(x) for x in batches], out=offsets[1:])
+    return BucketBatches(np.concatenate(batches).astype(np.int64), offsets,
+                         np.asarray(owners, dtype=np.int64)[order])
 
 
 def augmentation_seeds(ids: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:

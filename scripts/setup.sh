@@ -5,6 +5,7 @@
 # System packages (Debian), installed when missing and we are root with apt-get:
 #   libjpeg62-turbo-dev  headers for the region-only JPEG decoder (raydl.native._jpeg)
 #   libfabric1 libfabric-dev libfabric-bin  (with "test") the checkpoint RMA path (raydl.native.pyfi)
+#   FFmpeg 5's shared libraries  (with "bench") SPDL, a `raydl bench loader` peer
 # Without them raydl still installs: those native modules are skipped and it says why at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,13 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "setup: WARNING: missing Debian packages ${missing[*]} (not root or no apt-get); the native" \
              "modules that need them are skipped"
     fi
+fi
+
+if [[ "$extras" == *bench* ]] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # Best effort: these are Debian 12's names; elsewhere the SPDL peer is skipped and says why.
+    ffmpeg5=(libavutil57 libavcodec59 libavformat59 libavfilter8 libavdevice59 libswscale6 libswresample4)
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${ffmpeg5[@]}" >/dev/null 2>&1 \
+        || echo "setup: WARNING: FFmpeg 5 libraries not installable here; the spdl bench peer will be skipped"
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -10,7 +10,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["EpochClock", "Measurement", "PeerSpec"]
+__all__ = ["EpochClock", "Measurement", "PeerSpec", "stand_in"]
+
+
+def stand_in(n: int, shape: tuple[int, ...], dtype="uint8"):
+    """A zero-byte (n, *shape) array for the clock, which reads only the shape and dtype of a batch."""
+    import numpy as np
+
+    return np.broadcast_to(np.zeros((), dtype), (n, *shape))
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,7 @@ class PeerSpec:
     batch_size: int
     seed: int
     expected: int  # images in the folder; the batch that reaches it closes the clock
+    workload: str = "train"  # "train" (RandomResizedCrop 224, normalize) or "buckets" (aspect buckets 512, uint8)
 
 
 @dataclass(frozen=True)

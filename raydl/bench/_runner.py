@@ -139,7 +139,13 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "processes": sampler.processes(), "sampler_cpu_s": sampler.overhead(), "wall_s": wall,
     }
     # A peer that returns the wrong tensors is not doing the workload; say so loudly.
-    if peer != "ceiling" and (m.batch_shape[1:] != (3, 224, 224) or m.batch_dtype != "float32"):
+    if peer in ("ceiling", "floor"):
+        pass
+    elif spec.workload == "buckets":
+        if m.batch_shape[-1:] != (3,) or len(m.batch_shape) != 4 or m.batch_dtype != "uint8":
+            row.update(ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, "
+                                       f"not uint8 [B, H, W, 3]")
+    elif m.batch_shape[1:] != (3, 224, 224) or m.batch_dtype != "float32":
         row.update(ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, "
                                    f"not float32 [B, 3, 224, 224]")
     if m.images != spec.expected:
@@ -155,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expected", type=int, required=True, help="images in --data")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", default="train", choices=["train", "buckets"])
     p.add_argument("--no-pin", action="store_true", help="do not set CPU affinity")
     args = p.parse_args(argv)
 
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)  # Ray, Rust loggers and children print to fd 1; keep it for the JSON line
 
     spec = PeerSpec(data=args.data, cpus=args.cpus, batch_size=args.batch_size,
-                    seed=args.seed, expected=args.expected)
+                    seed=args.seed, expected=args.expected, workload=args.workload)
     sampler = TreeSampler()
     clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window)
     t0 = time.perf_counter()

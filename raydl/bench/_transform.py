@@ -1,4 +1,9 @@
-"""The reference "train" transform in plain PIL + numpy, shared by the peers that have none.
+"""The reference transforms in plain PIL + numpy, shared by the peers that have none.
+
+"buckets" (`bucket_transform`): the image is cropped (centred) to the ratio of
+the nearest of datago's buckets for size 512, multiple 32, ratios 0.5-2.0 and
+resized there with PIL's antialiased bilinear filter: uint8 HWC.
+
 
 torchvision cannot be installed beside every torch build, so the torch, Ray Data
 and datago peers use this copy of torchvision's RandomResizedCrop.get_params
@@ -16,13 +21,20 @@ import random
 import numpy as np
 from PIL import Image
 
+from raydl.buckets import bucket_set, nearest_bucket
 from raydl.sources.images import IMAGE_EXTENSIONS
 
-__all__ = ["CROP", "list_images", "open_rgb", "rrc_params", "train_transform"]
+__all__ = ["BUCKETS", "CROP", "bucket_box", "bucket_transform", "list_images", "open_rgb", "rrc_params",
+           "train_transform"]
 
 CROP = 224
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+# The "buckets" workload: datago's crop_and_resize with this configuration.
+BUCKET_CONFIG = {"size": 512, "multiple": 32, "min_ratio": 0.5, "max_ratio": 2.0}
+BUCKETS = bucket_set(BUCKET_CONFIG["size"], BUCKET_CONFIG["multiple"], BUCKET_CONFIG["min_ratio"],
+                     BUCKET_CONFIG["max_ratio"])
 
 _MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 _STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -82,3 +94,20 @@ def open_rgb(path_or_file) -> Image.Image:
     """Decode with PIL as torchvision's default loader does (full-size decode, then RGB)."""
     with Image.open(path_or_file) as img:
         return img.convert("RGB")
+
+
+def bucket_box(width: int, height: int) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+    """The nearest bucket (h, w) and the centred crop (left, top, right, bottom) with its ratio."""
+    bh, bw = nearest_bucket(BUCKETS, width, height)
+    if width * bh > height * bw:
+        ch, cw = height, min(width, max(1, int(round(height * bw / bh))))
+    else:
+        cw, ch = width, min(height, max(1, int(round(width * bh / bw))))
+    top, left = int(round((height - ch) / 2.0)), int(round((width - cw) / 2.0))
+    return (bh, bw), (left, top, left + cw, top + ch)
+
+
+def bucket_transform(img: Image.Image) -> np.ndarray:
+    """Crop to the nearest bucket's ratio, resize there (antialiased bilinear): uint8 (h, w, 3)."""
+    (bh, bw), box = bucket_box(img.width, img.height)
+    return np.asarray(img.resize((bw, bh), Image.BILINEAR, box=box))

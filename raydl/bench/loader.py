@@ -2,8 +2,12 @@
 
     raydl bench loader --data /data/in1k --compare torch,raydata,dataio,datago \\
         --cpus 8 --rounds 3 --json bench.json --plot bench.png
+    raydl bench loader --data /data/hires --workload buckets --compare raydl-fast,datago,dali,spdl
 
-Every run is one epoch of the "train" workload in a fresh subprocess
+Workloads: "train" (decode, RandomResizedCrop 224, flip, ImageNet normalize,
+float32 NCHW) and "buckets" (decode, crop and resize into the nearest of
+datago's aspect-ratio buckets for size 512, multiple 32, ratios 0.5-2.0, uint8
+NHWC, bucket-pure batches). Every run is one epoch of the workload in a fresh subprocess
 (`python -m raydl.bench._runner`), and the peers take turns, A B C A B C ..., so
 that a noisy neighbour or a warming page cache hits them all alike. Each figure
 in the table is the median over the rounds:
@@ -28,7 +32,7 @@ import time
 from pathlib import Path
 
 from raydl.bench._transform import list_images
-from raydl.bench.peers import NOTES, PEERS, REQUIRES
+from raydl.bench.peers import NOTES, PEERS, REQUIRES, WORKLOADS
 from raydl.bench.report import format_table, peer_versions, summarize, write_plot
 
 __all__ = ["add_parser", "main"]
@@ -43,8 +47,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--data", required=True, help="image folder (DIR/class/*.jpg)")
-    p.add_argument("--workload", default="train", choices=["train"],
-                   help="train: decode, RandomResizedCrop(224), flip, normalize, float32 NCHW")
+    p.add_argument("--workload", default="train", choices=["train", "buckets"],
+                   help="train: decode, RandomResizedCrop(224), flip, normalize, float32 NCHW; "
+                        "buckets: decode, crop+resize into datago's 512 aspect buckets, uint8 NHWC")
     p.add_argument("--compare", default="torch,raydata",
                    help=f"comma-separated peers from {','.join(_COMPARABLE)} (default: %(default)s)")
     p.add_argument("--cpus", type=int, default=len(os.sched_getaffinity(0)),
@@ -90,7 +95,7 @@ def _subset(files: list[str], root: str, into: Path) -> str:
 def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
     cmd = [sys.executable, "-m", "raydl.bench._runner", "--peer", peer, "--data", data,
            "--cpus", str(args.cpus), "--expected", str(expected),
-           "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+           "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--workload", args.workload]
     if args.no_pin:
         cmd.append("--no-pin")
     env = dict(os.environ)
@@ -161,6 +166,8 @@ def main(args: argparse.Namespace) -> int:
         _log(f"error: unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
         return 2
     skipped = {p: why for p in ["raydl", *wanted] if (why := _missing(p))}
+    skipped.update({p: f"{p} skipped: it has no {args.workload} workload" for p in wanted
+                    if p not in skipped and args.workload not in WORKLOADS[p]})
     for why in skipped.values():
         _log(why)
     peers = [p for p in dict.fromkeys(["raydl", *wanted]) if p not in skipped]

@@ -1,4 +1,4 @@
-"""One function per peer: run one epoch of the "train" workload and time it.
+"""One function per peer: run one epoch of a workload ("train" or "buckets") and time it.
 
 Each `run_<peer>(spec, clock)` builds its loader from the same image folder, with
 the same CPU budget, calls `clock.start()` just before the loader (or dataset)
@@ -19,12 +19,20 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
-from raydl.bench._transform import CROP, list_images, open_rgb, train_transform
+from raydl.bench._native_peers import run_dali, run_floor, run_spdl
+from raydl.bench._transform import (
+    BUCKET_CONFIG,
+    CROP,
+    bucket_transform,
+    list_images,
+    open_rgb,
+    train_transform,
+)
 
-__all__ = ["NOTES", "PEERS", "REQUIRES"]
+__all__ = ["NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
 
 
-def run_raydl(spec: PeerSpec, clock: EpochClock) -> Measurement:
+def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
     import ray
 
     import raydl
@@ -33,10 +41,11 @@ def run_raydl(spec: PeerSpec, clock: EpochClock) -> Measurement:
     ray.init(address="local", num_cpus=spec.cpus, include_dashboard=False, logging_level="ERROR")
     try:
         clock.start()
-        ds = (
-            raydl.read_images(spec.data).decode().random_resized_crop(CROP)
-            .random_hflip().normalize("imagenet")
-        )
+        ds = raydl.read_images(spec.data).decode(fast=fast)
+        if spec.workload == "buckets":
+            ds = ds.aspect_buckets(**BUCKET_CONFIG)
+        else:
+            ds = ds.random_resized_crop(CROP).random_hflip().normalize("imagenet")
         loader = ds.loader(batch_size=spec.batch_size, seed=spec.seed, num_workers=1,
                            threads_per_worker=spec.cpus)
         try:
@@ -51,11 +60,16 @@ def run_raydl(spec: PeerSpec, clock: EpochClock) -> Measurement:
         ray.shutdown()
 
 
+def run_raydl_fast(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    return run_raydl(spec, clock, fast=True)
+
+
 class _FolderDataset:
     """A map-style torch Dataset over the sorted files, decoding with PIL like ImageFolder."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, workload: str = "train"):
         self.paths = list_images(root)
+        self.workload = workload
         self._rng: random.Random | None = None
 
     def __len__(self) -> int:
@@ -64,6 +78,8 @@ class _FolderDataset:
     def __getitem__(self, index: int):
         import torch
 
+        if self.workload == "buckets":
+            return bucket_transform(open_rgb(self.paths[index]))
         if self._rng is None:  # one stream per worker, seeded from the worker's torch seed
             info = torch.utils.data.get_worker_info()
             self._rng = random.Random(info.seed if info else 0)
@@ -82,14 +98,28 @@ def run_torch(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import torch
 
     clock.start()
+    buckets = spec.workload == "buckets"
     loader = torch.utils.data.DataLoader(
-        _FolderDataset(spec.data), batch_size=spec.batch_size, shuffle=True,
+        _FolderDataset(spec.data, spec.workload), batch_size=spec.batch_size, shuffle=True,
         num_workers=spec.cpus, worker_init_fn=_torch_worker_init,
         generator=torch.Generator().manual_seed(spec.seed),
+        collate_fn=_bucket_collate if buckets else None,
     )
     for images in loader:
-        clock.batch(images)
+        if buckets:
+            for batch in images:
+                clock.batch(batch)
+        else:
+            clock.batch(images)
     return clock.result()
+
+
+def _bucket_collate(samples: list[np.ndarray]) -> list[np.ndarray]:
+    """Images of different buckets cannot stack: one stacked array per bucket present."""
+    by_shape: dict[tuple, list[np.ndarray]] = {}
+    for s in samples:
+        by_shape.setdefault(s.shape, []).append(s)
+    return [np.stack(group) for group in by_shape.values()]
 
 
 def _raydata_transform(batch: dict) -> dict:
@@ -146,6 +176,25 @@ def _datago_transform(sample, rng: random.Random, out: np.ndarray) -> None:
     train_transform(img, rng, out)
 
 
+def _datago_buckets(client, spec: PeerSpec, clock: EpochClock) -> Measurement:
+    """datago crops and resizes into its buckets itself; we group its samples into bucket-pure batches."""
+    pending: dict[tuple, list[np.ndarray]] = {}
+    try:
+        while (s := client.get_sample()) is not None:
+            img = s.image.to_numpy_array()
+            group = pending.setdefault(img.shape, [])
+            group.append(img)
+            if len(group) == spec.batch_size:
+                clock.batch(np.stack(group))
+                group.clear()
+        for group in pending.values():
+            if group:
+                clock.batch(np.stack(group))
+        return clock.result()
+    finally:
+        client.stop()
+
+
 def run_datago(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import datago  # decode threads come from DATAGO_MAX_TASKS, set by the runner
 
@@ -157,6 +206,13 @@ def run_datago(spec: PeerSpec, clock: EpochClock) -> Measurement:
         "limit": spec.expected,
         "samples_buffer_size": 2 * spec.batch_size,
     }
+    if spec.workload == "buckets":
+        config["image_config"] = {
+            "crop_and_resize": True, "default_image_size": BUCKET_CONFIG["size"],
+            "downsampling_ratio": BUCKET_CONFIG["multiple"], "min_aspect_ratio": BUCKET_CONFIG["min_ratio"],
+            "max_aspect_ratio": BUCKET_CONFIG["max_ratio"],
+        }
+        return _datago_buckets(datago.DatagoClient(json.dumps(config)), spec, clock)
     client = datago.DatagoClient(json.dumps(config))
     rng = random.Random(spec.seed)
     # datago decodes in Rust threads but has no random-resized-crop, so the crop,
@@ -213,13 +269,28 @@ def run_ceiling(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
 
 PEERS: dict[str, Callable[[PeerSpec, EpochClock], Measurement]] = {
-    "raydl": run_raydl, "torch": run_torch, "raydata": run_raydata,
-    "dataio": run_dataio, "datago": run_datago, "ceiling": run_ceiling,
+    "raydl": run_raydl, "raydl-fast": run_raydl_fast, "torch": run_torch, "raydata": run_raydata,
+    "dataio": run_dataio, "datago": run_datago, "dali": run_dali, "spdl": run_spdl,
+    "ceiling": run_ceiling, "floor": run_floor,
+}
+
+# The workloads each peer can run (the others are skipped with a note).
+WORKLOADS: dict[str, tuple[str, ...]] = {
+    "raydl": ("train", "buckets"), "raydl-fast": ("train", "buckets"), "torch": ("train", "buckets"),
+    "raydata": ("train",), "dataio": ("train",), "datago": ("train", "buckets"),
+    "dali": ("train", "buckets"), "spdl": ("train", "buckets"), "ceiling": ("train", "buckets"),
+    "floor": ("train",),
 }
 
 # Modules a peer needs, and what to install when one is missing.
 REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
     "raydl": (("ray",), "pip install raydl"),
+    "raydl-fast": (("ray",), "pip install raydl"),
+    "dali": (("nvidia.dali",), "pip install 'raydl[bench]'  (or: pip install nvidia-dali-cuda120)"),
+    "spdl": (("spdl.io",), "pip install 'raydl[bench]'  (or: pip install spdl), and FFmpeg 5's shared "
+                           "libraries (Debian 12: apt-get install libavutil57 libavcodec59 libavformat59 "
+                           "libavfilter8 libavdevice59 libswscale6 libswresample4)"),
+    "floor": (("simplejpeg",), "pip install simplejpeg"),
     "torch": (("torch",), "pip install torch"),
     "raydata": (("ray", "pandas"), "pip install 'ray[data]'"),
     "dataio": (("dataio",), "pip install 'raydl[bench]'  (or: pip install dataio-rs)"),
@@ -242,4 +313,13 @@ NOTES: dict[str, str] = {
               "random_sampling (unseeded).",
     "ceiling": "ceiling: libjpeg-turbo (simplejpeg) decode alone of bytes already in memory, "
                "one thread per CPU; no crop, no batch; its memory includes all file bytes.",
+    "raydl-fast": "raydl-fast: raydl with decode(fast=True): DCT scale down to 1x the output, IFAST IDCT, "
+                  "no fancy upsampling (changes pixels; see the README).",
+    "dali": "dali: NVIDIA DALI's CPU pipeline (device_id=None, num_threads=cpus): readers.file shuffled, "
+            "decoders.image_random_crop + resize(antialias) + crop_mirror_normalize; buckets: "
+            "decoders.image_slice to the bucket crop + resize, sizes from PIL headers.",
+    "spdl": "spdl: spdl.io.load_image (FFmpeg) with a crop+scale(bilinear) filter per sample on a thread "
+            "pool of cpus threads; flip and normalize in numpy.",
+    "floor": "floor: the entropy-decoding floor of the train crops: raydl's region decoder at DCT scale 1/8 "
+             "(IFAST) on raydl's own boxes, into an 8x8 slot, bytes in memory; no batch.",
 }
