@@ -55,7 +55,7 @@ def image_size(data: bytes) -> tuple[int, int]:
     return h, w
 
 
-class NeedMoreBytes(ValueError):
+class NeedMoreBytes(DecodeError):
     """The header did not fit in the bytes given: read more of the file."""
 
 
@@ -78,19 +78,19 @@ def _jpeg_sof(data: bytes) -> tuple[int, int] | None:
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers
             continue
         if marker in (0xD9, 0xDA):
-            raise ValueError("JPEG has no frame header (SOF) before its scan")
+            raise DecodeError("JPEG has no frame header (SOF) before its scan")
         if i + 2 > n:
             return None
         length = (data[i] << 8) | data[i + 1]
         if length < 2:
-            raise ValueError(f"JPEG segment 0x{marker:02X} has a bad length {length}")
+            raise DecodeError(f"JPEG segment 0x{marker:02X} has a bad length {length}")
         if marker in _SOF:
             if i + 7 > n:
                 return None
             h = (data[i + 3] << 8) | data[i + 4]
             w = (data[i + 5] << 8) | data[i + 6]
             if h == 0 or w == 0:
-                raise ValueError(f"JPEG frame header gives an empty size {w}x{h}")
+                raise DecodeError(f"JPEG frame header gives an empty size {w}x{h}")
             return h, w
         i += length
 
@@ -109,17 +109,17 @@ def header_size(prefix: bytes, *, complete: bool) -> tuple[int, int]:
             return size
         if not complete:
             raise NeedMoreBytes("JPEG frame header lies past the bytes read")
-        raise ValueError("JPEG ends before its frame header (SOF)")
+        raise DecodeError("JPEG ends before its frame header (SOF)")
     if prefix[:8] == _PNG_MAGIC:
         if len(prefix) < 24:
             if not complete:
                 raise NeedMoreBytes("PNG header lies past the bytes read")
-            raise ValueError("PNG ends before its IHDR chunk")
+            raise DecodeError("PNG ends before its IHDR chunk")
         if prefix[12:16] != b"IHDR":
-            raise ValueError("PNG does not start with an IHDR chunk")
+            raise DecodeError("PNG does not start with an IHDR chunk")
         w, h = int.from_bytes(prefix[16:20], "big"), int.from_bytes(prefix[20:24], "big")
         if h == 0 or w == 0:
-            raise ValueError(f"PNG IHDR gives an empty size {w}x{h}")
+            raise DecodeError(f"PNG IHDR gives an empty size {w}x{h}")
         return h, w
     try:
         with warnings.catch_warnings():
@@ -129,24 +129,26 @@ def header_size(prefix: bytes, *, complete: bool) -> tuple[int, int]:
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         if not complete:
             raise NeedMoreBytes(f"{type(exc).__name__}: {exc}") from exc
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
     if h <= 0 or w <= 0:
-        raise ValueError(f"image header gives an empty size {w}x{h}")
+        raise DecodeError(f"image header gives an empty size {w}x{h}")
     return h, w
 
 
 def dct_factor(height: int, width: int, box_h: float, box_w: float, out_h: int, out_w: int, *,
                fast: bool = False) -> int:
-    """Largest power-of-two JPEG DCT downscale that keeps the box at least twice the output size.
+    """Largest power-of-two JPEG DCT downscale (1, 2, 4, 8) that keeps the box >= 4x the output.
 
-    Twice, so that the antialiased resize after it still has two source pixels
-    per output pixel: measured on the shared photos and on generated 1-4 MP
-    images, the result then stays within about 0.5 grey levels (mean) of a
-    full-size decode, where "at least 1x" (fast=True) differs by up to several
-    grey levels. Only 2, 4 and 8 are used: libjpeg-turbo's other M/8 factors
-    measured slower than a full decode here.
+    Four times, because that is the rule measured to keep every stage within a
+    mean of 1.0 grey level of Pillow's full decode + antialiased resize on every
+    image of the shared photos, the generated 1-4 MP set (make_images.py
+    --profile hires) and 12 MP photos. At 2x (the first guess) the mean stayed
+    below 0.3 on most images but reached 3.4 on a few of the 1-4 MP set, and
+    3x still reached 2.5. fast=True keeps the box only >= 1x the output: much
+    less to decode, at a mean of 1-4 grey levels. Only 2, 4 and 8 are used:
+    libjpeg-turbo's other M/8 factors measured slower than a full decode here.
     """
-    need = 1.0 if fast else 2.0
+    need = 1.0 if fast else 4.0
     factor = 1
     for f in (2, 4, 8):
         if box_w / f >= need * out_w and box_h / f >= need * out_h and height // f >= 1 and width // f >= 1:

@@ -99,13 +99,14 @@ def test_jpeg_factor_decodes_downscaled(factor):
     assert png.shape == (301, 403, 3)  # no DCT for other formats: full size
 
 
-def test_dct_factor_keeps_the_box_at_least_twice_the_output():
-    """By default dct_factor picks the largest of 1, 2, 4, 8 leaving the box >= 2x the output; fast: >= 1x."""
-    assert decode.dct_factor(1500, 2000, 1500, 2000, 224, 224) == 2
+def test_dct_factor_keeps_the_box_at_least_four_times_the_output():
+    """By default dct_factor picks the largest of 1, 2, 4, 8 leaving the box >= 4x the output; fast: >= 1x."""
+    assert decode.dct_factor(1500, 2000, 1500, 2000, 224, 224) == 1
     assert decode.dct_factor(1500, 2000, 1500, 2000, 224, 224, fast=True) == 4
     assert decode.dct_factor(1500, 2000, 1800 / 8, 1800 / 8, 224, 224, fast=True) == 1
-    assert decode.dct_factor(4000, 4000, 4000, 4000, 224, 224) == 8
-    assert decode.dct_factor(4000, 4000, 3583, 3583, 224, 224) == 4
+    assert decode.dct_factor(3000, 4000, 3000, 4000, 224, 224) == 2
+    assert decode.dct_factor(4000, 4000, 4000, 4000, 224, 224) == 4
+    assert decode.dct_factor(4000, 4000, 3583, 3583, 224, 224) == 2
     assert decode.dct_factor(500, 500, 500, 500, 224, 224) == 1
     assert decode.dct_factor(500, 500, 500, 500, 224, 224, fast=True) == 2
     assert decode.dct_factor(300, 300, 300, 300, 224, 224, fast=True) == 1
