@@ -49,9 +49,10 @@ class Measurement:
 class EpochClock:
     """Times one epoch. The hooks let the runner sample CPU exactly at the start and end."""
 
-    def __init__(self, expected: int, on_start: Callable[[], None], on_finish: Callable[[], None]):
+    def __init__(self, expected: int, on_start: Callable[[], None], on_finish: Callable[[], None],
+                 on_first: Callable[[], None] | None = None):
         self._expected = expected
-        self._on_start, self._on_finish = on_start, on_finish
+        self._on_start, self._on_finish, self._on_first = on_start, on_finish, on_first
         self._t0 = self._first = self._last = None
         self._n = self._n_first = 0
         self._shape: tuple[int, ...] = ()
@@ -67,6 +68,8 @@ class EpochClock:
         n = int(images.shape[0])
         if self._first is None:
             self._first, self._n_first = now, n
+            if self._on_first is not None:
+                self._on_first()
             self._shape = tuple(int(d) for d in images.shape)
             self._dtype = str(images.dtype).removeprefix("torch.")
         self._n += n

@@ -46,6 +46,7 @@ class TreeSampler:
         self._max: dict[psutil.Process, float] = {}
         self._overhead = 0.0  # CPU the sampling itself cost, inside the window
         self.peak_pss = 0
+        self.cpu_at_first: float | None = None
         self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
         self._thread.start()
 
@@ -96,6 +97,11 @@ class TreeSampler:
             self._state = "closed"
         self._stop.set()
 
+    def mark_first_batch(self) -> None:
+        """CPU used so far: what start-up (Ray, imports, listing) cost, so the steady state can be told apart."""
+        self._sample(memory=False)
+        self.cpu_at_first = self.cpu_seconds()
+
     def cpu_seconds(self) -> float:
         with self._lock:
             used = sum(peak - self._base.get(proc, 0.0) for proc, peak in self._max.items())
@@ -135,6 +141,9 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
         "peak_pss_mib": sampler.peak_pss / _MIB, "cpu_s": cpu,
         "cpu_s_per_image": cpu / m.images if m.images else None,
+        # After the first batch: the per-image cost without start-up, what a long epoch pays.
+        "steady_cpu_s_per_image": ((cpu - sampler.cpu_at_first) / m.steady_images
+                                   if m.steady_images and sampler.cpu_at_first is not None else None),
         "batch_shape": list(m.batch_shape), "batch_dtype": m.batch_dtype,
         "processes": sampler.processes(), "sampler_cpu_s": sampler.overhead(), "wall_s": wall,
     }
@@ -175,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = PeerSpec(data=args.data, cpus=args.cpus, batch_size=args.batch_size,
                     seed=args.seed, expected=args.expected, workload=args.workload)
     sampler = TreeSampler()
-    clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window)
+    clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window,
+                       on_first=sampler.mark_first_batch)
     t0 = time.perf_counter()
     try:
         PEERS[args.peer](spec, clock)

@@ -16,6 +16,8 @@ in the table is the median over the rounds:
 * first batch: seconds from constructing the loader (after `ray.init`) to batch one;
 * peak PSS: the process tree's largest summed PSS while the epoch ran;
 * CPU ms/img: user+system CPU of the whole tree during the epoch, per image;
+* steady CPU ms/img: the same from the first batch on (start-up left out), per image after it:
+  on a loaded machine the fairest measure of work per image;
 * x raydl: the peer's images/s over raydl's.
 """
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 
 from raydl.bench._transform import list_images
-from raydl.bench.peers import NOTES, PEERS, REQUIRES, WORKLOADS
+from raydl.bench.peers import BUCKET_NOTES, NOTES, PEERS, REQUIRES, WORKLOADS
 from raydl.bench.report import format_table, peer_versions, summarize, write_plot
 
 __all__ = ["add_parser", "main"]
@@ -194,7 +196,8 @@ def main(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     summary = summarize(peers, runs)
-    notes = [NOTES[p] for p in peers if p in NOTES] + list(skipped.values())
+    notes_of = {**NOTES, **BUCKET_NOTES} if args.workload == "buckets" else NOTES
+    notes = [notes_of[p] for p in peers if p in notes_of] + list(skipped.values())
     notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
     if len(files) < 8 * args.batch_size:
         # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.

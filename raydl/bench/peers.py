@@ -29,7 +29,7 @@ from raydl.bench._transform import (
     train_transform,
 )
 
-__all__ = ["NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
+__all__ = ["BUCKET_NOTES", "NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
 
 
 def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
@@ -322,4 +322,19 @@ NOTES: dict[str, str] = {
             "pool of cpus threads; flip and normalize in numpy.",
     "floor": "floor: the entropy-decoding floor of the train crops: raydl's region decoder at DCT scale 1/8 "
              "(IFAST) on raydl's own boxes, into an 8x8 slot, bytes in memory; no batch.",
+}
+
+# The same for the "buckets" workload, where it differs.
+BUCKET_NOTES: dict[str, str] = {
+    "raydl": "raydl: read_images().decode().aspect_buckets(512, multiple=32, min_ratio=0.5, max_ratio=2.0): "
+             "bucket-pure uint8 NHWC batches (a bucket's last batch is shorter).",
+    "torch": "torch: DataLoader(shuffle=True, num_workers=cpus), PIL full decode, centred crop to the nearest "
+             "bucket's ratio + bilinear resize; each batch is split by bucket.",
+    "datago": "datago: its own crop_and_resize image config (default_image_size 512, downsampling_ratio 32, "
+              "aspect ratios 0.5-2.0: the same bucket set), Lanczos3 resize in Rust; samples grouped into "
+              "bucket-pure batches in Python; shuffle is datago's random_sampling (unseeded).",
+    "spdl": "spdl: spdl.io.load_image (FFmpeg) with a crop to the bucket's ratio + scale(bilinear) filter per "
+            "sample on a thread pool of cpus threads; each batch split by bucket.",
+    "ceiling": "ceiling: libjpeg-turbo (simplejpeg) full decode alone of bytes already in memory, one thread "
+               "per CPU; no crop, no resize, no batch.",
 }

@@ -6,7 +6,7 @@ from importlib import metadata
 
 __all__ = ["format_table", "peer_versions", "summarize", "write_plot"]
 
-_FIGURES = ("images_per_s", "first_batch_s", "peak_pss_mib", "cpu_s_per_image")
+_FIGURES = ("images_per_s", "first_batch_s", "peak_pss_mib", "cpu_s_per_image", "steady_cpu_s_per_image")
 
 
 def summarize(peers: list[str], runs: list[dict]) -> list[dict]:
@@ -35,16 +35,18 @@ def _cell(value, fmt: str) -> str:
 
 
 def format_table(summary: list[dict], *, header: str) -> str:
-    cols = ("peer", "images/s", "x raydl", "first batch s", "peak PSS MiB", "CPU ms/img", "ok")
+    cols = ("peer", "images/s", "x raydl", "first batch s", "peak PSS MiB", "CPU ms/img", "steady CPU ms/img", "ok")
     lines = [header, ""]
     body = []
     for row in summary:
         first = None if row["peer"] == "ceiling" else row["first_batch_s"]  # no loader to build
         cpu = row["cpu_s_per_image"]
+        steady = row.get("steady_cpu_s_per_image")
         body.append((
             row["peer"], _cell(row["images_per_s"], ".1f"), _cell(row["ratio_to_raydl"], ".2f"),
             _cell(first, ".2f"), _cell(row["peak_pss_mib"], ".0f"),
             _cell(None if cpu is None else 1000 * cpu, ".2f"),
+            _cell(None if steady is None else 1000 * steady, ".2f"),
             f"{row['rounds_ok']}/{row['rounds']}",
         ))
     widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]

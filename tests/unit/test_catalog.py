@@ -47,7 +47,7 @@ def test_keys_labels_and_sizes(tree):
     assert labels == [0, 1, 1, 2, 2]
     assert sizes == [4, 2, 3, 1, 5]
     assert len(ds) == len(ds.catalog) == 5
-    assert ds.catalog.table.column_names == ["shard", "offset", "length", "row", "label", "key"]
+    assert ds.catalog.table.column_names == ["shard", "offset", "length", "row", "label", "key", "width", "height"]
     assert ds.catalog.table.column("shard").to_pylist() == [0, 1, 2, 3, 4]  # one object per image
     assert set(ds.catalog.table.column("offset").to_pylist()) == {0}
 
@@ -146,7 +146,7 @@ def test_etags_enter_the_fingerprint_but_not_the_shuffle_seed(tree):
     args = dict(root=cat.root, storage=cat.storage, source=cat.source,
                 shard=range(n), offset=[0] * n, length=cat.table.column("length").to_pylist(),
                 label=cat.table.column("label").to_pylist(), key=cat.table.column("key").to_pylist(),
-                classes=cat.classes)
+                classes=cat.classes, extra={c: cat.table.column(c).combine_chunks() for c in ("width", "height")})
     infos = [ObjectInfo(u, s) for u, s in zip(cat.shards.column("uri").to_pylist(), cat.shards.column("size").to_pylist())]
     same = make_catalog(shards=infos, **args)
     tagged = make_catalog(shards=[dataclasses.replace(o, etag=f"e{i}") for i, o in enumerate(infos)], **args)
