@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Sink", "Source", "make_state"]
+__all__ = ["ColdFetcher", "Sink", "Source", "make_state"]
 
 _PAGE = 4096
 
@@ -101,11 +101,11 @@ class Sink:
 
         return ray.get_runtime_context().get_node_id()
 
-    def fetch(self, ref, transport: str, timeout: float) -> dict[str, Any]:
+    def fetch(self, ref, transport: str, timeout: float, link_gbps: float | None = None) -> dict[str, Any]:
         from raydl import checkpoint
 
         t0 = time.perf_counter()
-        state = checkpoint.fetch(ref, transport=transport, timeout=timeout)
+        state = checkpoint.fetch(ref, transport=transport, timeout=timeout, link_gbps=link_gbps)
         seconds = time.perf_counter() - t0
         out = {"seconds": seconds, "bytes": ref.size, "transport": state.transport, "peer": state.peer,
                "fetch_seconds": state.seconds, "tensors": len(state)}
@@ -119,5 +119,41 @@ class Sink:
         arr = ray.get(wrapped[0], timeout=timeout)
         seconds = time.perf_counter() - t0
         out = {"seconds": seconds, "bytes": int(arr.nbytes)}
+        del arr
+        return out
+
+
+class ColdFetcher:
+    """A fresh process on the fetching node, as a trainer is: torch imported at start and, when
+    `prepare`, checkpoint.prepare() called there (in the background). Its first fetch is the cold one."""
+
+    def __init__(self, prepare: bool) -> None:
+        import torch
+
+        torch.zeros(1)
+        from raydl import checkpoint
+
+        if prepare:
+            checkpoint.prepare()
+
+    def ready(self) -> bool:
+        return True
+
+    def fetch(self, ref, transport: str, timeout: float, link_gbps: float | None = None) -> dict[str, Any]:
+        from raydl import checkpoint
+
+        t0 = time.perf_counter()
+        state = checkpoint.fetch(ref, transport=transport, timeout=timeout, link_gbps=link_gbps)
+        seconds = time.perf_counter() - t0
+        out = {"seconds": seconds, "bytes": ref.size, "transport": state.transport, "phases": dict(state.phases)}
+        del state
+        return out
+
+    def get(self, wrapped: list, timeout: float) -> dict[str, Any]:
+        import ray
+
+        t0 = time.perf_counter()
+        arr = ray.get(wrapped[0], timeout=timeout)
+        out = {"seconds": time.perf_counter() - t0, "bytes": int(arr.nbytes)}
         del arr
         return out

@@ -86,6 +86,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="libfabric provider, e.g. 'tcp;ofi_rxm' or sockets (default: raydl's choice)")
     p.add_argument("--chunk-size", type=parse_size, default=4 << 20, help="checkpoint chunk (default: 4MiB)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per step before it counts as failed")
+    p.add_argument("--cold", action="store_true",
+                   help="time first fetches in fresh processes, phase by phase, against a warm fetch and ray.get")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="cap every fabric link (fetch and each broadcast hop) at this many Gbit/s: a simulated "
+                        "network, so that links and not the shared CPU bound the figures")
     p.add_argument("--json", help="write every round, the medians and the targets here")
     p.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     p.add_argument("-v", "--verbose", action="store_true", help="show the Ray workers' logs")
@@ -210,7 +215,8 @@ class _Bench:
 
         ref = ray.get(self.source.publish.remote(kind, (transport,), self.args.chunk_size), timeout=self.timeout)
         try:
-            out = ray.get(self.sink.fetch.remote(ref, transport, min(self.timeout, 60.0)), timeout=self.timeout)
+            out = ray.get(self.sink.fetch.remote(ref, transport, min(self.timeout, 60.0), self.args.link_gbps),
+                          timeout=self.timeout)
         finally:
             ray.get(self.source.unpublish.remote(ref.key), timeout=self.timeout)
             del ref  # the last handle on an object-store copy
@@ -253,12 +259,12 @@ class _Bench:
             warm = ray.get(self.source.publish.remote("warm", ("fabric",), self.args.chunk_size),
                            timeout=self.timeout)
             keys.append(warm.key)
-            checkpoint.broadcast(warm, peers, timeout=self.timeout)
+            checkpoint.broadcast(warm, peers, timeout=self.timeout, link_gbps=self.args.link_gbps)
             ref = ray.get(self.source.publish.remote("full", ("fabric",), self.args.chunk_size),
                           timeout=self.timeout)
             keys.append(ref.key)
             t0 = time.perf_counter()
-            results = checkpoint.broadcast(ref, peers, timeout=self.timeout)
+            results = checkpoint.broadcast(ref, peers, timeout=self.timeout, link_gbps=self.args.link_gbps)
             seconds = time.perf_counter() - t0
             return {"seconds": seconds, "bytes": ref.size, "peers": n,
                     "slowest_peer_seconds": max(r["seconds"] for r in results),
@@ -319,6 +325,9 @@ def main(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.rounds < 1 or args.timeout <= 0 or args.chunk_size <= 0:
         _log("error: --nodes, --rounds, --timeout and --chunk-size must be positive")
         return 2
+    if args.link_gbps is not None and args.link_gbps <= 0:
+        _log("error: --link-gbps must be positive")
+        return 2
     if args.size % 4 or args.size < 64 << 10:
         _log(f"error: --size must be a multiple of 4 bytes and at least 64KiB, got {args.size}")
         return 2
@@ -359,6 +368,8 @@ def main(args: argparse.Namespace) -> int:
         bench = _Bench(args, provider)
         _log(f"cluster and actors up in {time.perf_counter() - t0:.0f} s "
              f"(object store {_human(bench.object_store)} per node)")
+        if args.cold:
+            return _main_cold(args, bench, provider)
         _warm_up(bench)
         for i in range(1, args.rounds + 1):
             steps = [("raydl_fabric", bench.fetch, ("fabric",)),
@@ -418,6 +429,27 @@ def main(args: argparse.Namespace) -> int:
     ok = all(r["rounds_ok"] > 0 for r in summary["methods"]) and all(
         c["rounds_ok"] > 0 for c in summary["broadcast"])
     return 0 if ok else 1
+
+
+def _main_cold(args, bench, provider: str) -> int:
+    from raydl.bench._ckpt_cold import format_cold, run_cold, summarize_cold
+
+    runs = run_cold(bench, args.rounds, _log)
+    try:
+        raw = bench.raw()["seconds"]
+    except Exception as exc:  # noqa: BLE001 - the table says "-"
+        _log(f"pyfi raw read failed: {_error(exc)}")
+        raw = None
+    summary = summarize_cold(runs, raw)
+    link = f", links capped at {args.link_gbps:g} Gbit/s" if args.link_gbps else ""
+    print(format_cold(summary, header=(
+        f"raydl bench checkpoint --cold: {_human(args.size)} checkpoint, {args.nodes} simulated node(s), "
+        f"provider {provider}{link}, median of {args.rounds} round(s)")))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"size": args.size, "provider": provider, "cold": summary,
+                                               "runs": runs, "link_gbps": args.link_gbps}, indent=2) + "\n")
+        _log(f"wrote {args.json}")
+    return 0 if all(k in r for r in runs for k in ("cold", "cold_prepared", "warm", "ray_get")) else 1
 
 
 def _cli(argv: list[str] | None = None) -> int:

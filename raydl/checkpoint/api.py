@@ -41,7 +41,22 @@ class _Process:
     def __init__(self) -> None:
         self.published = HeldCopies()
         self._fabric: FabricClient | None = None
+        self._preparing: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    def start_preparing(self, target) -> threading.Thread:
+        with self._lock:
+            if self._preparing is None:
+                self._preparing = threading.Thread(target=target, name="raydl-checkpoint-prepare", daemon=True)
+                self._preparing.start()
+            return self._preparing
+
+    def wait_prepared(self) -> None:
+        """A fetch started while prepare() runs waits for it instead of doing the same work twice."""
+        with self._lock:
+            thread = self._preparing
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     @property
     def fabric(self) -> FabricClient:
@@ -68,12 +83,27 @@ def _bind(bind: str | None) -> str | None:
     return bind if bind is not None else checkpoint_bind()
 
 
-def prepare() -> None:
-    """Bring this process's fabric stack up now (libfabric's one-time start-up, the provider probe)
-    so that the first fetch does not pay for it. Cheap after the first call; safe without libfabric."""
-    from raydl.native import pyfi
+def prepare(*, wait: bool = False) -> None:
+    """Bring this process's fabric side up ahead of its first fetch: libfabric's start-up (0.3-0.4 s
+    here), the provider probe and the client endpoint. A trainer calls it at start; it runs on a
+    background thread unless wait=True. Idempotent; does nothing without a usable libfabric."""
+    thread = _PROCESS.start_preparing(_prepare_fabric)
+    if wait:
+        thread.join()
 
-    pyfi.available()
+
+def _prepare_fabric() -> None:
+    from raydl.config import checkpoint_bind
+    from raydl.native import pyfi
+    from raydl.native.pyfi._stack import is_loopback, parse_bind
+
+    try:
+        if not pyfi.available():
+            return
+        host, _ = parse_bind(checkpoint_bind())
+        _PROCESS.fabric.prepare(pyfi.choose_provider(), host if is_loopback(host) else None)
+    except Exception as exc:  # noqa: BLE001 - preparing is an optimisation: the fetch will say what fails
+        logger.info("raydl: checkpoint.prepare() could not open the fabric endpoint: %s", exc)
 
 
 def publish(
@@ -184,6 +214,7 @@ def fetch(
         raise ValueError(f"link_gbps must be positive, got {link_gbps}")
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
+    _PROCESS.wait_prepared()
     chosen = choose_transport(ref, transport)
     phases["probe"] = time.perf_counter() - t0
     peer = f"{ref.holder} ({ref.fabric.peer})" if chosen == "fabric" else f"object store ({ref.holder})"

@@ -28,23 +28,60 @@ WATCH_EVERY_S = 1.0   # no completion for this long: ask whether the holder is s
 
 
 class FabricClient:
-    """Connections from this process to the holders it reads from, kept for reuse (up to `max_connections`)."""
+    """This process's fabric client side: one pyfi.Client endpoint per (provider, fabric, host), opened
+    ahead of need by prepare(), and a connection per holder read from (up to `max_connections`) on it."""
 
     def __init__(self, max_connections: int = 16) -> None:
-        self._idle: dict[Any, Any] = {}
+        self._endpoints: dict[Any, Any] = {}   # Client.key -> pyfi.Client
+        self._idle: dict[Any, Any] = {}        # FabricAddress -> Connection
         self._lock = threading.Lock()
         self._max = max_connections
 
-    def connection(self, address) -> _Lease:
-        """A context manager lending a connection to `address`; a failed transfer drops it."""
-        return _Lease(self, address)
+    def prepare(self, provider: str, host: str | None) -> None:
+        """Open the endpoint that connections to servers of `provider` reachable from `host` will use."""
+        from raydl.native import pyfi
 
-    def _take(self, address):
+        client = pyfi.Client(provider, host=host)
+        with self._lock:
+            key = (provider, client.fabric_name, host)
+            if key in self._endpoints and not self._endpoints[key].closed:
+                client.close()
+            else:
+                self._endpoints[key] = client
+
+    def connection(self, address, phases: dict[str, float] | None = None, *, timeout: float = 30.0,
+                   watchdog: Callable[[], None] | None = None) -> _Lease:
+        """A context manager lending a connection to `address`; a failed transfer drops it.
+        A new connection makes its first read now (timeout, watchdog as in pull)."""
+        return _Lease(self, address, phases, timeout, watchdog)
+
+    def _take(self, address, phases: dict[str, float] | None, timeout: float, watchdog):
         from raydl.native import pyfi
 
         with self._lock:
             conn = self._idle.pop(address, None)
-        return conn if conn is not None and not conn.closed else pyfi.connect(address)
+        if conn is not None and not conn.closed:
+            return conn
+        t0 = time.perf_counter()
+        key = pyfi.Client.key_for(address)
+        with self._lock:
+            client = self._endpoints.get(key)
+        if client is None or client.closed:
+            client = pyfi.Client(address.provider, host=key[2], fabric_name=address.fabric)
+            with self._lock:
+                self._endpoints[key] = client
+        t1 = time.perf_counter()
+        conn = client.connect(address)
+        try:  # rxm connects on first use
+            conn.read_into(np.empty(8, np.uint8), 0, min(8, address.size), timeout=timeout, watchdog=watchdog,
+                           watch_every=WATCH_EVERY_S)
+        except BaseException:
+            conn.close()
+            raise
+        if phases is not None:
+            phases["setup"] = phases.get("setup", 0.0) + (t1 - t0)
+            phases["connect"] = phases.get("connect", 0.0) + (time.perf_counter() - t1)
+        return conn
 
     def _give_back(self, address, conn) -> None:
         with self._lock:
@@ -60,16 +97,20 @@ class FabricClient:
     def close(self) -> None:
         with self._lock:
             conns, self._idle = list(self._idle.values()), {}
+            clients, self._endpoints = list(self._endpoints.values()), {}
         for c in conns:
+            c.close()
+        for c in clients:
             c.close()
 
 
 class _Lease:
-    def __init__(self, client: FabricClient, address) -> None:
-        self._client, self._address = client, address
+    def __init__(self, client: FabricClient, address, phases, timeout: float, watchdog) -> None:
+        self._client, self._address, self._phases = client, address, phases
+        self._timeout, self._watchdog = timeout, watchdog
 
     def __enter__(self):
-        self._conn = self._client._take(self._address)
+        self._conn = self._client._take(self._address, self._phases, self._timeout, self._watchdog)
         return self._conn
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -111,7 +152,8 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
     receiving); on_done(n) hears each verified prefix. window_bytes: how much
     is read between progress checks (default 4 x chunk_size x max_inflight).
     link_gbps paces the reads (a simulated link, for benchmarks and tests).
-    phases, when given, gets "connect", "transfer" and "verify" seconds added.
+    phases, when given, gets "setup" and "connect" (a new connection), "transfer" and "verify"
+    (what the overlap did not hide) seconds added.
     """
     n = len(ref.checksums)
     c = ref.chunk_size
@@ -136,8 +178,7 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
     watch = holder_watchdog(ref)
     with ThreadPoolExecutor(1, thread_name_prefix="raydl-digest") as verifier:
         try:
-            t0 = time.perf_counter()
-            with client.connection(ref.fabric) as conn:
+            with client.connection(ref.fabric, phases, timeout=timeout, watchdog=watch) as conn:
                 t1 = time.perf_counter()
                 while done < n:
                     avail = n if upstream_done is None else upstream_done()
@@ -166,7 +207,6 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
             f.result()
         t3 = time.perf_counter()
     if phases is not None:
-        phases["connect"] = phases.get("connect", 0.0) + (t1 - t0)
         phases["transfer"] = phases.get("transfer", 0.0) + (t2 - t1)
         phases["verify"] = phases.get("verify", 0.0) + (t3 - t2)  # what the overlap did not hide
         phases["verify_cpu"] = phases.get("verify_cpu", 0.0) + verify_s[0]

@@ -23,7 +23,7 @@ says why and what to install.
 from __future__ import annotations
 
 from raydl.native.pyfi import _lib, _probe
-from raydl.native.pyfi._client import Connection, Pacer, connect
+from raydl.native.pyfi._client import Client, Connection, Pacer, connect
 from raydl.native.pyfi._lib import version_string
 from raydl.native.pyfi._objects import (AddressVector, CompletionQueue, Domain, Endpoint, Fabric,
                                         MemoryRegion, ProviderInfo, getinfo)
@@ -33,6 +33,7 @@ from raydl.native.pyfi._stack import FabricAddress
 
 __all__ = [
     "AddressVector",
+    "Client",
     "CompletionQueue",
     "Connection",
     "Domain",

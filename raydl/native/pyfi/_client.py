@@ -67,25 +67,29 @@ class Pacer:
 
 
 class Connection(Closeable):
-    """A client endpoint with the server's address in its AV. One operation at a time."""
+    """A server's address in a client endpoint's AV. One operation at a time on the endpoint.
 
-    def __init__(self, address: FabricAddress, *, provider: str | None = None) -> None:
+    Made by connect() (its own endpoint, closed with it) or Client.connect()
+    (the client's shared endpoint: many servers, one endpoint per process)."""
+
+    def __init__(self, address: FabricAddress, *, provider: str | None = None,
+                 client: Client | None = None) -> None:
         if provider is not None and provider != address.provider:
             raise FabricError(f"the address is served over {address.provider}, not {provider}",
                               call="connect", code=errno.EPROTONOSUPPORT, strerror="provider mismatch")
         self.address = address
         self.peer = address.peer
+        self._stack: Stack | None = None
+        self._client = client if client is not None else Client(address.provider, host=_client_host(address),
+                                                                 fabric_name=address.fabric)
+        self._owns_client = client is None
         # Re-entrant: a failed transfer, or a progress callback, may close the
         # connection from inside an operation; other threads wait for it.
-        self._lock = threading.RLock()
-        self._stack: Stack | None = None
-        # A loopback server is only reachable from loopback: bind there too.
-        # Otherwise the provider's default interface, on the server's fabric.
-        host = address.host if is_loopback(address.host) else None
-        self._stack = Stack(address.provider, host=host, service=None, fabric_name=address.fabric,
-                            wait=False)  # the client polls only while its reads are in flight
+        self._lock = self._client.lock
         try:
-            self._fi_addr = self._stack.av.insert(address.raw, peer=self.peer)
+            with self._lock:
+                self._stack = self._client.live_stack(self.peer)
+                self._fi_addr = self._stack.av.insert(address.raw, peer=self.peer)
         except BaseException:
             self.close()
             raise
@@ -135,15 +139,15 @@ class Connection(Closeable):
                 span.release()
 
     def close(self) -> None:
-        """Close the endpoint and its stack (idempotent; waits for an operation in progress)."""
+        """Forget the server; an own endpoint is closed with it (idempotent; waits for an operation)."""
         with self._lock:
-            stack, self._stack = self._stack, None
-        if stack is not None:
-            stack.close()
+            self._stack = None
+        if self._owns_client:
+            self._client.close()
 
     @property
     def closed(self) -> bool:
-        return self._stack is None
+        return self._stack is None or self._client.closed
 
     def __reduce__(self):
         raise TypeError("a pyfi Connection is bound to this process; send the FabricAddress instead")
@@ -162,7 +166,7 @@ class Connection(Closeable):
                 strerror=os.strerror(errno.EINVAL))
 
     def _live_stack(self) -> Stack:
-        if self._stack is None:
+        if self._stack is None or self._client.closed:
             raise FabricError(f"the connection to {self.peer} is closed", call="connection",
                               code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
         return self._stack
@@ -253,6 +257,7 @@ class Connection(Closeable):
             # Operations may still be in flight into caller memory: close the
             # endpoint (cancelling them) before that memory is deregistered.
             try:
+                self._client.close()
                 self.close()
             except FabricError as exc:
                 logger.warning("pyfi: closing the connection to %s after a failure: %s", self.peer, exc)
@@ -298,6 +303,59 @@ class Connection(Closeable):
                                       timeout, None)
             finally:
                 span.release()
+
+
+def _client_host(address: FabricAddress) -> str | None:
+    # A loopback server is only reachable from loopback: bind there too.
+    # Otherwise the provider's default interface, on the server's fabric.
+    return address.host if is_loopback(address.host) else None
+
+
+class Client(Closeable):
+    """A client endpoint (fabric -> domain -> cq + av -> RDM endpoint) that connects to many servers.
+
+    Opening the stack costs tens of ms (and libfabric's start-up the first
+    time), so a process keeps one per (provider, fabric, host) - see
+    Client.key_for - and opens it before it is needed. One operation at a
+    time: connections share its lock. A failed transfer closes it (that
+    cancels reads still in flight); its connections are then closed too."""
+
+    def __init__(self, provider: str, *, host: str | None = None, fabric_name: str | None = None) -> None:
+        self.provider = provider
+        self.lock = threading.RLock()
+        self._stack: Stack | None = Stack(provider, host=host, service=None, fabric_name=fabric_name,
+                                          wait=False)  # polled only while reads are in flight
+        self.fabric_name = self._stack.fabric_name
+
+    @staticmethod
+    def key_for(address: FabricAddress) -> tuple[str, str, str | None]:
+        """Addresses with the same key can share one Client: (provider, fabric, host), as
+        (client.provider, client.fabric_name, the host it was opened with)."""
+        return address.provider, address.fabric, _client_host(address)
+
+    def connect(self, address: FabricAddress) -> Connection:
+        if not isinstance(address, FabricAddress):
+            raise TypeError(f"connect() takes a FabricAddress (Server.address), got {type(address).__name__}")
+        return Connection(address, client=self)
+
+    def live_stack(self, peer: str) -> Stack:
+        if self._stack is None:
+            raise FabricError(f"the client endpoint for {peer} is closed", call="connection",
+                              code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
+        return self._stack
+
+    def close(self) -> None:
+        with self.lock:
+            stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._stack is None
+
+    def __reduce__(self):
+        raise TypeError("a pyfi Client is bound to this process")
 
 
 def connect(address: FabricAddress, *, provider: str | None = None) -> Connection:
