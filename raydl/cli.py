@@ -12,7 +12,10 @@ def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="load a generated image folder with two ranks on a local Ray")
     p.add_argument("--images", type=int, default=512, help="images to generate (default 512)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--config", default=None, help="loader settings from a YAML file (e.g. configs/demo.yaml)")
+    p.add_argument("--config", default=None, help="loader settings: the `loader:` section of a YAML config "
+                   "(e.g. configs/local-demo.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. --set loader.batch_size=32 (repeatable)")
     p.add_argument("--dir", default=None, help="where to write the images (default: a temporary folder)")
     p.set_defaults(func=lambda args: __import__("raydl.demo", fromlist=["main"]).main(args))
 

@@ -1,4 +1,17 @@
-"""Loader configuration: frozen dataclasses validated on construction.
+"""Configuration: frozen dataclasses validated on construction, and the YAML files that fill them.
+
+`LoaderConfig` is what `Dataset.loader(...)` builds; a YAML file under
+configs/ fills it and the other sections of a run (see docs/configs.md):
+
+    source:   where the samples are  -> raydl.read_images / read_webdataset / read_parquet
+    pipeline: the Dataset stage methods, in order (decode, random_resized_crop, ...)
+    loader:   LoaderConfig fields
+    val:      optional validation data: its own source, pipeline and loader fields
+    job:      the training job of examples/train.py (workers, epochs, state_dir, ...)
+    bench:    `raydl bench cluster` settings
+
+`load_config(path, overrides=["loader.batch_size=128"])` reads one; an unknown
+key anywhere is a ValueError naming the key and the file.
 
 This is the only module that reads raydl's environment variables (pyfi, the
 libfabric bindings, keeps its own two in raydl/native/pyfi/_env.py so that it
@@ -6,12 +19,29 @@ stays importable alone).
 """
 from __future__ import annotations
 
+import inspect
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any, ClassVar
 
 __all__ = [
-    "LoaderConfig", "S3Options", "checkpoint_bind", "is_positive_int", "load_loader_config", "native_disabled",
+    "BenchConfig",
+    "Config",
+    "ImagesSource",
+    "JobConfig",
+    "LoaderConfig",
+    "S3Options",
+    "PipelineConfig",
+    "StageSpec",
+    "ValConfig",
+    "checkpoint_bind",
+    "is_positive_int",
+    "load_config",
+    "load_loader_config",
+    "native_disabled",
     "positive_int",
+    "ray_address",
 ]
 
 _ON_ERROR = ("skip", "replace", "raise")
@@ -20,6 +50,11 @@ _ON_ERROR = ("skip", "replace", "raise")
 def native_disabled() -> bool:
     """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
     return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
+
+
+def ray_address() -> str | None:
+    """RAY_ADDRESS: set by `ray job submit` for the job's driver (and by users pointing at a cluster)."""
+    return os.environ.get("RAY_ADDRESS") or None
 
 
 def checkpoint_bind() -> str | None:
@@ -117,16 +152,349 @@ class S3Options:
             raise ValueError(f"timeout_s must be a positive number, got {self.timeout_s!r}")
 
 
-def load_loader_config(path: str, **overrides: object) -> LoaderConfig:
-    """A LoaderConfig from a YAML file of its fields; keyword overrides win. Unknown keys are an error."""
+# -- the YAML config files --------------------------------------------------------------------
+@dataclass(frozen=True)
+class ImagesSource:
+    """`source: {kind: images, path: ...}` -> raydl.read_images(path, labels=labels).
+
+    `generate: N` writes N generated demo images (raydl.demo.make_images, seeded
+    by `generate_seed`) into `path` first when it does not exist yet, so a demo
+    config runs anywhere; leave it 0 for real data.
+    """
+
+    kind: ClassVar[str] = "images"
+    path: str
+    labels: str | None = "folder"
+    generate: int = 0
+    generate_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ValueError(f"source.path must be a non-empty string, got {self.path!r}")
+        if isinstance(self.generate, bool) or not isinstance(self.generate, int) or self.generate < 0:
+            raise ValueError(f"source.generate must be an int >= 0, got {self.generate!r}")
+
+    def read(self):
+        """The Dataset of this source (no stages yet)."""
+        import raydl
+
+        if self.generate and not os.path.exists(self.path):
+            _generate_images(self.path, self.generate, self.generate_seed)
+        return raydl.read_images(self.path, labels=self.labels)
+
+
+def _generate_images(path: str, n: int, seed: int) -> None:
+    """Demo images written to a sibling folder and renamed into place, so concurrent readers never see half."""
+    import tempfile
+
+    from raydl.demo import make_images
+
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".raydl-gen-", dir=parent)
+    make_images(tmp, n, seed=seed, corrupt=0)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another process made it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+SOURCES: dict[str, type] = {"images": ImagesSource}
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One `pipeline:` entry: a Dataset stage method and its keyword arguments."""
+
+    method: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def apply(self, ds):
+        return getattr(ds, self.method)(**dict(self.kwargs))
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The `pipeline:` list: Dataset stage methods applied in order."""
+
+    stages: tuple[StageSpec, ...] = ()
+
+    def apply(self, ds):
+        for st in self.stages:
+            ds = st.apply(ds)
+        return ds
+
+
+@dataclass(frozen=True)
+class ValConfig:
+    """`val:`: validation data beside the training data (its loader defaults to the training loader's
+    settings with shuffle off and world_size 1, for one evaluator)."""
+
+    source: Any
+    pipeline: PipelineConfig
+    loader: LoaderConfig
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """`job:`: the training job of examples/train.py."""
+
+    workers: int = 2  # Ray Train workers (ranks); the loader's world_size is set to this
+    cpus_per_worker: float = 0.5  # CPUs each Ray Train worker reserves
+    epochs: int = 2
+    steps_per_epoch: int | None = None  # train at most this many steps per epoch (None: the whole epoch)
+    lr: float = 0.05
+    state_dir: str | None = None  # model + iterator state after every epoch; a resubmitted job resumes from it
+    storage_path: str | None = None  # Ray Train's storage (default: a folder under state_dir or /tmp)
+    evaluate: bool = True  # an evaluation actor fetches each epoch's weights peer to peer and runs `val`
+
+    def __post_init__(self) -> None:
+        positive_int("job.workers", self.workers)
+        positive_int("job.epochs", self.epochs)
+        if self.steps_per_epoch is not None:
+            positive_int("job.steps_per_epoch", self.steps_per_epoch)
+        if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker > 0):
+            raise ValueError(f"job.cpus_per_worker must be a number > 0, got {self.cpus_per_worker!r}")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """`bench:`: defaults for `raydl bench cluster` (its command-line flags win)."""
+
+    simulate_nodes: int | None = None  # simulated nodes (ray.cluster_utils.Cluster) instead of --address
+    cpus_per_node: int = 1
+    ranks: int = 4
+    epochs: int = 1
+    checkpoint_mib: int = 64  # state dict broadcast to every node after the run
+    images: int = 512  # images generated when the source folder is missing (source.generate wins)
+
+    def __post_init__(self) -> None:
+        if self.simulate_nodes is not None:
+            positive_int("bench.simulate_nodes", self.simulate_nodes)
+        for name in ("cpus_per_node", "ranks", "epochs", "checkpoint_mib", "images"):
+            positive_int(f"bench.{name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Config:
+    """One YAML config file: what to read, how to transform it, how to load it, and the job around it."""
+
+    source: Any
+    pipeline: PipelineConfig
+    loader: LoaderConfig
+    val: ValConfig | None = None
+    job: JobConfig = field(default_factory=JobConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    path: str | None = None  # the file it was read from
+
+    def dataset(self):
+        """The training Dataset: the source read (listed once) with the pipeline's stages."""
+        return self.pipeline.apply(self.source.read())
+
+    def val_dataset(self):
+        if self.val is None:
+            raise ValueError(f"{self.path or 'config'}: has no `val:` section")
+        return self.val.pipeline.apply(self.val.source.read())
+
+
+_TOP = ("source", "pipeline", "loader", "val", "job", "bench")
+
+
+class _Reader:
+    """Builds dataclasses from the parsed YAML, naming the file and the key on every error."""
+
+    def __init__(self, path: str, overridden: set[str]) -> None:
+        self.path = path
+        self.overridden = overridden
+
+    def where(self, key: str) -> str:
+        return f"{self.path} (--set {key})" if key in self.overridden else self.path
+
+    def mapping(self, value: object, key: str) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError(f"{self.where(key)}: `{key}` must be a mapping, got {type(value).__name__}")
+        return value
+
+    def build(self, cls: type, data: object, key: str, *, skip: Sequence[str] = (), **extra: object):
+        data = {k: v for k, v in self.mapping(data, key).items() if k not in skip}
+        known = [f.name for f in fields(cls) if f.init and f.name not in extra]
+        for k in data:
+            if k not in known:
+                full = f"{key}.{k}"
+                raise ValueError(f"{self.where(full)}: unknown key `{full}`; `{key}` takes {sorted(known)}")
+        missing = [f.name for f in fields(cls) if f.init and f.name not in data and f.name not in extra
+                   and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise ValueError(f"{self.path}: `{key}` needs {', '.join(f'`{key}.{m}`' for m in missing)}")
+        try:
+            return cls(**{k: _frozen(v) for k, v in data.items()}, **extra)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.path}: `{key}`: {exc}") from exc
+
+    def source(self, data: object, key: str):
+        data = self.mapping(data, key)
+        kind = data.get("kind", "images")
+        if kind not in SOURCES:
+            raise ValueError(f"{self.where(key + '.kind')}: unknown source kind {kind!r} in `{key}.kind`; "
+                             f"one of {sorted(SOURCES)}")
+        return self.build(SOURCES[kind], data, key, skip=("kind",))
+
+    def pipeline(self, data: object, key: str) -> PipelineConfig:
+        if data is None:
+            return PipelineConfig()
+        if not isinstance(data, list):
+            raise ValueError(f"{self.where(key)}: `{key}` must be a list of stages, e.g. [decode, "
+                             f"{{random_resized_crop: {{size: 224}}}}]")
+        from raydl.dataset import Dataset
+
+        stages = []
+        for i, item in enumerate(data):
+            if isinstance(item, str):
+                method, kwargs = item, {}
+            elif isinstance(item, dict) and len(item) == 1:
+                method, kwargs = next(iter(item.items()))
+                kwargs = self.mapping(kwargs, f"{key}.{i}")
+            else:
+                raise ValueError(f"{self.path}: `{key}[{i}]` must be a stage name or a one-key mapping "
+                                 f"{{stage: {{arg: value}}}}, got {item!r}")
+            if method not in _stage_methods(Dataset):
+                raise ValueError(f"{self.where(f'{key}.{i}')}: unknown stage `{key}[{i}].{method}`; stages are "
+                                 f"{sorted(_stage_methods(Dataset))}")
+            params = _stage_methods(Dataset)[method]
+            for k in kwargs:
+                if k not in params:
+                    raise ValueError(f"{self.where(f'{key}.{method}.{k}')}: unknown key `{key}[{i}].{method}.{k}`; "
+                                     f"`{method}` takes {sorted(params)}")
+            stages.append(StageSpec(method, tuple((k, _frozen(v)) for k, v in kwargs.items())))
+        return PipelineConfig(tuple(stages))
+
+
+def _stage_methods(cls) -> dict[str, tuple[str, ...]]:
+    """Dataset methods that add a stage (those returning a Dataset), with their argument names."""
+    out = {}
+    for name, fn in vars(cls).items():
+        if name.startswith("_") or not callable(fn) or name in ("loader", "loader_from_config"):
+            continue
+        sig = inspect.signature(fn)
+        if sig.return_annotation not in ("Dataset", cls):
+            continue
+        out[name] = tuple(p for p in sig.parameters if p != "self")
+    return out
+
+
+def _frozen(value: object) -> object:
+    """YAML lists become tuples, so configs stay hashable and immutable."""
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _parse_override(item: str) -> tuple[list[str], object]:
     import yaml
 
-    with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--set takes section.key=value (e.g. loader.batch_size=128), got {item!r}")
+    return key.strip().split("."), yaml.safe_load(raw)
+
+
+def _apply_override(data: dict, parts: list[str], value: object, path: str, item: str) -> None:
+    """Set data[parts[0]][parts[1]]... = value; a pipeline stage is named by its method or its index."""
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):  # a pipeline: `part` names a stage, the next part one of its arguments
+            i = _stage_index(node, part, path, item)
+            if isinstance(node[i], str):
+                node[i] = {node[i]: {}}
+            if not isinstance(node[i], dict) or len(node[i]) != 1:
+                raise ValueError(f"{path}: --set {item}: pipeline stage {part!r} is not a one-key mapping")
+            name = next(iter(node[i]))
+            if node[i][name] is None:
+                node[i][name] = {}
+            node = node[i][name]
+        elif isinstance(node, dict):
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        else:
+            raise ValueError(f"{path}: --set {item}: `{'.'.join(parts[:depth])}` is not a section")
+    if isinstance(node, list):
+        node[_stage_index(node, parts[-1], path, item)] = value
+    elif isinstance(node, dict):
+        node[parts[-1]] = value
+    else:
+        raise ValueError(f"{path}: --set {item}: `{'.'.join(parts[:-1])}` is not a section")
+
+
+def _stage_index(stages: list, part: str, path: str, item: str) -> int:
+    if part.isdigit() and int(part) < len(stages):
+        return int(part)
+    for i, st in enumerate(stages):
+        if st == part or (isinstance(st, dict) and part in st):
+            return i
+    raise ValueError(f"{path}: --set {item}: no pipeline stage `{part}`")
+
+
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
+    """A Config from a YAML file; `overrides` like "loader.batch_size=128" (the CLI's --set) win.
+
+    An unknown key, stage or source kind is a ValueError naming it and the file.
+    """
+    import copy
+
+    import yaml
+
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise ValueError(f"cannot read config {path!r}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of LoaderConfig fields, got {type(data).__name__}")
-    known = {f.name for f in fields(LoaderConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown loader settings {unknown}; known: {sorted(known)}")
-    return LoaderConfig(**{**data, **overrides})
+        raise ValueError(f"{path}: expected a mapping with sections {list(_TOP)}, got {type(data).__name__}")
+    data = copy.deepcopy(data)
+    overridden = set()
+    for item in overrides:
+        parts, value = _parse_override(item)
+        _apply_override(data, parts, value, path, item)
+        overridden.add(".".join(parts))
+    r = _Reader(path, overridden)
+    for key in data:
+        if key not in _TOP:
+            raise ValueError(f"{r.where(key)}: unknown key `{key}`; sections are {list(_TOP)}")
+    if "source" not in data:
+        raise ValueError(f"{path}: needs a `source:` section (e.g. {{kind: images, path: /data/train}})")
+    if "loader" not in data:
+        raise ValueError(f"{path}: needs a `loader:` section (at least `batch_size`)")
+    job = r.build(JobConfig, data.get("job"), "job")
+    loader_data = dict(r.mapping(data["loader"], "loader"))
+    if "world_size" not in loader_data and "job" in data:
+        loader_data["world_size"] = job.workers  # one rank per training worker unless the file says otherwise
+    loader = r.build(LoaderConfig, loader_data, "loader")
+    val = None
+    if data.get("val") is not None:
+        v = r.mapping(data["val"], "val")
+        for k in v:
+            if k not in ("source", "pipeline", "loader"):
+                raise ValueError(f"{r.where('val.' + k)}: unknown key `val.{k}`; `val` takes "
+                                 f"['loader', 'pipeline', 'source']")
+        if "source" not in v:
+            raise ValueError(f"{path}: `val` needs a `val.source`")
+        val_loader = {**{f.name: getattr(loader, f.name) for f in fields(LoaderConfig)},
+                      "shuffle": False, "world_size": 1, **r.mapping(v.get("loader"), "val.loader")}
+        val = ValConfig(r.source(v["source"], "val.source"), r.pipeline(v.get("pipeline"), "val.pipeline"),
+                        r.build(LoaderConfig, val_loader, "val.loader"))
+    return Config(source=r.source(data["source"], "source"), pipeline=r.pipeline(data.get("pipeline"), "pipeline"),
+                  loader=loader, val=val, job=job, bench=r.build(BenchConfig, data.get("bench"), "bench"),
+                  path=path)
+
+
+def load_loader_config(path: str | os.PathLike, **overrides: object) -> LoaderConfig:
+    """The LoaderConfig of a config file (its `loader:` section); keyword overrides win."""
+    return replace(load_config(path).loader, **overrides)

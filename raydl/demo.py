@@ -59,7 +59,7 @@ def main(args) -> int:
     import ray
 
     import raydl
-    from raydl.config import LoaderConfig, load_loader_config
+    from raydl.config import LoaderConfig, load_config
 
     tmp = None
     root = args.dir
@@ -77,7 +77,7 @@ def main(args) -> int:
         ds = raydl.read_images(root).decode().random_resized_crop(224).random_hflip().normalize("imagenet")
         print(ds)
         if args.config:
-            config = load_loader_config(args.config)
+            config = load_config(args.config, args.set).loader
         else:
             config = LoaderConfig(batch_size=args.batch_size, world_size=2, seed=0)
         world_size = config.world_size

@@ -228,6 +228,10 @@ class DataIterator:
     def _epoch_batches(self, depth: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
         c = self._config
         plan = self._plan()
+        if self._next >= plan.batches_per_rank:  # the last call took the epoch's last batch, then stopped
+            self._epoch, self._next, self._start = self._epoch + 1, 0, 0
+            self._stats.epoch = self._epoch
+            plan = self._plan()
         order = self._order()
         nb = plan.batches_per_rank
         if self._next == 0 and self._rank == 0:
