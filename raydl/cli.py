@@ -23,9 +23,10 @@ def _add_demo(sub) -> None:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name in ("loader", "checkpoint"):
+    for name, module_name in (("loader", "loader"), ("checkpoint", "checkpoint"), ("cluster", "cluster"),
+                              ("control-plane", "control_plane")):
         try:
-            module = importlib.import_module(f"raydl.bench.{name}")
+            module = importlib.import_module(f"raydl.bench.{module_name}")
         except ImportError as exc:  # an optional peer or plotting package is missing: say so when asked
             why = str(exc)
             bp = bench_sub.add_parser(name, help=f"unavailable: {why}")

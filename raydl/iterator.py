@@ -20,7 +20,7 @@ import ray
 from raydl.actors.loader_worker import BatchResult, BatchTask
 from raydl.config import positive_int
 from raydl.errors import BatchTimeoutError, DataSourceError, LoaderError, SampleDecodeError
-from raydl.plan import BucketBatches, EpochPlan, augmentation_seeds, bucket_batches, epoch_order
+from raydl.plan import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
 from raydl.scheduling import choose_worker, prefetch_depth
 
 if TYPE_CHECKING:
@@ -105,17 +105,18 @@ class DataIterator:
         """Batches per epoch for this rank (the same on every rank)."""
         return self._plan().batches_per_rank
 
-    def _order(self) -> np.ndarray | BucketBatches:
-        """The epoch's global order: sample ids, or the bucket-pure batches."""
+    def _order(self) -> EpochOrder | BucketBatches:
+        """The epoch's global order: sample ids (lazy: only this rank's positions are computed), or the
+        bucket-pure batches."""
         c = self._config
         if self._buckets is None:
-            return epoch_order(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
-                               fingerprint=self._loader.samples_fingerprint)
+            return EpochOrder(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
+                              fingerprint=self._loader.samples_fingerprint)
         return bucket_batches(self._loader.bucket_of, num_buckets=len(self._buckets), batch_size=c.batch_size,
                               seed=c.seed, epoch=self._epoch, shuffle=c.shuffle, drop_last=c.drop_last,
                               fingerprint=self._loader.samples_fingerprint)
 
-    def _task(self, order: np.ndarray | BucketBatches, plan: EpochPlan, k: int) -> BatchTask:
+    def _task(self, order: EpochOrder | BucketBatches, plan: EpochPlan, k: int) -> BatchTask:
         bucket = None
         if isinstance(order, BucketBatches):
             j = int(plan.positions(self._rank, k)[0])

@@ -26,6 +26,12 @@ all the batches is shuffled. The ranks deal those batches exactly as they deal
 samples above, with one batch as the unit (EpochPlan with batch_size=1): equal
 counts per rank, padding by wrapping (a pad is a whole batch of one bucket
 again) and the re-deal at another world size carry over unchanged.
+
+The order is a keyed bijection of [0, n) (a Feistel network with cycle
+walking), evaluated only at the positions asked for: a rank computes the ids
+of its own batches in O(batch_size) and never the whole permutation, so the
+plan's cost per batch does not grow with world size or dataset size
+(docs/benchmarks.md, control plane).
 """
 from __future__ import annotations
 
@@ -36,19 +42,65 @@ import numpy as np
 from raydl._splitmix import GAMMA, MASK64, mix64, mix64_array
 from raydl.config import positive_int
 
-__all__ = ["BucketBatches", "EpochPlan", "augmentation_seeds", "bucket_batch_count", "bucket_batches", "epoch_order",
-           "substitute_id"]
+__all__ = ["BucketBatches", "EpochOrder", "EpochPlan", "augmentation_seeds", "bucket_batch_count", "bucket_batches",
+           "epoch_order", "substitute_id"]
 
+
+
+_ROUNDS = 6  # Feistel rounds (even); 4 already make a pseudorandom permutation (Luby-Rackoff)
+
+
+class EpochOrder:
+    """An epoch's global sample order, a pure function of (n, seed, epoch, shuffle, fingerprint).
+
+    `order[positions]` gives the sample ids at those positions (an int64 array),
+    computed for those positions only; `np.asarray(order)` gives the whole order.
+    The permutation is a Feistel network on [0, 2**m), 2**m < 2n, its halves of
+    floor(m/2) and ceil(m/2) bits trading places every round, restricted to
+    [0, n) by cycle walking (a value past n goes through the network again).
+    """
+
+    def __init__(self, num_samples: int, *, seed: int, epoch: int, shuffle: bool, fingerprint: str) -> None:
+        self.num_samples = positive_int("num_samples", num_samples)
+        self.shuffle = shuffle
+        m = max(2, (num_samples - 1).bit_length())
+        self._widths = (m // 2, m - m // 2)  # (left, right) bits; an even number of rounds restores them
+        fp = int(fingerprint[:16], 16) if fingerprint else 0
+        self._keys = [np.uint64(k) for k in np.random.SeedSequence([seed, epoch, fp]).generate_state(_ROUNDS, np.uint64)]
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, positions) -> np.ndarray:
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= self.num_samples):
+            raise IndexError(f"positions must be in [0, {self.num_samples})")
+        if not self.shuffle:
+            return pos.copy()
+        out = self._permute(pos.astype(np.uint64))
+        n = np.uint64(self.num_samples)
+        walk = np.flatnonzero(out >= n)
+        while walk.size:  # cycle walking: each value past n goes round again until it lands in [0, n)
+            out[walk] = self._permute(out[walk])
+            walk = walk[out[walk] >= n]
+        return out.astype(np.int64)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        order = self[np.arange(self.num_samples)]
+        return order if dtype is None else order.astype(dtype)
+
+    def _permute(self, x: np.ndarray) -> np.ndarray:
+        a, b = self._widths
+        left, right = x >> np.uint64(b), x & np.uint64((1 << b) - 1)
+        for key in self._keys:  # (L: a bits, R: b bits) -> (R: b bits, L ^ F(R): a bits)
+            left, right = right, left ^ (mix64_array(right ^ key) & np.uint64((1 << a) - 1))
+            a, b = b, a
+        return (left << np.uint64(b)) | right
 
 
 def epoch_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool, fingerprint: str) -> np.ndarray:
-    """The epoch's global sample order (int64 ids), independent of world size."""
-    positive_int("num_samples", num_samples)
-    if not shuffle:
-        return np.arange(num_samples, dtype=np.int64)
-    fp = int(fingerprint[:16], 16) if fingerprint else 0
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, fp])))
-    return rng.permutation(num_samples).astype(np.int64, copy=False)
+    """The epoch's whole global sample order (int64 ids), independent of world size (see EpochOrder)."""
+    return np.asarray(EpochOrder(num_samples, seed=seed, epoch=epoch, shuffle=shuffle, fingerprint=fingerprint))
 
 
 def _rng(seed: int, epoch: int, fingerprint: str, *stream: int) -> np.random.Generator:
