@@ -250,6 +250,7 @@ class DataIterator:
                     self._submit(task_of(j))
             t0 = time.perf_counter()
             result = self._get(task_of, k, timeout_s)
+            self._loader.sync(result.membership)
             worker = self._pending.pop(k)[1]
             self._stats.local_batches += worker.node_id == self._node
             now = time.perf_counter()

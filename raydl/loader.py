@@ -22,7 +22,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydl.actors.coordinator import REFRESH_S, LoaderCoordinator, WorkerInfo, live_nodes
+from raydl.actors.coordinator import LoaderCoordinator, WorkerInfo, live_nodes
 from raydl.actors.loader_worker import WorkerSpec
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig
@@ -72,7 +72,6 @@ class Loader:
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         ).remote(spec, [ray.put(catalog)], config)
         self._version, self._workers = ray.get(self._coordinator.workers.remote())
-        self._fetched = time.monotonic()
         if not self._workers:
             self.shutdown()
             raise LoaderError(
@@ -92,15 +91,21 @@ class Loader:
         with self._lock:
             if version >= self._version:
                 self._version, self._workers = version, workers
-            self._fetched = time.monotonic()
 
     def workers(self) -> list[WorkerInfo]:
-        """The live workers (cached; refetched from the coordinator every few seconds)."""
+        """The live workers as last fetched from the coordinator (see `sync`)."""
         self._check_open()
-        if time.monotonic() - self._fetched > REFRESH_S:
-            self._update(*self._call("workers"))
         with self._lock:
             return list(self._workers)
+
+    def sync(self, version: int) -> None:
+        """A batch said the coordinator's worker list is at `version`: fetch it when ours is older.
+
+        The only call a rank makes to the coordinator in steady state is none: the
+        version rides on every batch, so the coordinator is asked once per change.
+        """
+        if version > self._version:
+            self._update(*self._call("workers"))
 
     def refresh(self) -> None:
         """Start workers on eligible nodes that lack them (e.g. nodes that just joined) and wait for them."""

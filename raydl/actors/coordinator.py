@@ -3,7 +3,10 @@
 Every copy of a Loader (the driver's, and the handles Ray Train workers
 unpickle) asks this one actor for the current workers and reports dead ones to
 it, so a lost actor is replaced once, not once per rank, and nodes that join
-get their actors once. It is a plain class; `raydl/loader.py` applies
+get their actors once. It stays off the data path: when its worker list
+changes it tells the workers the list's new version, every batch carries that
+version back to its rank, and only a rank holding an older list calls here.
+Its load is one call per rank per change, not a stream that grows with ranks. It is a plain class; `raydl/loader.py` applies
 `ray.remote` and starts it. Workers it starts are owned by it, so they die with
 it.
 """
@@ -81,6 +84,7 @@ class LoaderCoordinator:
                 self._workers.remove(dead)
                 self._lost_nodes.add(dead.node_id)
                 self._version += 1
+                self._announce()
                 t = threading.Thread(target=self._replace, args=(dead,), daemon=True)
                 self._replacing.append(t)
                 t.start()
@@ -155,6 +159,15 @@ class LoaderCoordinator:
                 return
             self._workers.extend(new)
             self._version += 1
+            self._announce()
+
+    def _announce(self) -> None:
+        """Tell every worker the list's version (under the lock); their batches carry it to the ranks."""
+        for w in self._workers:
+            try:
+                w.handle.set_membership.remote(self._version)
+            except Exception:  # noqa: BLE001 - a dead worker is found and replaced through the ranks
+                pass
 
     def _start_missing(self) -> None:
         with self._lock:

@@ -84,12 +84,15 @@ class Replaced:
 @dataclass
 class BatchResult:
     """A finished batch; the samples that could not be decoded (left out of it); the
-    samples whose bytes could not be read (an error unless replaced); the replaced ones."""
+    samples whose bytes could not be read (an error unless replaced); the replaced ones.
+    `membership` is the coordinator's worker-list version as this worker last
+    heard it: a rank that holds an older list asks the coordinator for the new one."""
 
     batch: dict
     skipped: list[Skipped]
     unreadable: list[Skipped]
     replaced: list[Replaced] = field(default_factory=list)
+    membership: int = 0
 
 
 class LoaderWorker:
@@ -108,6 +111,11 @@ class LoaderWorker:
         self._io = IOPool(spec.io_concurrency or catalog.storage.default_io_concurrency)
         self._name = process_name()
         self._local = threading.local()
+        self._membership = 0
+
+    def set_membership(self, version: int) -> None:
+        """The coordinator's worker list changed (a worker joined, died or was replaced)."""
+        self._membership = max(self._membership, version)
 
     def ready(self) -> dict:
         """Where this worker runs; the loader calls it to know the worker is up."""
@@ -180,7 +188,7 @@ class LoaderWorker:
             batch["bucket"] = tuple(task.bucket)
         return BatchResult(batch=batch, skipped=[f for f in bad if not f.unreadable],
                            unreadable=[f for f in bad if f.unreadable],
-                           replaced=sorted(replaced, key=lambda r: r.sample_id))
+                           replaced=sorted(replaced, key=lambda r: r.sample_id), membership=self._membership)
 
     def _shard_infos(self, shard_ids: np.ndarray) -> list[ObjectInfo]:
         rows = self._shards.take(pa.array(shard_ids)).to_pydict()

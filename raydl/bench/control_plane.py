@@ -57,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 # -- stubs: the loader and its workers, minus Ray and data ----------------------------------
 @dataclass(frozen=True)
 class _StubCall:
-    result: object
+    result: dict  # extra BatchResult fields, shared by every stub worker (the membership version)
 
     def remote(self, task):
         from raydl.actors.loader_worker import BatchResult
@@ -96,24 +96,32 @@ def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list
 
     def call(method, *args):
         coordinator_calls.append(method)
-        return loader._version, list(workers)
+        return _MEMBERSHIP.get("membership", 1), list(workers)
 
     loader._call = call
     return loader
+
+
+_MEMBERSHIP: dict = {}  # the stub coordinator's worker-list version, as the stub workers report it
 
 
 def _workers(nodes: int, per_node: int):
     from raydl.actors.coordinator import WorkerInfo
     from raydl.actors.loader_worker import BatchResult
 
-    extra = {"membership": 1} if "membership" in BatchResult.__dataclass_fields__ else {}
-    return [WorkerInfo(_StubHandle(extra), f"node{n:04d}", f"host{n}:{1000 + w}")
+    _MEMBERSHIP.clear()
+    if "membership" in BatchResult.__dataclass_fields__:
+        _MEMBERSHIP["membership"] = 1
+    return [WorkerInfo(_StubHandle(_MEMBERSHIP), f"node{n:04d}", f"host{n}:{1000 + w}")
             for n in range(nodes) for w in range(per_node)]
 
 
 def measure_loop(ranks: int, nodes: int, *, per_node: int, samples: int, batch_size: int, batches: int,
                  seconds_per_batch: float) -> dict:
     """One rank's loop (the last rank: it gets the pad rows) for `batches` batches; coordinator calls counted.
+
+    Half-way the worker list changes once (a node joins): the calls that change
+    costs are counted apart from the steady state's.
 
     `seconds_per_batch` is how long a trainer takes per batch: the loader may refresh
     its worker list on a clock, so calls per batch are reported at that pace.
@@ -126,7 +134,7 @@ def measure_loop(ranks: int, nodes: int, *, per_node: int, samples: int, batch_s
     loader = _dry_loader(config, samples, workers, calls)
     it = _dry_iterator_class()(loader, ranks - 1)
     it._node = workers[-1].node_id  # the rank sits on the last node, beside its workers
-    done, loop_s, plan_s = 0, 0.0, 0.0
+    done, loop_s, plan_s, steady = 0, 0.0, 0.0, 0
     clock = _VirtualClock()
     with clock.patch():
         while done < batches:
@@ -134,6 +142,10 @@ def measure_loop(ranks: int, nodes: int, *, per_node: int, samples: int, batch_s
             for _batch in it.iter_batches():
                 done += 1
                 clock.advance(seconds_per_batch)
+                if done == batches // 2:
+                    steady = len(calls)
+                    if "membership" in _MEMBERSHIP:
+                        _MEMBERSHIP["membership"] += 1
                 if done >= batches:
                     break
             loop_s += time.thread_time() - t0
@@ -147,7 +159,8 @@ def measure_loop(ranks: int, nodes: int, *, per_node: int, samples: int, batch_s
             augmentation_seeds(ids, seed=0, epoch=0)
         plan_s = time.thread_time() - t0
     return {"ranks": ranks, "nodes": nodes, "workers": len(workers), "plan_us": 1e6 * plan_s / batches,
-            "loop_us": 1e6 * loop_s / done, "coordinator_calls_per_batch": len(calls) / done}
+            "loop_us": 1e6 * loop_s / done, "coordinator_calls_per_batch": steady / (batches // 2),
+            "coordinator_calls_per_change": len(calls) - steady - steady * (done - batches // 2) / (batches // 2)}
 
 
 class _VirtualClock:
@@ -274,14 +287,14 @@ def _measure(ranks, nodes, *, per_node, samples, batch_size, batches, step_s, pr
 
 def format_rows(result: dict) -> str:
     head = ("ranks", "nodes", "plan us", "loop us", "Ray call us", "total us", "% of decode", "coord/batch",
-            "coord calls/s")
+            "coord calls/s", "calls/change")
     lines = [f"control plane per batch (n={result['samples']:,}, batch {result['batch_size']}, "
              f"decode {result['decode_ms_per_batch']:.0f} ms/batch on one core)", "  ".join(f"{h:>12}" for h in head)]
     for r in result["rows"]:
         lines.append("  ".join(f"{v:>12}" for v in (
             r["ranks"], r["nodes"], f"{r['plan_us']:.0f}", f"{r['loop_us']:.0f}", f"{r['ray_call_us']:.0f}",
             f"{r['total_us']:.0f}", f"{100 * r['share_of_decode']:.2f}", f"{r['coordinator_calls_per_batch']:.4f}",
-            f"{r['coordinator_calls_per_s']:.1f}")))
+            f"{r['coordinator_calls_per_s']:.1f}", f"{r['coordinator_calls_per_change'] * r['ranks']:.0f}")))
     return "\n".join(lines)
 
 
