@@ -11,7 +11,8 @@ configs/ fills it and the other sections of a run (see docs/configs.md):
     bench:    `raydl bench cluster` settings
 
 `load_config(path, overrides=["loader.batch_size=128"])` reads one; an unknown
-key anywhere is a ValueError naming the key and the file.
+key anywhere is a ValueError naming the key and the file. String values may
+name environment variables: `${DATA_ROOT}`, `${DATA_ROOT:-/data}`.
 
 This is the only module that reads raydl's environment variables (pyfi, the
 libfabric bindings, keeps its own two in raydl/native/pyfi/_env.py so that it
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -393,6 +395,27 @@ def _frozen(value: object) -> object:
     return value
 
 
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(value: object, path: str) -> object:
+    """`${VAR}` and `${VAR:-default}` in string values, from the environment (e.g. a data root per cluster)."""
+    if isinstance(value, dict):
+        return {k: _expand(v, path) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, path) for v in value]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def one(m: re.Match) -> str:
+        got = os.environ.get(m.group(1))
+        if got is None and m.group(2) is None:
+            raise ValueError(f"{path}: ${{{m.group(1)}}} is not set (write ${{{m.group(1)}:-default}} for a default)")
+        return got if got is not None else m.group(2)
+
+    return _ENV.sub(one, value)
+
+
 def _parse_override(item: str) -> tuple[list[str], object]:
     import yaml
 
@@ -458,7 +481,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         raise ValueError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping with sections {list(_TOP)}, got {type(data).__name__}")
-    data = copy.deepcopy(data)
+    data = _expand(copy.deepcopy(data), path)
     overridden = set()
     for item in overrides:
         parts, value = _parse_override(item)

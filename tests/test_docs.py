@@ -14,20 +14,96 @@ from raydl.config import Config, LoaderConfig, load_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_RUN = "# not run by tests:"  # first line of a bash block that cannot run here, then the reason
+RUN_BY_JOB_TEST = "ray job submit"  # README's job block: tests/ray/test_job.py runs it against its own head
+
+
+def _blocks(path: Path, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", path.read_text(), flags=re.S)
+
+
 def _python_blocks(path: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+    return _blocks(path, "python")
 
 
-@pytest.mark.timeout(300)
-def test_readme_python_blocks_run():
-    """Every ```python block in README.md runs to completion in a fresh interpreter."""
-    blocks = _python_blocks(ROOT / "README.md")
-    assert blocks, "README.md has no python blocks"
-    env = dict(os.environ, RAYDL_CHECKPOINT_BIND="127.0.0.1:0")  # checkpoint publishers: loopback only
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("doc", [p.relative_to(ROOT).as_posix() for p in DOCS])
+def test_python_blocks_run(doc, tmp_path):
+    """Every ```python block in README.md and docs/*.md runs to completion in a fresh interpreter."""
+    blocks = _python_blocks(ROOT / doc)
+    env = dict(os.environ, RAYDL_CHECKPOINT_BIND="127.0.0.1:0",  # checkpoint publishers: loopback only
+               RAYDL_DEMO_DIR=str(tmp_path / "demo"))
     for code in blocks:
         proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=280,
                               env=env)
-        assert proc.returncode == 0, f"README block failed:\n{code}\n--- stderr ---\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, f"{doc} block failed:\n{code}\n--- stderr ---\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.timeout(30)
+def test_readme_has_python_blocks_and_every_bash_block_runs_somewhere():
+    """README has python blocks; every ```bash block is README's job block (run by tests/ray/test_job.py), runs in
+    test_bash_blocks_run, or says on its first line why no test can run it."""
+    assert _python_blocks(ROOT / "README.md"), "README.md has no python blocks"
+    job_blocks = [b for d in DOCS for b in _blocks(d, "bash") if RUN_BY_JOB_TEST in b]
+    assert len(job_blocks) == 1 and job_blocks[0] in _blocks(ROOT / "README.md", "bash")
+    for doc in DOCS:
+        for block in _blocks(doc, "bash"):
+            if block.startswith(NOT_RUN):
+                assert len(block.splitlines()[0]) > len(NOT_RUN) + 10, f"{doc}: give the reason:\n{block}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("doc", [p.relative_to(ROOT).as_posix() for p in DOCS])
+def test_bash_blocks_run(doc, tmp_path):
+    """Every ```bash block of README.md and docs/*.md that can run here runs, from the repository root."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               RAYDL_CHECKPOINT_BIND="127.0.0.1:0", RAYDL_DEMO_DIR=str(tmp_path / "demo"), TMPDIR=str(tmp_path))
+    for block in _blocks(ROOT / doc, "bash"):
+        if block.startswith(NOT_RUN) or RUN_BY_JOB_TEST in block:
+            continue
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, capture_output=True, text=True,
+                              timeout=580, env=env)
+        assert proc.returncode == 0, f"{doc} block failed:\n{block}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("doc", [p.relative_to(ROOT).as_posix() for p in DOCS])
+def test_yaml_blocks_load(doc, tmp_path):
+    """Every ```yaml block in the docs that is a config (has `source:`) loads; the others parse."""
+    import yaml
+
+    for i, block in enumerate(_blocks(ROOT / doc, "yaml")):
+        data = yaml.safe_load(block)
+        if isinstance(data, dict) and "source" in data:
+            path = tmp_path / f"block{i}.yaml"
+            path.write_text(block)
+            assert isinstance(load_config(path), Config)
+
+
+@pytest.mark.timeout(30)
+def test_kuberay_manifest_runs_the_job_with_a_config_that_loads():
+    """examples/kuberay-rayjob.yaml is a RayJob running examples/train.py with a config that exists and loads with
+    its --set overrides, with token authentication on in every Ray container and the submitter."""
+    import shlex
+
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "examples" / "kuberay-rayjob.yaml").read_text())
+    assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayJob")
+    argv = shlex.split(doc["spec"]["entrypoint"])
+    assert argv[:2] == ["python", "examples/train.py"]
+    config = argv[argv.index("--config") + 1]
+    sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    assert (ROOT / config).is_file(), f"the manifest names {config}, which does not exist"
+    assert isinstance(load_config(ROOT / config, sets), Config)
+    spec = doc["spec"]["rayClusterSpec"]
+    pods = [spec["headGroupSpec"]["template"], *(g["template"] for g in spec["workerGroupSpecs"]),
+            doc["spec"]["submitterPodTemplate"]]
+    for pod in pods:
+        for c in pod["spec"]["containers"]:
+            env = {e["name"]: e for e in c["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token" and "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"]
 
 
 def _example_args(name: str, tmp: Path) -> list[str]:

@@ -260,7 +260,8 @@ def _broadcast(mib: int) -> dict:
     for p in peers:
         ray.kill(p)
     return {"mib": mib, "peers": len(peers), "seconds": seconds,
-            "transports": [g.get("transport", "?") if isinstance(g, dict) else "?" for g in got]}
+            "transports": [g.get("transport") or ("fabric" if g.get("ref") is not None else "object_store")
+                           for g in got]}
 
 
 def _settings(args):

@@ -12,7 +12,8 @@ cost at that world size; coordinator calls are summed over all ranks.
 Alongside, in the same run:
 
 * Ray's own cost of one batch call (`actor.run_batch.remote(task)` and the
-  `ray.get` of a small result) on a real actor on this node;
+  `ray.get` of a small result) on a real actor on this node: the CPU time of
+  the calling process (its round trip is latency, hidden by prefetching);
 Coordinator calls per second assume each rank takes `--step-s` per batch.
 
 * a batch's decode time: raydl's "train" sample program on a generated
@@ -199,8 +200,10 @@ class _VirtualClock:
         return patched()
 
 
-def measure_ray_call(batch_size: int, calls: int = 200) -> float:
-    """Seconds per `run_batch.remote(task)` + `ray.get` on a real actor that returns a tiny result at once."""
+def measure_ray_call(batch_size: int, calls: int = 200) -> tuple[float, float]:
+    """(CPU seconds the calling process spends, wall seconds) per `run_batch.remote(task)` + `ray.get` of a tiny
+    result, on a real actor. The CPU time (all the caller's threads) is the cost a rank pays; the wall time
+    is latency, which prefetching hides, and which a loaded machine inflates."""
     import ray
 
     from raydl.actors.loader_worker import BatchTask
@@ -213,13 +216,14 @@ def measure_ray_call(batch_size: int, calls: int = 200) -> float:
     actor = Echo.remote()
     ids = np.arange(batch_size, dtype=np.int64)
     task = BatchTask(rank=0, epoch=0, index=0, ids=ids, seeds=ids.astype(np.uint64))
-    ray.get(actor.run_batch.remote(task))
-    t0 = time.perf_counter()
+    for _ in range(10):
+        ray.get(actor.run_batch.remote(task))
+    c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(calls):
         ray.get(actor.run_batch.remote(task))
-    seconds = (time.perf_counter() - t0) / calls
+    cpu, wall = (time.process_time() - c0) / calls, (time.perf_counter() - t0) / calls
     ray.kill(actor)
-    return seconds
+    return cpu, wall
 
 
 def measure_decode(batch_size: int, images: int = 20) -> float:
@@ -265,7 +269,7 @@ def measure(ranks: list[int], nodes: list[int], *, per_node: int = 1, samples: i
 
 
 def _measure(ranks, nodes, *, per_node, samples, batch_size, batches, step_s, progress) -> dict:
-    ray_call = measure_ray_call(batch_size)
+    ray_call, ray_wall = measure_ray_call(batch_size)
     decode = measure_decode(batch_size)
     rows = []
     grid = [(r, n) for r in ranks for n in nodes]
@@ -281,15 +285,17 @@ def _measure(ranks, nodes, *, per_node, samples, batch_size, batches, step_s, pr
         if progress:
             progress(i + 1, len(grid))
     return {"samples": samples, "batch_size": batch_size, "batches": batches, "step_s": step_s,
-            "ray_call_us": 1e6 * ray_call,
+            "ray_call_us": 1e6 * ray_call, "ray_round_trip_us": 1e6 * ray_wall,
             "decode_ms_per_batch": 1e3 * decode, "rows": rows}
 
 
 def format_rows(result: dict) -> str:
-    head = ("ranks", "nodes", "plan us", "loop us", "Ray call us", "total us", "% of decode", "coord/batch",
+    head = ("ranks", "nodes", "plan us", "loop us", "Ray CPU us", "total us", "% of decode", "coord/batch",
             "coord calls/s", "calls/change")
     lines = [f"control plane per batch (n={result['samples']:,}, batch {result['batch_size']}, "
-             f"decode {result['decode_ms_per_batch']:.0f} ms/batch on one core)", "  ".join(f"{h:>12}" for h in head)]
+             f"decode {result['decode_ms_per_batch']:.0f} ms/batch on one core; a Ray call costs the caller "
+             f"{result['ray_call_us']:.0f} us of CPU, {result['ray_round_trip_us']:.0f} us round trip)",
+             "  ".join(f"{h:>12}" for h in head)]
     for r in result["rows"]:
         lines.append("  ".join(f"{v:>12}" for v in (
             r["ranks"], r["nodes"], f"{r['plan_us']:.0f}", f"{r['loop_us']:.0f}", f"{r['ray_call_us']:.0f}",
