@@ -45,8 +45,6 @@ from raydl.config import positive_int
 __all__ = ["BucketBatches", "EpochOrder", "EpochPlan", "augmentation_seeds", "bucket_batch_count", "bucket_batches",
            "epoch_order", "substitute_id"]
 
-
-
 _ROUNDS = 6  # Feistel rounds (even); 4 already make a pseudorandom permutation (Luby-Rackoff)
 
 

@@ -91,6 +91,8 @@ def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list
 
     loader = Loader.__new__(Loader)
     loader.config, loader.num_samples, loader.fingerprint = config, num_samples, "0" * 32
+    loader.samples_fingerprint = "0" * 32
+    loader.buckets, loader.bucket_of, loader.unlisted, loader.plan_units = None, None, (), num_samples  # no buckets
     loader._lock, loader._closed, loader._owner = threading.Lock(), False, False
     loader.batch_bytes, loader.object_store_budget = 1, 1 << 40
     loader._version, loader._workers, loader._fetched = 1, list(workers), time.monotonic()
