@@ -33,10 +33,12 @@ __all__ = [
     "ImagesSource",
     "JobConfig",
     "LoaderConfig",
+    "ParquetSource",
     "S3Options",
     "PipelineConfig",
     "StageSpec",
     "ValConfig",
+    "WebDatasetSource",
     "checkpoint_bind",
     "is_positive_int",
     "load_config",
@@ -169,6 +171,7 @@ class ImagesSource:
     labels: str | None = "folder"
     generate: int = 0
     generate_seed: int = 0
+    s3: S3Options | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -180,9 +183,44 @@ class ImagesSource:
         """The Dataset of this source (no stages yet)."""
         import raydl
 
-        if self.generate and not os.path.exists(self.path):
+        if self.generate and "://" not in self.path and not os.path.exists(self.path):
             _generate_images(self.path, self.generate, self.generate_seed)
-        return raydl.read_images(self.path, labels=self.labels)
+        return raydl.read_images(self.path, labels=self.labels, s3=self.s3)
+
+
+@dataclass(frozen=True)
+class WebDatasetSource:
+    """`source: {kind: webdataset, urls: ...}` -> raydl.read_webdataset(urls, ...): tar shards, local or s3://."""
+
+    kind: ClassVar[str] = "webdataset"
+    urls: str | tuple[str, ...]
+    image_fields: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
+    label_field: str | None = "cls"
+    s3: S3Options | None = None
+
+    def read(self):
+        import raydl
+
+        urls = self.urls if isinstance(self.urls, str) else list(self.urls)
+        return raydl.read_webdataset(urls, s3=self.s3, image_fields=tuple(self.image_fields),
+                                     label_field=self.label_field)
+
+
+@dataclass(frozen=True)
+class ParquetSource:
+    """`source: {kind: parquet, paths: ..., image_column: ...}` -> raydl.read_parquet(...), local or s3://."""
+
+    kind: ClassVar[str] = "parquet"
+    paths: str | tuple[str, ...]
+    image_column: str
+    label_column: str | None = None
+    s3: S3Options | None = None
+
+    def read(self):
+        import raydl
+
+        paths = self.paths if isinstance(self.paths, str) else list(self.paths)
+        return raydl.read_parquet(paths, image_column=self.image_column, label_column=self.label_column, s3=self.s3)
 
 
 def _generate_images(path: str, n: int, seed: int) -> None:
@@ -203,7 +241,7 @@ def _generate_images(path: str, n: int, seed: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-SOURCES: dict[str, type] = {"images": ImagesSource}
+SOURCES: dict[str, type] = {"images": ImagesSource, "parquet": ParquetSource, "webdataset": WebDatasetSource}
 
 
 @dataclass(frozen=True)
@@ -343,7 +381,8 @@ class _Reader:
         if kind not in SOURCES:
             raise ValueError(f"{self.where(key + '.kind')}: unknown source kind {kind!r} in `{key}.kind`; "
                              f"one of {sorted(SOURCES)}")
-        return self.build(SOURCES[kind], data, key, skip=("kind",))
+        s3 = self.build(S3Options, data["s3"], f"{key}.s3") if data.get("s3") is not None else None
+        return self.build(SOURCES[kind], data, key, skip=("kind", "s3"), **({"s3": s3} if s3 else {}))
 
     def pipeline(self, data: object, key: str) -> PipelineConfig:
         if data is None:
