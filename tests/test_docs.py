@@ -140,6 +140,8 @@ def test_configs_load(config):
     ("loader: {batch_size: 8}\npipeline: [decode, blur]", "blur"),
     ("loader: {batch_size: 8}\njob: {workers: 2, epoch: 3}", "job.epoch"),
     ("loader: {batch_size: 8}\nval: {source: {path: /x, lables: folder}}", "val.source.lables"),
+    ("loader: {batch_size: 8}\nval: {source: {kind: webdataset, urls: s3://b/x.tar, s3: {endpoint: x}}}",
+     "val.source.s3.endpoint"),
 ])
 def test_config_rejects_unknown_keys(tmp_path, bad, named):
     """A YAML key that is not a field (or a stage, or a section) is an error naming the key and the file."""
@@ -148,6 +150,24 @@ def test_config_rejects_unknown_keys(tmp_path, bad, named):
     with pytest.raises(ValueError, match=re.escape(named)) as err:
         load_config(path)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.timeout(30)
+def test_config_sources_map_to_the_read_functions(tmp_path):
+    """source.kind picks read_images / read_webdataset / read_parquet; `s3:` becomes a raydl.S3Options."""
+    from raydl.config import ParquetSource, S3Options, WebDatasetSource
+
+    path = tmp_path / "c.yaml"
+    path.write_text("source: {kind: parquet, paths: [s3://b/t.parquet], image_column: jpg, s3: {region: eu-west-1}}\n"
+                    "loader: {batch_size: 8}\n")
+    cfg = load_config(path)
+    assert cfg.source == ParquetSource(paths=("s3://b/t.parquet",), image_column="jpg",
+                                       s3=S3Options(region="eu-west-1"))
+    wds = load_config(ROOT / "configs" / "webdataset-s3.yaml").source
+    assert isinstance(wds, WebDatasetSource) and wds.s3.max_concurrency == 64
+    with pytest.raises(ValueError, match="source.image_column"):
+        path.write_text("source: {kind: parquet, paths: x.parquet}\nloader: {batch_size: 8}\n")
+        load_config(path)
 
 
 @pytest.mark.timeout(30)
