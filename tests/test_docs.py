@@ -58,7 +58,7 @@ def test_readme_has_python_blocks_and_every_bash_block_runs_somewhere():
 def test_bash_blocks_run(doc, tmp_path):
     """Every ```bash block of README.md and docs/*.md that can run here runs, from the repository root."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               RAYDL_CHECKPOINT_BIND="127.0.0.1:0", RAYDL_DEMO_DIR=str(tmp_path / "demo"), TMPDIR=str(tmp_path))
+               RAYDL_CHECKPOINT_BIND="127.0.0.1:0", RAYDL_DEMO_DIR=str(tmp_path / "demo"))
     for block in _blocks(ROOT / doc, "bash"):
         if block.startswith(NOT_RUN) or RUN_BY_JOB_TEST in block:
             continue
