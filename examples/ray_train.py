@@ -48,7 +48,9 @@ def train_loop_per_worker(config: dict) -> None:
 
 def run(root: str, *, workers: int = 2, epochs: int = 2, storage: str | None = None) -> list[dict]:
     """Train on the images under root with `workers` Ray Train workers; returns each rank's epoch summaries."""
-    storage = storage or tempfile.mkdtemp(prefix="raydl-train-")
+    if storage is None:  # Ray Train's run folder and the reports, removed afterwards
+        with tempfile.TemporaryDirectory(prefix="raydl-train-") as tmp:
+            return run(root, workers=workers, epochs=epochs, storage=tmp)
     report_dir = os.path.join(storage, "raydl-reports")
     os.makedirs(report_dir, exist_ok=True)
     ds = raydl.read_images(root).decode().random_resized_crop(64).random_hflip().normalize("imagenet")

@@ -1,4 +1,5 @@
-"""The `raydl` command: `raydl demo`, `raydl bench loader`, `raydl bench checkpoint`, `raydl fabric-info`."""
+"""The `raydl` command: `raydl demo`, `raydl make-images`, `raydl bench loader`, `raydl bench checkpoint`,
+`raydl fabric-info`."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,12 @@ def _add_demo(sub) -> None:
                    help="override one config value, e.g. --set loader.batch_size=32 (repeatable)")
     p.add_argument("--dir", default=None, help="where to write the images (default: a temporary folder)")
     p.set_defaults(func=lambda args: __import__("raydl.demo", fromlist=["main"]).main(args))
+
+
+def _add_make_images(sub) -> None:
+    from raydl.bench import make_images
+
+    make_images.add_parser(sub)
 
 
 def _add_bench(sub) -> None:
@@ -45,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raydl", description="Ray-distributed data loader for training")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
+    _add_make_images(sub)
     _add_bench(sub)
     _add_fabric_info(sub)
     args = parser.parse_args(argv)

@@ -100,7 +100,7 @@ class LoaderConfig:
     on_error: str = "skip"
     num_workers: int = 1
     threads_per_worker: int | None = None
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float = 0.0
     node_resource: str | None = None
     prefetch_batches: int = 2
     object_store_budget: int | None = None

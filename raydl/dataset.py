@@ -185,7 +185,7 @@ class Dataset:
         on_error: str = "skip",
         num_workers: int = 1,
         threads_per_worker: int | None = None,
-        cpus_per_worker: float = 1.0,
+        cpus_per_worker: float = 0.0,
         node_resource: str | None = None,
         prefetch_batches: int = 2,
         object_store_budget: int | None = None,
@@ -199,10 +199,14 @@ class Dataset:
         every run), so batches keep batch_size rows; "raise" stops the epoch
         with SampleDecodeError naming the file. Only decode errors (and, under
         "replace", unreadable files) are covered: any other failure is a LoaderError.
-        num_workers actors start on every alive node that has cpus_per_worker
-        CPUs (and the custom resource `node_resource`, when given), and on nodes
-        that join later; each decodes on `threads_per_worker` threads (default:
-        the CPUs it may run on). Each rank keeps at most prefetch_batches batch
+        num_workers actors start on every alive node with CPUs (and the custom
+        resource `node_resource`, when given), and on nodes that join later.
+        By default (cpus_per_worker=0) a worker reserves no CPU in Ray's
+        accounting, so loaders never block training actors or each other, and
+        decodes on one thread per CPU of its node; cpus_per_worker=x reserves x
+        CPUs and decodes on ceil(x) threads, waiting up to 10 s for room, else
+        LoaderError naming what holds the CPUs. threads_per_worker overrides
+        the thread count. Each rank keeps at most prefetch_batches batch
         tasks in flight, fewer when the loader's batches would not fit
         `object_store_budget` bytes (default: a quarter of the smallest node's
         object store). Each actor fetches bytes on `io_concurrency` IO threads,

@@ -104,7 +104,8 @@ def main(args) -> int:
         print(f"{'all':>4}  {sum(s.batches for s in stats):>7}  {total:>7}  "
               f"{sum(s.samples_skipped for s in stats):>7}  {min(s.time_to_first_batch_s for s in stats):>9.2f} s  "
               f"{total / wall:>8.1f}")
-        print(f"\nraydl demo: one epoch of {len(ds)} files on {world_size} ranks in {wall:.2f} s; "
+        ranks = f"{world_size} rank" + ("" if world_size == 1 else "s")
+        print(f"\nraydl demo: one epoch of {len(ds)} files on {ranks} in {wall:.2f} s; "
               f"kernels: {raydl.native.kernel_status()}")
         return 0
     finally:

@@ -12,7 +12,9 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import ray
@@ -90,7 +92,7 @@ class DataIterator:
         self._epoch = 0
         self._next = 0  # next batch index of the current epoch
         self._start = 0  # position in the epoch order where this epoch's plan starts (elastic resume)
-        self._pending: dict[int, tuple[ray.ObjectRef, WorkerInfo, int]] = {}  # k -> (ref, worker, attempt)
+        self._pending: dict[int, tuple[ray.ObjectRef | Future, WorkerInfo, int]] = {}  # k -> (ref, worker, attempt)
         self._node = ray.get_runtime_context().get_node_id()
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
@@ -130,36 +132,43 @@ class DataIterator:
     def _submit(self, task: BatchTask, attempt: int = 0) -> None:
         workers = self._loader.workers()
         if not workers:
-            raise LoaderError(f"rank {self._rank}: the loader has no live actors")
+            local = self._loader.bootstrap()
+            if local is not None:  # no worker is up yet: this process makes the batch
+                self._pending[task.index] = (local.submit(task), local.info, attempt)
+                return
+            workers = self._loader.wait_for_workers()
         inflight: dict[str, int] = {}
         for _ref, pw, _a in self._pending.values():
             inflight[pw.name] = inflight.get(pw.name, 0) + 1
         w = workers[choose_worker([(x.name, x.node_id) for x in workers], inflight, self._node)]
         self._pending[task.index] = (w.handle.run_batch.remote(task), w, attempt)
 
+    def _failed(self, k: int, worker: WorkerInfo, cause: BaseException, exc: BaseException) -> NoReturn:
+        """The worker raised while making batch k: not a sample it could skip. Name the rank and batch."""
+        where = f"rank {self._rank}: batch {k} of epoch {self._epoch}"
+        if isinstance(cause, SampleDecodeError):  # replace ran out of substitutes
+            raise SampleDecodeError(f"{where}: {cause}", uri=cause.uri, sample_id=cause.sample_id) from exc
+        if isinstance(cause, LoaderError):  # already names the sample and the worker
+            raise LoaderError(f"{where}: {cause}") from exc
+        raise LoaderError(f"{where} failed on actor {worker.name}: {type(cause).__name__}: {cause}") from exc
+
     def _get(self, task_of, k: int, timeout_s: float | None) -> BatchResult:
         """Wait for batch k; re-run it on another actor when its actor died."""
         while True:
             ref, worker, attempt = self._pending[k]
+            if isinstance(ref, Future):  # made in this process while the workers start
+                try:
+                    return ref.result(timeout=timeout_s)
+                except FutureTimeoutError as exc:
+                    raise self._timeout(k, timeout_s, worker) from exc
+                except Exception as exc:  # noqa: BLE001 - named by _failed
+                    self._failed(k, worker, exc, exc)
             try:
                 return ray.get(ref, timeout=timeout_s)
             except ray.exceptions.GetTimeoutError as exc:
-                raise BatchTimeoutError(
-                    f"rank {self._rank}: batch {k} of epoch {self._epoch} did not arrive within {timeout_s} s "
-                    f"(actor {worker.name}); call iter_batches() again to keep waiting",
-                    rank=self._rank, batch_index=k,
-                ) from exc
+                raise self._timeout(k, timeout_s, worker) from exc
             except ray.exceptions.RayTaskError as exc:  # the worker raised: not a sample it could skip
-                where = f"rank {self._rank}: batch {k} of epoch {self._epoch}"
-                if isinstance(exc.cause, SampleDecodeError):  # replace ran out of substitutes
-                    raise SampleDecodeError(f"{where}: {exc.cause}", uri=exc.cause.uri,
-                                            sample_id=exc.cause.sample_id) from exc
-                if isinstance(exc.cause, LoaderError):  # already names the sample and the worker
-                    raise LoaderError(f"{where}: {exc.cause}") from exc
-                raise LoaderError(
-                    f"rank {self._rank}: batch {k} of epoch {self._epoch} failed on actor {worker.name}: "
-                    f"{type(exc.cause).__name__}: {exc.cause}"
-                ) from exc
+                self._failed(k, worker, exc.cause, exc)
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 if attempt + 1 >= _MAX_ATTEMPTS:
                     raise LoaderError(
@@ -169,6 +178,13 @@ class DataIterator:
                 self._loader.replace_worker(worker)
                 self._stats.retries += 1
                 self._submit(task_of(k), attempt + 1)
+
+    def _timeout(self, k: int, timeout_s: float | None, worker: WorkerInfo) -> BatchTimeoutError:
+        return BatchTimeoutError(
+            f"rank {self._rank}: batch {k} of epoch {self._epoch} did not arrive within {timeout_s} s "
+            f"(actor {worker.name}); call iter_batches() again to keep waiting",
+            rank=self._rank, batch_index=k,
+        )
 
     def _account(self, result: BatchResult, k: int) -> None:
         if result.unreadable:
@@ -220,7 +236,8 @@ class DataIterator:
             raise ValueError(f"batch_format must be 'numpy', got {batch_format!r}")
         depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
         positive_int("prefetch_batches", depth)
-        if timeout_s is not None and timeout_s <= 0:
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or timeout_s <= 0):
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         depth = prefetch_depth(depth, batch_bytes=self._loader.batch_bytes,
                                budget_bytes=self._loader.object_store_budget, world_size=self._config.world_size)

@@ -1,11 +1,21 @@
-"""Loader: starts the loader's coordinator, and hands out per-rank iterators.
+"""Loader: starts the loader's workers and coordinator, and hands out per-rank iterators.
 
 The catalog goes into the object store once and every worker maps it. The
-workers (the plain `LoaderWorker` class) are started, pinned to nodes,
-replaced and shut down by one coordinator actor per loader
-(`raydl/actors/coordinator.py`): `num_workers` per eligible node (one with
-enough CPUs, and the `node_resource` label when one is given), also on nodes
-that join; a dead worker is replaced once, on the live node with the fewest.
+workers (the plain `LoaderWorker` class), `num_workers` per eligible node (one
+with CPUs, room for `cpus_per_worker`, and the `node_resource` label when one is
+given), are started here at the same time as the coordinator actor
+(`raydl/actors/coordinator.py`), which then owns them: it starts workers on
+nodes that join and replaces a dead one once, on the live node with the
+fewest. The constructor does not wait for them: until the first is up, the
+Loader that started them makes the first batches in its own process (the same
+code, the same pixels) when its node is one the workers may use, so the first
+batch does not wait for Ray to start worker processes.
+
+Resources: by default a worker reserves no CPU in Ray's accounting
+(cpus_per_worker=0), like the coordinator, so loaders never block training
+actors or each other; it decodes on one thread per CPU of its node. With
+cpus_per_worker=x > 0 it reserves x CPUs and decodes on ceil(x) threads, and the
+loader waits up to ROOM_WAIT_S for room before failing with who holds the CPUs.
 
 A Loader pickles into a handle (for Ray Train workers): the copy asks the same
 coordinator for workers, and only the original's shutdown() kills them.
@@ -16,14 +26,25 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydl.actors.coordinator import LoaderCoordinator, WorkerInfo, live_nodes
-from raydl.actors.loader_worker import WorkerSpec
+from raydl import scheduling
+from raydl.actors.coordinator import (
+    READY_TIMEOUT_S,
+    LoaderCoordinator,
+    WorkerInfo,
+    free_cpus,
+    launch_workers,
+    live_nodes,
+    no_room_message,
+)
+from raydl._process import process_name
+from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig
 from raydl.errors import LoaderError, SampleDecodeError
@@ -39,6 +60,7 @@ __all__ = ["Loader"]
 
 _DEFAULT_BUDGET_FRACTION = 0.25
 _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
+ROOM_WAIT_S = 10.0  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
 
 
 class Loader:
@@ -59,25 +81,35 @@ class Loader:
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True
+        self._events_seen = 0
+        self._version = 0
+        self._workers: list[WorkerInfo] = []
         if not ray.is_initialized():
-            ray.init(logging_level=logging.WARNING, log_to_driver=False)
+            ray.init(logging_level=logging.WARNING)  # actors' logs reach the driver (Ray's default)
+        nodes = live_nodes()
         self.batch_bytes = config.batch_size * program.dtype.itemsize * max(math.prod(s) for s in shapes)
-        self.object_store_budget = config.object_store_budget or _default_budget()
+        self.object_store_budget = config.object_store_budget or _default_budget(nodes)
+        placement = _initial_placement(config, nodes)
         spec = WorkerSpec(program=program, threads=config.threads_per_worker, on_error=config.on_error,
                           io_concurrency=config.io_concurrency)
+        catalog_ref = ray.put(catalog)
+        self._catalog_bytes = catalog.table.nbytes + catalog.shards.nbytes
+        cpus = {n.node_id: n.cpus for n in nodes}
+        started = [(h, node) for node, k in placement.items()
+                   for h in launch_workers(spec, catalog_ref, config, node, k, node_cpus=cpus[node], soft=False)]
         here = ray.get_runtime_context().get_node_id()
         self._coordinator = ray.remote(LoaderCoordinator).options(
             num_cpus=0, max_concurrency=16, max_restarts=0,
             # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-        ).remote(spec, [ray.put(catalog)], config)
-        self._version, self._workers = ray.get(self._coordinator.workers.remote())
-        if not self._workers:
-            self.shutdown()
-            raise LoaderError(
-                f"no node could host a loader worker (cpus_per_worker={config.cpus_per_worker}, "
-                f"node_resource={config.node_resource!r}); nodes: {[(n.node_id[:8], n.cpus) for n in live_nodes()]}"
-            )
+        ).remote(spec, [catalog_ref], config, started)
+        # No waiting here: until a worker is up, the first batches are made in this process.
+        self._starting = {h.ready.remote(): h for h, _node in started}
+        self._started_at = time.monotonic()
+        threads = scheduling.decode_threads(config.threads_per_worker, cpus_per_worker=config.cpus_per_worker,
+                                            node_cpus=cpus.get(here, 1.0))
+        # Only where the user lets the loader decode: this node hosts workers too (label, room).
+        self._bootstrap = _Bootstrap(spec, catalog, threads, here) if here in placement else None
 
     # -- workers (through the coordinator) ------------------------------------------------
     def _call(self, method: str, *args):
@@ -87,14 +119,39 @@ class Loader:
         except ray.exceptions.RayActorError as exc:
             raise LoaderError(f"the loader's coordinator is gone ({exc}); was the loader shut down?") from exc
 
-    def _update(self, version: int, workers: list[WorkerInfo]) -> None:
+    def _collect_started(self, ready: list) -> None:
+        """Add the workers this Loader started that are up now (until the coordinator's list takes over)."""
+        for ref in ready:
+            handle = self._starting.pop(ref)
+            try:
+                info = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                continue  # the coordinator says why, in its warnings
+            with self._lock:
+                if self._version == 0:
+                    self._workers.append(WorkerInfo(handle, info["node_id"], info["name"]))
+
+    def _update(self, version: int, workers: list[WorkerInfo], events: list[tuple[int, str]]) -> None:
         with self._lock:
-            if version >= self._version:
+            # Version 0: the coordinator has not taken over the workers started here yet.
+            if version > 0 and version >= self._version:
                 self._version, self._workers = version, workers
+                self._starting.clear()
+                if self._bootstrap is not None:  # the coordinator has every worker that came up
+                    self._bootstrap.close()
+                    self._bootstrap = None
+            new = [(seq, msg) for seq, msg in events if seq > self._events_seen]
+            if new:
+                self._events_seen = new[-1][0]
+        for _seq, msg in new:  # the coordinator's warnings, in this (the driver's or a rank's) process
+            logger.warning("%s", msg)
 
     def workers(self) -> list[WorkerInfo]:
         """The live workers as last fetched from the coordinator (see `sync`)."""
         self._check_open()
+        if self._starting and self._version == 0:
+            ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+            self._collect_started(ready)
         with self._lock:
             return list(self._workers)
 
@@ -102,10 +159,49 @@ class Loader:
         """A batch said the coordinator's worker list is at `version`: fetch it when ours is older.
 
         The only call a rank makes to the coordinator in steady state is none: the
-        version rides on every batch, so the coordinator is asked once per change.
+        version rides on every batch, so the coordinator is asked once per change
+        (and its warnings come with the list).
         """
         if version > self._version:
             self._update(*self._call("workers"))
+
+    def bootstrap(self) -> _Bootstrap | None:
+        """While none of the workers it started is up yet: the runner that makes batches in this
+        process (the Loader that started the workers only, within READY_TIMEOUT_S of starting them)."""
+        with self._lock:
+            if (self._workers or self._bootstrap is None
+                    or time.monotonic() - self._started_at > READY_TIMEOUT_S):
+                return None
+            return self._bootstrap
+
+    def wait_for_workers(self, timeout_s: float = _NO_WORKERS_WAIT_S) -> list[WorkerInfo]:
+        """The live workers, waiting up to `timeout_s` for one to come up; LoaderError when none does."""
+        deadline = time.monotonic() + timeout_s
+        workers = self.workers()
+        while not workers and time.monotonic() < deadline:
+            time.sleep(0.1)
+            self._update(*self._call("workers"))
+            workers = self.workers()
+        if not workers:
+            raise LoaderError(f"no loader worker is up {timeout_s:.0f} s after asking; see the warnings above "
+                              "(a worker that could not start, or a node that is gone)")
+        return workers
+
+    def memory(self) -> dict:
+        """Where this loader's memory goes, in bytes: each worker's reused batch arrays (one per
+        concurrent batch call), the object store's share (at most prefetch depth + 1 batches per
+        rank in flight or in use), and the catalog (one copy in the object store, mapped by all)."""
+        workers = self.workers()
+        per_worker = ray.get([w.handle.memory.remote() for w in workers], timeout=30) if workers else []
+        depth = scheduling.prefetch_depth(self.config.prefetch_batches, batch_bytes=self.batch_bytes,
+                                          budget_bytes=self.object_store_budget, world_size=self.config.world_size)
+        return {
+            "batch_bytes": self.batch_bytes,
+            "worker_batch_arrays": [m["batch_arrays"] for m in per_worker],
+            "worker_batch_array_count": [m["batch_arrays_count"] for m in per_worker],
+            "object_store_batches_max": (depth + 1) * self.batch_bytes * self.config.world_size,
+            "catalog": self._catalog_bytes,
+        }
 
     def refresh(self) -> None:
         """Start workers on eligible nodes that lack them (e.g. nodes that just joined) and wait for them."""
@@ -114,6 +210,8 @@ class Loader:
     def replace_worker(self, dead: WorkerInfo) -> list[WorkerInfo]:
         """Report a dead worker (the coordinator replaces it once); returns the workers to use now."""
         self._update(*self._call("report_dead", dead.name))
+        with self._lock:  # also when the coordinator has not taken over the workers started here yet
+            self._workers = [w for w in self._workers if w.name != dead.name]
         deadline = time.monotonic() + _NO_WORKERS_WAIT_S
         while not self._workers and time.monotonic() < deadline:  # the last one died: wait for its replacement
             time.sleep(0.2)
@@ -148,6 +246,9 @@ class Loader:
                 return
             self._closed = True
             self._workers = []
+            if self._bootstrap is not None:
+                self._bootstrap.close()
+                self._bootstrap = None
         if not self._owner:
             return
         try:
@@ -176,6 +277,8 @@ class Loader:
         state = self.__dict__.copy()
         del state["_lock"]
         state["_owner"] = False
+        state["_starting"] = {}
+        state["_bootstrap"] = None  # only the Loader that started the workers makes batches itself
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -219,11 +322,68 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
     return buckets, bucket_of, unlisted, units
 
 
-def _default_budget() -> int:
+class _Bootstrap:
+    """Makes batches in the Loader's own process while its workers start (one batch at a time, in order)."""
+
+    def __init__(self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str) -> None:
+        self._spec, self._catalog, self._threads = spec, catalog, threads
+        self._worker: LoaderWorker | None = None
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
+        self.info = WorkerInfo(None, node_id, f"{process_name()} (this process, while the workers start)")
+
+    def submit(self, task) -> Future:
+        return self._exec.submit(self._run, task)
+
+    def _run(self, task):
+        if self._worker is None:
+            # Fresh arrays per batch: the caller gets them as they are, with no copy into the object store.
+            self._worker = LoaderWorker(self._spec, self._catalog, self._threads, reuse_buffers=False)
+        result = self._worker.run_batch(task)
+        for value in result.batch.values():  # read-only, like the object store's batches
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        return result
+
+    def close(self) -> None:
+        self._exec.shutdown(wait=False)  # batches already asked for still finish
+
+
+def _default_budget(nodes: list[scheduling.NodeInfo]) -> int:
     """A quarter of the smallest node's object store: batches never crowd out the training job's objects."""
-    stores = [n["Resources"].get("object_store_memory", 0) for n in ray.nodes() if n["Alive"]]
+    stores = [n.resources.get("object_store_memory", 0) for n in nodes]
     stores = [s for s in stores if s > 0]
     return int(_DEFAULT_BUDGET_FRACTION * min(stores)) if stores else 1 << 30
+
+
+def _initial_placement(config: LoaderConfig, nodes: list[scheduling.NodeInfo]) -> dict[str, int]:
+    """Workers to start on each eligible node now; with a CPU reservation, only where it fits,
+    waiting up to ROOM_WAIT_S for room. No room anywhere is a LoaderError saying who holds the CPUs."""
+    eligible = scheduling.eligible_nodes(nodes, cpus_per_worker=config.cpus_per_worker,
+                                         node_resource=config.node_resource)
+    if not eligible:
+        raise LoaderError(
+            f"no node can host a loader worker: none has {config.cpus_per_worker:g} CPUs in all"
+            + (f" and the resource {config.node_resource!r}" if config.node_resource else "")
+            + f"; nodes (id, CPUs): {[(n.node_id[:8], n.cpus) for n in nodes]}"
+        )
+    want = scheduling.placement_deficit(eligible, {}, config.num_workers)
+    if config.cpus_per_worker <= 0:
+        return want
+    start = time.monotonic()
+    while True:
+        free = free_cpus()
+        if free is None:  # cannot tell: let Ray's scheduler wait for room
+            return want
+        fits = scheduling.fit_to_room(want, free, config.cpus_per_worker)
+        if fits == want or (fits and time.monotonic() - start > 1.0):
+            if fits != want:
+                logger.warning("raydl: room for %d of %d loader workers now (cpus_per_worker=%g); the "
+                               "coordinator starts the rest when CPUs free up", sum(fits.values()),
+                               sum(want.values()), config.cpus_per_worker)
+            return fits
+        if time.monotonic() - start > ROOM_WAIT_S:
+            raise LoaderError(no_room_message(config, nodes, free, time.monotonic() - start))
+        time.sleep(0.2)
 
 
 def _actor_alive(handle) -> bool:

@@ -3,10 +3,11 @@ batch, how deep a rank may prefetch. The loader and iterator carry them out.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["NodeInfo", "choose_worker", "placement_deficit", "prefetch_depth"]
+__all__ = ["NodeInfo", "choose_worker", "decode_threads", "fit_to_room", "placement_deficit", "prefetch_depth"]
 
 # A rank keeps sending to its own node's actors until each has this many of the
 # rank's batches in flight; past that it spills to the least loaded actor anywhere.
@@ -29,6 +30,28 @@ def eligible_nodes(nodes: Sequence[NodeInfo], *, cpus_per_worker: float, node_re
         if n.cpus <= 0 or n.cpus < cpus_per_worker:
             continue
         out.append(n.node_id)
+    return out
+
+
+def decode_threads(threads_per_worker: int | None, *, cpus_per_worker: float, node_cpus: float) -> int:
+    """Decode threads of one worker: as asked; else as many as it reserves (rounded up);
+    else, reserving none (the default), one per CPU Ray counts on its node."""
+    if threads_per_worker:
+        return threads_per_worker
+    if cpus_per_worker > 0:
+        return max(1, math.ceil(cpus_per_worker))
+    return max(1, int(node_cpus))
+
+
+def fit_to_room(deficit: Mapping[str, int], free_cpus: Mapping[str, float], cpus_per_worker: float) -> dict[str, int]:
+    """The part of `deficit` that fits the CPUs free on each node now (all of it when workers reserve none)."""
+    if cpus_per_worker <= 0:
+        return dict(deficit)
+    out = {}
+    for node, want in deficit.items():
+        fits = min(want, int(free_cpus.get(node, 0.0) / cpus_per_worker + 1e-9))
+        if fits > 0:
+            out[node] = fits
     return out
 
 

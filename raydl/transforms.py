@@ -58,6 +58,17 @@ def _size2(name: str, size: int | tuple[int, int]) -> tuple[int, int]:
     return hw  # type: ignore[return-value]
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _number_pair(name: str, value: object) -> tuple[float, float]:
+    """(lo, hi) as floats from a pair of real numbers; anything else is a ValueError naming `name`."""
+    if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_number(v) for v in value)):
+        raise ValueError(f"{name} must be a pair of numbers (min, max), got {value!r}")
+    return float(value[0]), float(value[1])
+
+
 class Stage:
     """Base of all stages: frozen dataclasses whose repr reads like the call that made them."""
 
@@ -86,6 +97,8 @@ class RandomResizedCrop(Stage):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _size2("size", self.size))
+        object.__setattr__(self, "scale", _number_pair("scale", self.scale))
+        object.__setattr__(self, "ratio", _number_pair("ratio", self.ratio))
         if not (0 < self.scale[0] <= self.scale[1] <= 1):
             raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {self.scale!r}")
         if not (0 < self.ratio[0] <= self.ratio[1]):
@@ -122,7 +135,7 @@ class RandomHFlip(Stage):
     p: float = 0.5
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.p <= 1.0:
+        if not (_is_number(self.p) and 0.0 <= self.p <= 1.0):
             raise ValueError(f"p must be in [0, 1], got {self.p!r}")
 
 
@@ -151,6 +164,9 @@ class Normalize(Stage):
             return cls(m, s, preset=mean)
         if std is None:
             raise ValueError("std is required when mean is given as numbers")
+        for name, values in (("mean", mean), ("std", std)):
+            if not (isinstance(values, (tuple, list)) and all(_is_number(v) for v in values)):
+                raise ValueError(f"{name} must be 3 numbers (one per RGB channel), got {values!r}")
         return cls(tuple(float(v) for v in mean), tuple(float(v) for v in std))  # type: ignore[arg-type]
 
 

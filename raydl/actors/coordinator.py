@@ -5,16 +5,22 @@ unpickle) asks this one actor for the current workers and reports dead ones to
 it, so a lost actor is replaced once, not once per rank, and nodes that join
 get their actors once. It stays off the data path: when its worker list
 changes it tells the workers the list's new version, every batch carries that
-version back to its rank, and only a rank holding an older list calls here.
-Its load is one call per rank per change, not a stream that grows with ranks. It is a plain class; `raydl/loader.py` applies
-`ray.remote` and starts it. Workers it starts are owned by it, so they die with
-it.
+version back to its rank, and only a rank holding an older list calls here
+(one call per rank per change). It is a plain class; `raydl/loader.py` applies
+`ray.remote` and starts it. The first workers are started by the Loader itself,
+at the same time as this actor, and handed to it; later ones it starts itself.
+
+What it has to say (a worker died and is replaced, a node is gone, a worker did
+not start) it logs here and also keeps as numbered events that every Loader
+copy fetches with the workers and logs in its own process, so the warnings
+reach the driver even when Ray does not forward actor logs (log_to_driver=False).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import ray
@@ -26,10 +32,11 @@ from raydl.config import LoaderConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LoaderCoordinator", "WorkerInfo"]
+__all__ = ["LoaderCoordinator", "WorkerInfo", "launch_workers", "live_nodes", "no_room_message"]
 
 READY_TIMEOUT_S = 60.0
 REFRESH_S = 5.0  # how often the coordinator looks for joined nodes
+MAX_EVENTS = 100  # the newest warnings kept for Loader copies to fetch
 # Concurrent batch calls per worker: enough for the next batch's samples to queue
 # on the decode pool while the current one finishes, so threads never idle.
 WORKER_CONCURRENCY = 4
@@ -49,10 +56,68 @@ def live_nodes() -> list[scheduling.NodeInfo]:
     ]
 
 
+def free_cpus() -> dict[str, float] | None:
+    """CPUs free now on each node (None when this Ray does not say: then Ray's scheduler has to wait)."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        return {node: res.get("CPU", 0.0) for node, res in available_resources_per_node().items()}
+    except Exception:  # noqa: BLE001 - a private API; without it, placement still works, only less politely
+        return None
+
+
+def launch_workers(spec: WorkerSpec, catalog_ref, config: LoaderConfig, node_id: str, count: int, *,
+                   node_cpus: float, soft: bool) -> list:
+    """Start `count` workers pinned to `node_id` (they come up asynchronously; call `ready` to wait)."""
+    threads = scheduling.decode_threads(config.threads_per_worker, cpus_per_worker=config.cpus_per_worker,
+                                        node_cpus=node_cpus)
+    cls = ray.remote(LoaderWorker).options(
+        num_cpus=config.cpus_per_worker,
+        max_concurrency=WORKER_CONCURRENCY,
+        max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=soft),
+    )
+    return [cls.remote(spec, catalog_ref, threads) for _ in range(count)]
+
+
+def no_room_message(config: LoaderConfig, nodes: list[scheduling.NodeInfo], free: dict[str, float] | None,
+                    waited_s: float) -> str:
+    """Why no worker could start: each node's free and total CPUs, who holds them, and what to change."""
+    cpus = {n.node_id: n.cpus for n in nodes}
+    holders = _actors_by_node(set(cpus))
+    parts = []
+    for node, total in cpus.items():
+        held = ", ".join(f"{name} x{k}" if k > 1 else name for name, k in holders.get(node, Counter()).most_common())
+        avail = "?" if free is None else f"{free.get(node, 0.0):g}"
+        parts.append(f"node {node[:8]}: {avail} of {total:g} CPUs free" + (f", actors there: {held}" if held else ""))
+    return (
+        f"no node has room for a loader worker reserving cpus_per_worker={config.cpus_per_worker:g} CPUs "
+        f"(node_resource={config.node_resource!r}; waited {waited_s:.0f} s for room): {'; '.join(parts)}. "
+        "Pass cpus_per_worker=0 (the default: workers reserve no CPU in Ray's accounting and share the "
+        "cores, see the README's 'Resources'), reserve less or use fewer num_workers, or shut down what holds "
+        "the CPUs (another loader: loader.shutdown())."
+    )
+
+
+def _actors_by_node(nodes: set[str]) -> dict[str, Counter]:
+    """Alive actors' class names on each of `nodes` (best effort: Ray's state API is private here)."""
+    try:
+        from ray._private.state import actors
+
+        out: dict[str, Counter] = {}
+        for a in actors().values():
+            node = (a.get("Address") or {}).get("NodeID")
+            if a.get("State") == "ALIVE" and node in nodes:
+                out.setdefault(node, Counter())[f"{a.get('ActorClassName', '?')}"] += 1
+        return out
+    except Exception:  # noqa: BLE001 - the message is still useful without the holders
+        return {}
+
+
 class LoaderCoordinator:
     """Keeps `num_workers` workers on each eligible node and replaces dead ones (once)."""
 
-    def __init__(self, spec: WorkerSpec, catalog_ref: list, config: LoaderConfig) -> None:
+    def __init__(self, spec: WorkerSpec, catalog_ref: list, config: LoaderConfig, started: list | None = None) -> None:
         self._spec = spec
         self._catalog_ref = catalog_ref[0]  # wrapped in a list so Ray passes the reference, not the catalog
         self._config = config
@@ -61,21 +126,28 @@ class LoaderCoordinator:
         self._dead: set[str] = set()  # names reported dead
         self._lost_nodes: set[str] = set()  # nodes where a worker died; Ray may still list them alive
         self._version = 0
+        self._events: list[tuple[int, str]] = []
+        self._event_seq = 0
         self._replacing: list[threading.Thread] = []
         self._closed = False
-        self._start_missing()
-        self._thread = threading.Thread(target=self._refresh_loop, name="raydl-refresh", daemon=True)
+        self._short: dict[str, int] = {}  # nodes last found without room (warned once per change)
+        # Workers the Loader started with this actor: (handle, node_id). Counted as placed at once,
+        # so that the first refresh does not start more of them.
+        self._starting = list(started or [])
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raydl-refresh", daemon=True)
         self._thread.start()
 
     # -- what iterators call -------------------------------------------------------------
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def workers(self) -> tuple[int, list[WorkerInfo]]:
+    def workers(self) -> tuple[int, list[WorkerInfo], list[tuple[int, str]]]:
+        """(version, live workers, recent warnings as (sequence number, message))."""
         with self._lock:
-            return self._version, list(self._workers)
+            return self._version, list(self._workers), list(self._events)
 
-    def report_dead(self, name: str) -> tuple[int, list[WorkerInfo]]:
+    def report_dead(self, name: str) -> tuple[int, list[WorkerInfo], list[tuple[int, str]]]:
         """Drop the named worker and start its replacement in the background. Idempotent."""
         with self._lock:
             dead = next((w for w in self._workers if w.name == name), None)
@@ -85,13 +157,15 @@ class LoaderCoordinator:
                 self._lost_nodes.add(dead.node_id)
                 self._version += 1
                 self._announce()
+                self._warn(f"raydl: loader worker {dead.name} on node {dead.node_id[:8]} died; replacing it")
                 t = threading.Thread(target=self._replace, args=(dead,), daemon=True)
                 self._replacing.append(t)
                 t.start()
-            return self._version, list(self._workers)
+        return self.workers()
 
-    def refresh_now(self) -> tuple[int, list[WorkerInfo]]:
+    def refresh_now(self) -> tuple[int, list[WorkerInfo], list[tuple[int, str]]]:
         """Wait for replacements under way, start workers on nodes that lack them, and wait for those."""
+        self._started.wait(READY_TIMEOUT_S)
         with self._lock:
             replacing, self._replacing = self._replacing, []
         for t in replacing:
@@ -104,34 +178,55 @@ class LoaderCoordinator:
         with self._lock:
             self._closed = True
             workers, self._workers = self._workers, []
+            starting, self._starting = self._starting, []
             self._version += 1
-        for w in workers:
+        for h in [w.handle for w in workers] + [h for h, _node in starting]:
             try:
-                ray.kill(w.handle, no_restart=True)
+                ray.kill(h, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead is fine
                 pass
         return workers
 
     # -- mechanism -----------------------------------------------------------------------
-    def _eligible(self) -> list[str]:
+    def _warn(self, message: str) -> None:
+        """Log here and keep for the Loader copies to log in their processes. Call with the lock held."""
+        logger.warning("%s", message)
+        self._event_seq += 1
+        self._events = (self._events + [(self._event_seq, message)])[-MAX_EVENTS:]
+        self._version += 1  # so that the ranks fetch the list, and with it this warning
+        self._announce()
+
+    def _run(self) -> None:
+        if self._starting:
+            self._add(self._await([h for h, _node in self._starting]))
+            with self._lock:
+                self._starting = []
+        self._started.set()
+        while not self._closed:
+            try:
+                self._start_missing()
+            except Exception as exc:  # noqa: BLE001 - a failed refresh is retried next period
+                with self._lock:
+                    self._warn(f"raydl: refreshing loader workers failed: {type(exc).__name__}: {exc}")
+            time.sleep(REFRESH_S)
+
+    def _eligible(self) -> list[scheduling.NodeInfo]:
         c = self._config
-        return scheduling.eligible_nodes(live_nodes(), cpus_per_worker=c.cpus_per_worker,
-                                         node_resource=c.node_resource)
+        nodes = live_nodes()
+        ok = set(scheduling.eligible_nodes(nodes, cpus_per_worker=c.cpus_per_worker, node_resource=c.node_resource))
+        return [n for n in nodes if n.node_id in ok]
 
     def _counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for w in self._workers:
             counts[w.node_id] = counts.get(w.node_id, 0) + 1
+        for _h, node in self._starting:
+            counts[node] = counts.get(node, 0) + 1
         return counts
 
-    def _launch(self, node_id: str, count: int, *, soft: bool) -> list:
-        cls = ray.remote(LoaderWorker).options(
-            num_cpus=self._config.cpus_per_worker,
-            max_concurrency=WORKER_CONCURRENCY,
-            max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=soft),
-        )
-        return [cls.remote(self._spec, self._catalog_ref) for _ in range(count)]
+    def _launch(self, node: scheduling.NodeInfo, count: int, *, soft: bool) -> list:
+        return launch_workers(self._spec, self._catalog_ref, self._config, node.node_id, count,
+                              node_cpus=node.cpus, soft=soft)
 
     def _await(self, handles: list) -> list[WorkerInfo]:
         """Workers that came up; ones that died starting are left out, ones still pending killed."""
@@ -140,13 +235,16 @@ class LoaderCoordinator:
         out = []
         for h, ref in zip(handles, refs):
             if ref in pending:
-                logger.warning("raydl: a loader worker did not start within %.0f s", READY_TIMEOUT_S)
+                with self._lock:
+                    self._warn(f"raydl: a loader worker did not start within {READY_TIMEOUT_S:.0f} s; "
+                               "giving up on it (is its node short of CPUs or memory?)")
                 ray.kill(h, no_restart=True)
                 continue
             try:
                 info = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                logger.warning("raydl: a loader worker died while starting: %s", exc)
+                with self._lock:
+                    self._warn(f"raydl: a loader worker died while starting: {exc}")
                 continue
             out.append(WorkerInfo(h, info["node_id"], info["name"]))
         return out
@@ -173,25 +271,40 @@ class LoaderCoordinator:
         with self._lock:
             if self._closed:
                 return
-            eligible = [n for n in self._eligible() if n not in self._lost_nodes]
-            deficit = scheduling.placement_deficit(eligible, self._counts(), self._config.num_workers)
+            eligible = {n.node_id: n for n in self._eligible() if n.node_id not in self._lost_nodes}
+            deficit = scheduling.placement_deficit(list(eligible), self._counts(), self._config.num_workers)
+        if deficit and self._config.cpus_per_worker > 0:
+            free = free_cpus()
+            if free is not None:
+                fits = scheduling.fit_to_room(deficit, free, self._config.cpus_per_worker)
+                short = {n[:8]: k - fits.get(n, 0) for n, k in deficit.items() if fits.get(n, 0) < k}
+                if short and short != self._short:
+                    with self._lock:
+                        self._warn(f"raydl: no room yet for {sum(short.values())} loader worker(s) reserving "
+                                   f"{self._config.cpus_per_worker:g} CPUs on nodes {short}; retrying every "
+                                   f"{REFRESH_S:.0f} s")
+                self._short = short
+                deficit = fits
         if deficit:
-            self._add(self._await([h for node, k in deficit.items() for h in self._launch(node, k, soft=False)]))
+            handles = [h for node, k in deficit.items() for h in self._launch(eligible[node], k, soft=False)]
+            self._add(self._await(handles))
 
     def _replace(self, dead: WorkerInfo) -> None:
         with self._lock:
-            alive = set(self._eligible())
+            nodes = {n.node_id: n for n in self._eligible()}
+            alive = set(nodes)
+            gone = [w for w in self._workers if w.node_id not in alive]
+            if gone:
+                self._warn(f"raydl: node(s) {sorted({w.node_id[:8] for w in gone})} are gone; dropping their "
+                           f"{len(gone)} loader worker(s)")
             self._workers = [w for w in self._workers if w.node_id in alive]  # workers of dead nodes too
             # Prefer another node: the dead worker's node may be dying (Ray notices a lost node late).
             node = scheduling.replacement_node(sorted(alive - {dead.node_id}) or sorted(alive), self._counts())
-        logger.warning("raydl: loader worker %s died; replacing it on node %s", dead.name, node and node[:8])
+            if node is None:
+                self._warn(f"raydl: no live node can host a replacement for loader worker {dead.name}")
         if node is not None:
-            self._add(self._await(self._launch(node, 1, soft=True)))
-
-    def _refresh_loop(self) -> None:
-        while not self._closed:
-            time.sleep(REFRESH_S)
-            try:
-                self._start_missing()
-            except Exception:  # noqa: BLE001 - a failed refresh is retried next period
-                logger.exception("raydl: refreshing loader workers failed")
+            new = self._await(self._launch(nodes[node], 1, soft=True))
+            with self._lock:
+                for w in new:
+                    self._warn(f"raydl: loader worker {w.name} on node {w.node_id[:8]} replaces {dead.name}")
+            self._add(new)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
@@ -98,19 +100,24 @@ class BatchResult:
 class LoaderWorker:
     """Runs batch tasks for any rank; between tasks it keeps only its decode pool and per-thread batch arrays."""
 
-    def __init__(self, spec: WorkerSpec, catalog: Catalog) -> None:
+    def __init__(self, spec: WorkerSpec, catalog: Catalog, threads: int | None = None, *,
+                 reuse_buffers: bool = True) -> None:
         self._spec = spec
+        # False when the batch is handed to the caller as it is (made in the driver, not through Ray).
+        self._reuse = reuse_buffers
         self._source, self._storage = catalog.source, catalog.storage
         t = catalog.table
         self._where = np.stack([t.column(c).to_numpy() for c in ("shard", "offset", "length", "row")], axis=1)
         self._keys = t.column("key")
         self._labels = t.column("label").to_numpy()
         self._shards = catalog.shards
-        threads = spec.threads or len(os.sched_getaffinity(0))
+        threads = threads or spec.threads or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
         self._io = IOPool(spec.io_concurrency or catalog.storage.default_io_concurrency)
         self._name = process_name()
-        self._local = threading.local()
+        self._free_lock = threading.Lock()
+        self._free: list[np.ndarray] = []  # batch buffers not in use
+        self._buffers: list[np.ndarray] = []  # every batch buffer made, for memory()
         self._membership = 0
 
     def set_membership(self, version: int) -> None:
@@ -122,11 +129,34 @@ class LoaderWorker:
         import ray
 
         return {"name": self._name, "node_id": ray.get_runtime_context().get_node_id(),
-                "threads": self._pool._max_workers, "io_concurrency": self._io.concurrency}
+                "threads": self._pool._max_workers, "io_concurrency": self._io.concurrency,
+                "torch_imported": "torch" in sys.modules}
+
+    def memory(self) -> dict:
+        """Bytes this worker holds between batches: its reused batch buffers (one per batch call in flight)
+        and the catalog columns it keeps (the table itself is a view of the object store)."""
+        return {"batch_arrays": sum(b.nbytes for b in self._buffers),
+                "batch_arrays_count": len(self._buffers),
+                "catalog_columns": self._labels.nbytes + self._where.nbytes}
 
     def run_batch(self, task: BatchTask) -> BatchResult:
         n = len(task.ids)
-        images = self._batch_buffer(n, self._spec.program.slot_shape(task.bucket))
+        dtype = self._spec.program.dtype
+        shape = (n, *self._spec.program.slot_shape(task.bucket))  # aspect buckets: the shape varies per batch
+        nbytes = math.prod(shape) * dtype.itemsize
+        buf = self._lease(nbytes)
+        try:
+            result = self._run(task, buf[:nbytes].view(dtype).reshape(shape))
+        except BaseException:
+            if self._reuse:
+                self._release(buf)
+            raise
+        if self._reuse:  # back to the free list once Ray has copied the result out
+            weakref.finalize(result, self._release, buf)
+        return result
+
+    def _run(self, task: BatchTask, images: np.ndarray) -> BatchResult:
+        n = len(task.ids)
         ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
         keys = self._keys.take(pa.array(ids)).to_pylist()
         where = self._where[ids]
@@ -241,21 +271,27 @@ class LoaderWorker:
             uri=failure.uri, sample_id=failure.sample_id,
         )
 
-    def _batch_buffer(self, n: int, slot: tuple[int, ...]) -> np.ndarray:
-        """This thread's batch array, reused from its previous call, as (n, *slot).
+    def _lease(self, nbytes: int) -> np.ndarray:
+        """A flat batch buffer of at least `nbytes` from the free list, or a new one.
 
         Fresh memory costs a page fault per 4 KiB on first touch - as much as
-        the decode itself here, and serialized across threads. One flat buffer
-        per thread, as large as the largest batch seen, serves every shape
-        (aspect buckets change the shape from batch to batch). Reuse is safe:
-        Ray copies a call's return value into the object store on the thread
-        that ran the call, before that thread takes the next call.
+        the decode itself here, and serialized across threads - so buffers are
+        reused; flat, they serve every batch shape (aspect buckets change it
+        from batch to batch). A buffer goes back to the free list when the
+        BatchResult that holds it is dropped, which Ray does once it has copied
+        the result into the object store; so there are as many buffers as batch
+        calls in flight at once, not one per Ray call thread.
         """
-        dtype = self._spec.program.dtype
-        shape = (n, *slot)
-        nbytes = math.prod(shape) * dtype.itemsize
-        buf = getattr(self._local, "buffer", None)
-        if buf is None or buf.nbytes < nbytes:
-            buf = populated_empty((nbytes,), np.uint8)
-            self._local.buffer = buf
-        return buf[:nbytes].view(dtype).reshape(shape)
+        with self._free_lock:
+            for i, buf in enumerate(self._free):
+                if buf.nbytes >= nbytes:
+                    return self._free.pop(i)
+        buf = populated_empty((nbytes,), np.uint8)
+        if self._reuse:
+            with self._free_lock:
+                self._buffers.append(buf)
+        return buf
+
+    def _release(self, buf: np.ndarray) -> None:
+        with self._free_lock:
+            self._free.append(buf)

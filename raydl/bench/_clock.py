@@ -40,6 +40,8 @@ class Measurement:
     steady_s: float  # first batch to last batch
     batch_shape: tuple[int, ...]
     batch_dtype: str
+    batches: int = 0
+    first_batch_at: float = 0.0  # wall-clock time (time.time()) of the first batch, to compare with process start
 
     @property
     def images_per_s(self) -> float:
@@ -54,10 +56,12 @@ class EpochClock:
         self._expected = expected
         self._on_start, self._on_finish, self._on_first = on_start, on_finish, on_first
         self._t0 = self._first = self._last = None
-        self._n = self._n_first = 0
+        self._n = self._n_first = self._batches = 0
+        self._first_wall = 0.0
         self._shape: tuple[int, ...] = ()
         self._dtype = ""
         self._finished = False
+        self.extra: dict = {}  # what a peer wants in its JSON row besides the timings (e.g. raydl's memory)
 
     def start(self) -> None:
         self._on_start()
@@ -66,8 +70,9 @@ class EpochClock:
     def batch(self, images) -> None:
         now = time.perf_counter()
         n = int(images.shape[0])
+        self._batches += 1
         if self._first is None:
-            self._first, self._n_first = now, n
+            self._first, self._n_first, self._first_wall = now, n, time.time()
             if self._on_first is not None:
                 self._on_first()
             self._shape = tuple(int(d) for d in images.shape)
@@ -95,4 +100,6 @@ class EpochClock:
             steady_s=self._last - self._first,
             batch_shape=self._shape,
             batch_dtype=self._dtype,
+            batches=self._batches,
+            first_batch_at=self._first_wall,
         )

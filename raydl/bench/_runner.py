@@ -136,7 +136,9 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
     row = {
         "peer": peer, "ok": True, "images": m.images,
         "images_per_s": m.images_per_s, "first_batch_s": m.first_batch_s,
-        "steady_images": m.steady_images, "steady_s": m.steady_s,
+        # From this process's start: imports, ray.init and the loader, as a user's script sees it.
+        "first_batch_from_start_s": m.first_batch_at - psutil.Process().create_time(),
+        "steady_images": m.steady_images, "steady_s": m.steady_s, "steady_batches": max(0, m.batches - 1),
         # Start-up included: what a short job sees, and what prefetch cannot flatter.
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
         "peak_pss_mib": sampler.peak_pss / _MIB, "cpu_s": cpu,
@@ -147,6 +149,7 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "batch_shape": list(m.batch_shape), "batch_dtype": m.batch_dtype,
         "processes": sampler.processes(), "sampler_cpu_s": sampler.overhead(), "wall_s": wall,
     }
+    row.update(clock.extra)
     # A peer that returns the wrong tensors is not doing the workload; say so loudly.
     if peer in ("ceiling", "floor"):
         pass

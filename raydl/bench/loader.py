@@ -12,8 +12,10 @@ NHWC, bucket-pure batches). Every run is one epoch of the workload in a fresh su
 that a noisy neighbour or a warming page cache hits them all alike. Each figure
 in the table is the median over the rounds:
 
-* images/s: images after the first batch / time from the first batch to the last;
-* first batch: seconds from constructing the loader (after `ray.init`) to batch one;
+* images/s: images after the first batch / time from the first batch to the last,
+  in brackets and without a ratio when that window is under 1 s or 3 batches;
+* first batch: seconds from the loader() call (after `ray.init`) to batch one;
+* from start: seconds from the run's process start (imports, `ray.init`, loader) to batch one;
 * peak PSS: the process tree's largest summed PSS while the epoch ran;
 * CPU ms/img: user+system CPU of the whole tree during the epoch, per image;
 * steady CPU ms/img: the same from the first batch on (start-up left out), per image after it:
@@ -151,6 +153,17 @@ def _progress(i: int, rounds: int, row: dict, took: float) -> None:
             _log("    " + row["stderr_tail"].replace("\n", "\n    "))
 
 
+def _memory_note(mem: dict) -> str:
+    """Where raydl's memory went in its first round (Loader.memory())."""
+    mib = 1 << 20
+    arrays = mem["worker_batch_arrays"]
+    counts = mem["worker_batch_array_count"]
+    return (f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; reused batch arrays "
+            f"{sum(arrays) / mib:.0f} MiB in {len(arrays)} worker(s) ({sum(counts)} arrays, one per concurrent "
+            f"batch call); object store at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches "
+            f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the rounds, print the table, write --json/--plot. 0 when every peer ran at least once."""
     if importlib.util.find_spec("psutil") is None:  # the runner samples memory and CPU with it
@@ -199,6 +212,9 @@ def main(args: argparse.Namespace) -> int:
     notes_of = {**NOTES, **BUCKET_NOTES} if args.workload == "buckets" else NOTES
     notes = [notes_of[p] for p in peers if p in notes_of] + list(skipped.values())
     notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
+    mem = next((r["memory"] for r in runs if r["peer"] == "raydl" and r.get("memory")), None)
+    if mem:
+        notes.append(_memory_note(mem))
     if len(files) < 8 * args.batch_size:
         # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.
         notes.append(f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "

@@ -53,7 +53,9 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
                 if len(batch["id"]) != batch["image"].shape[0]:
                     raise RuntimeError("raydl batch: len(id) != len(image)")
                 clock.batch(batch["image"])
-            return clock.result()
+            result = clock.result()
+            clock.extra["memory"] = loader.memory()
+            return result
         finally:
             loader.shutdown()
     finally:

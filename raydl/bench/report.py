@@ -6,11 +6,25 @@ from importlib import metadata
 
 __all__ = ["format_table", "peer_versions", "summarize", "write_plot"]
 
-_FIGURES = ("images_per_s", "first_batch_s", "peak_pss_mib", "cpu_s_per_image", "steady_cpu_s_per_image")
+_FIGURES = ("images_per_s", "first_batch_s", "first_batch_from_start_s", "peak_pss_mib", "cpu_s_per_image",
+            "steady_cpu_s_per_image")
+# A steady-state window shorter than this (or with fewer batches after the first) says more about
+# prefetch and timer resolution than about throughput: its images/s is shown greyed, with no ratio.
+MIN_WINDOW_S = 1.0
+MIN_STEADY_BATCHES = 3
+
+
+def short_window(run: dict) -> bool:
+    """Whether one run's images/s rests on too short a measurement window to compare."""
+    return (run.get("steady_s", MIN_WINDOW_S) < MIN_WINDOW_S
+            or run.get("steady_batches", MIN_STEADY_BATCHES) < MIN_STEADY_BATCHES)
 
 
 def summarize(peers: list[str], runs: list[dict]) -> list[dict]:
-    """One row per peer: medians over its successful rounds, and images/s relative to raydl's."""
+    """One row per peer: medians over its successful rounds, and images/s relative to raydl's.
+
+    A peer whose rounds had too short a window (`short_window`) gets `short_window: True` and no
+    ratio; when raydl's own window is too short, no peer gets one."""
     rows = []
     for peer in peers:
         ok = [r for r in runs if r["peer"] == peer and r.get("ok")]
@@ -19,14 +33,15 @@ def summarize(peers: list[str], runs: list[dict]) -> list[dict]:
         for key in _FIGURES:
             values = [r[key] for r in ok if r.get(key) is not None]
             row[key] = statistics.median(values) if values else None
+        row["short_window"] = any(short_window(r) for r in ok)
         errors = [r["error"].splitlines()[0] for r in runs if r["peer"] == peer and not r.get("ok")]
         if errors:
             row["errors"] = errors
         rows.append(row)
-    base = next((r["images_per_s"] for r in rows if r["peer"] == "raydl"), None)
+    base = next((r["images_per_s"] for r in rows if r["peer"] == "raydl" and not r["short_window"]), None)
     for row in rows:
         ips = row["images_per_s"]
-        row["ratio_to_raydl"] = ips / base if ips is not None and base else None
+        row["ratio_to_raydl"] = ips / base if ips is not None and base and not row["short_window"] else None
     return rows
 
 
@@ -35,16 +50,22 @@ def _cell(value, fmt: str) -> str:
 
 
 def format_table(summary: list[dict], *, header: str) -> str:
-    cols = ("peer", "images/s", "x raydl", "first batch s", "peak PSS MiB", "CPU ms/img", "steady CPU ms/img", "ok")
+    cols = ("peer", "images/s", "x raydl", "first batch s", "from start s", "peak PSS MiB", "CPU ms/img",
+            "steady CPU ms/img", "ok")
     lines = [header, ""]
     body = []
     for row in summary:
-        first = None if row["peer"] == "ceiling" else row["first_batch_s"]  # no loader to build
+        ceiling = row["peer"] == "ceiling"  # no loader to build
+        first = None if ceiling else row["first_batch_s"]
+        from_start = None if ceiling else row.get("first_batch_from_start_s")
         cpu = row["cpu_s_per_image"]
         steady = row.get("steady_cpu_s_per_image")
+        ips = _cell(row["images_per_s"], ".1f")
+        if row.get("short_window") and row["images_per_s"] is not None:
+            ips = f"({ips})"  # greyed: not comparable
         body.append((
-            row["peer"], _cell(row["images_per_s"], ".1f"), _cell(row["ratio_to_raydl"], ".2f"),
-            _cell(first, ".2f"), _cell(row["peak_pss_mib"], ".0f"),
+            row["peer"], ips, _cell(row["ratio_to_raydl"], ".2f"),
+            _cell(first, ".2f"), _cell(from_start, ".2f"), _cell(row["peak_pss_mib"], ".0f"),
             _cell(None if cpu is None else 1000 * cpu, ".2f"),
             _cell(None if steady is None else 1000 * steady, ".2f"),
             f"{row['rounds_ok']}/{row['rounds']}",
@@ -55,6 +76,10 @@ def format_table(summary: list[dict], *, header: str) -> str:
     lines.append(fmt_row(cols))
     lines.append("  ".join("-" * w for w in widths))
     lines.extend(fmt_row(b) for b in body)
+    if any(r.get("short_window") for r in summary):
+        lines.append(f"  (images/s) in brackets: measured over less than {MIN_WINDOW_S:g} s or "
+                     f"{MIN_STEADY_BATCHES} batches after the first, so not comparable and no ratio is given; "
+                     "use more images (--limit, raydl make-images --n)")
     failed = [(r["peer"], e) for r in summary for e in r.get("errors", [])]
     lines.extend(f"  ! {peer} failed: {err}" for peer, err in failed)
     return "\n".join(lines)
@@ -82,12 +107,14 @@ def write_plot(summary: list[dict], path: str, *, title: str) -> None:
 
     panels = (("images_per_s", "images/s (higher is better)", 1.0),
               ("first_batch_s", "time to first batch, s", 1.0),
+              ("first_batch_from_start_s", "first batch from process start, s", 1.0),
               ("peak_pss_mib", "peak memory (PSS), MiB", 1.0),
               ("cpu_s_per_image", "CPU ms per image", 1000.0))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
     for ax, (key, label, scale) in zip(axes, panels):
-        rows = [r for r in summary if r[key] is not None
-                and not (key == "first_batch_s" and r["peer"] == "ceiling")]
+        rows = [r for r in summary if r.get(key) is not None
+                and not (key.startswith("first_batch") and r["peer"] == "ceiling")
+                and not (key == "images_per_s" and r.get("short_window"))]
         names = [r["peer"] for r in rows]
         values = [scale * r[key] for r in rows]
         colors = ["tab:blue" if n == "raydl" else "tab:gray" if n == "ceiling" else "tab:orange"

@@ -48,11 +48,13 @@ def _ids(batches):
 def test_actors_on_every_node_and_by_label(cluster, image_folder):
     """num_workers actors start on each node; node_resource restricts them to labelled nodes."""
     with _loader(image_folder, batch_size=8, num_workers=2) as loader:
+        loader.refresh()  # the constructor returns once the first worker is up
         nodes = collections.Counter(w.node_id for w in loader.workers())
         coordinator_node = ray.get(loader._coordinator.node_id.remote())
     assert len(nodes) == 3 and set(nodes.values()) == {2}
     assert coordinator_node == ray.get_runtime_context().get_node_id()  # lives and dies with the driver
     with _loader(image_folder, batch_size=8, node_resource="loader") as loader:
+        loader.refresh()
         workers = loader.workers()
     labelled = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("loader")}
     assert len(workers) == 2 and {w.node_id for w in workers} == labelled
@@ -201,3 +203,89 @@ def test_exact_resume_and_elastic_two_to_three_on_the_cluster(cluster, image_fol
             tail += [b["id"] for b in it.iter_batches()]
     ids = np.concatenate(head + tail)
     assert len(ids) == len(set(ids.tolist())) and N - len(ids) < 4 * 3
+
+
+def _val_folder(tmp_path_factory):
+    from raydl.demo import make_images
+
+    root = tmp_path_factory.mktemp("val")
+    make_images(str(root), 20, classes=2, seed=9, corrupt=0)
+    return root
+
+
+def _check_epoch(batches, n):
+    ids = _ids(batches)
+    assert sorted(ids.tolist()) == list(range(n))  # world_size 1: every sample once
+    assert all(b["image"].shape[1:] == (3, 32, 32) and len(b["key"]) == len(b["id"]) for b in batches)
+
+
+def test_train_and_val_loaders_side_by_side_with_default_settings(cluster, image_folder, tmp_path_factory):
+    """Two loaders of two datasets, default settings, on 3 nodes of 1 CPU: both run whole epochs at once and interleaved."""
+    import threading
+
+    val_root = _val_folder(tmp_path_factory)
+    with _pipeline(image_folder).loader(batch_size=8, seed=1) as train, \
+            _pipeline(val_root).loader(batch_size=8, seed=2, shuffle=False) as val:
+        train.refresh(), val.refresh()
+        assert len(train.workers()) == 3 and len(val.workers()) == 3  # one per node each, no CPU reserved
+        infos = ray.get([w.handle.ready.remote() for w in train.workers() + val.workers()])
+        assert not any(i["torch_imported"] for i in infos)  # workers start without torch (a fast start)
+        train_it, val_it = train.iterator(0), val.iterator(0)
+        out: dict = {}
+
+        def run(name, it):
+            out[name] = list(it.iter_batches())
+
+        threads = [threading.Thread(target=run, args=a) for a in (("train", train_it), ("val", val_it))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert set(out) == {"train", "val"}
+        _check_epoch(out["train"], N)
+        _check_epoch(out["val"], 20)
+        # Interleaved, as a training loop that validates every few steps: epoch 1 of both.
+        train_gen, val_gen = train_it.iter_batches(), val_it.iter_batches()
+        got: dict = {"train": [], "val": []}
+        for step, batch in enumerate(train_gen):
+            got["train"].append(batch)
+            if step % 3 == 2:
+                got["val"] += list(val_gen)
+                val_gen = val_it.iter_batches()  # the next validation pass
+        _check_epoch(got["train"], N)
+        assert got["val"] and len(got["val"]) % len(val_it) == 0
+        for a, b in zip(got["val"], out["val"]):  # unshuffled val: the same batches every pass
+            np.testing.assert_array_equal(a["id"], b["id"])
+
+
+def test_no_room_names_who_holds_the_cpus(cluster, image_folder, monkeypatch):
+    """With a CPU reservation and every CPU held, the loader fails fast, naming the holders and what to change."""
+    import raydl.loader
+    from raydl.errors import LoaderError
+
+    monkeypatch.setattr(raydl.loader, "ROOM_WAIT_S", 1.0)
+    with _loader(image_folder, batch_size=8, cpus_per_worker=1) as first:
+        first.refresh()
+        assert len(first.workers()) == 3
+        with pytest.raises(LoaderError) as info:
+            _loader(image_folder, batch_size=8, cpus_per_worker=1)
+    msg = str(info.value)
+    assert "0 of 1 CPUs free" in msg and "LoaderWorker" in msg and "cpus_per_worker=0" in msg
+
+
+def test_a_replaced_workers_warning_reaches_the_driver(cluster, image_folder, caplog):
+    """Killing a worker: the coordinator's 'died; replacing it' warning is logged in the driver (log_to_driver=False)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="raydl")
+    with _loader(image_folder, batch_size=8, seed=5) as loader:
+        loader.refresh()  # every node's worker is up: the rank's batches go to its own node's
+        it = loader.iterator(0)
+        for i, _ in enumerate(it.iter_batches(prefetch_batches=1)):
+            if i == 0:
+                mine = [w for w in loader.workers() if w.node_id == ray.get_runtime_context().get_node_id()]
+                ray.kill(mine[0].handle, no_restart=True)
+        loader.refresh()
+        assert it.stats().retries >= 1
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("raydl")]
+    assert any(mine[0].name in m and "died; replacing it" in m for m in messages), messages

@@ -76,6 +76,7 @@ def test_keys_and_labels_follow_the_catalog(ray_local, image_folder):
 def test_batches_are_zero_copy_views_of_the_object_store(ray_local, image_folder):
     """A batch's image array is a read-only view of the object store, not a private copy."""
     with _pipeline(image_folder).loader(batch_size=8) as loader:
+        loader.refresh()  # a worker is up (the very first batches may be made in this process)
         batch = next(loader.iterator(0).iter_batches())
     assert not batch["image"].flags.writeable
     assert not batch["image"].flags.owndata
@@ -206,9 +207,10 @@ def test_shutdown_frees_the_actors(ray_local, image_folder):
     """shutdown() kills the actors (their CPUs come back), is idempotent, and the iterator then refuses."""
     total = ray.cluster_resources()["CPU"]
     assert _wait_for_free_cpus(total)  # earlier tests' actors are gone
-    loader = _pipeline(image_folder).loader(batch_size=8, num_workers=2)
+    loader = _pipeline(image_folder).loader(batch_size=8, num_workers=2, cpus_per_worker=1)
     it = loader.iterator(0)
     next(it.iter_batches())
+    loader.refresh()  # both workers up (the first batch may have been made before they were)
     assert ray.available_resources().get("CPU", 0) == total - 2
     loader.shutdown()
     loader.shutdown()
@@ -221,6 +223,7 @@ def test_a_killed_actor_is_replaced_and_its_batches_rerun(ray_local, image_folde
     """Killing a loader actor mid-epoch: its batches run again on a replacement and the epoch is complete."""
     with _pipeline(image_folder).loader(batch_size=8, seed=5, num_workers=1) as loader:
         expected = np.concatenate([b["id"] for b in _epoch(loader.iterator(0))])
+        loader.refresh()  # the worker is up
         it = loader.iterator(0)
         got = []
         for i, b in enumerate(it.iter_batches()):

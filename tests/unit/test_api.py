@@ -58,7 +58,7 @@ def test_loader_config_defaults_and_frozen():
     cfg = LoaderConfig(batch_size=256)
     assert (cfg.world_size, cfg.seed, cfg.shuffle, cfg.drop_last, cfg.on_error, cfg.num_workers,
             cfg.threads_per_worker, cfg.cpus_per_worker, cfg.node_resource, cfg.prefetch_batches,
-            cfg.object_store_budget) == (1, 0, True, False, "skip", 1, None, 1.0, None, 2, None)
+            cfg.object_store_budget) == (1, 0, True, False, "skip", 1, None, 0.0, None, 2, None)
     LoaderConfig(batch_size=1, world_size=64, seed=2**63 - 1, on_error="raise", num_workers=3, cpus_per_worker=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.batch_size = 1  # type: ignore[misc]

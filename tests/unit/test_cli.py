@@ -8,7 +8,7 @@ from raydl.cli import main
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("argv", [["demo", "--help"], ["bench", "loader", "--help"],
+@pytest.mark.parametrize("argv", [["demo", "--help"], ["make-images", "--help"], ["bench", "loader", "--help"],
                                   ["bench", "checkpoint", "--help"], ["fabric-info", "--help"]])
 def test_subcommands_answer_help(argv, capsys):
     """Each sub-command exists and prints its usage."""
@@ -16,6 +16,23 @@ def test_subcommands_answer_help(argv, capsys):
         main(argv)
     assert info.value.code == 0
     assert "usage: raydl" in capsys.readouterr().out
+
+
+def test_make_images_from_photos_and_without_them(tmp_path, capsys):
+    """make-images writes DIR/cNNN/*.jpg + labels.csv, the same bytes for the same arguments; without photos it
+    falls back to generated sources and says so."""
+    from raydl.bench.make_images import DEFAULT_PHOTOS
+
+    photos = DEFAULT_PHOTOS if DEFAULT_PHOTOS.is_dir() else tmp_path / "none"
+    for out in ("a", "b"):
+        assert main(["make-images", str(tmp_path / out), "--n", "6", "--classes", "2", "--photos", str(photos)]) == 0
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.jpg"))
+    assert [str(f) for f in files][:2] == ["c000/0000000.jpg", "c000/0000002.jpg"] and len(files) == 6
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    assert (tmp_path / "a" / "labels.csv").read_text().splitlines()[:2] == ["path,label", "c000/0000000.jpg,0"]
+    capsys.readouterr()
+    assert main(["make-images", str(tmp_path / "gen"), "--n", "2", "--photos", str(tmp_path / "none")]) == 0
+    assert "no photos" in capsys.readouterr().out and len(list((tmp_path / "gen").rglob("*.jpg"))) == 2
 
 
 def test_fabric_info_lists_every_known_provider(capsys):

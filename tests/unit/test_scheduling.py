@@ -7,7 +7,9 @@ from raydl.scheduling import (
     LOCAL_DEPTH,
     NodeInfo,
     choose_worker,
+    decode_threads,
     eligible_nodes,
+    fit_to_room,
     placement_deficit,
     prefetch_depth,
     replacement_node,
@@ -23,6 +25,24 @@ def test_eligible_nodes_need_cpus_and_the_label():
     assert eligible_nodes(nodes, cpus_per_worker=1, node_resource=None) == ["a", "c"]
     assert eligible_nodes(nodes, cpus_per_worker=0.5, node_resource=None) == ["a", "c", "d"]
     assert eligible_nodes(nodes, cpus_per_worker=1, node_resource="loader") == ["c"]
+
+
+def test_decode_threads_follow_the_reservation():
+    """Threads: as asked; else ceil of the CPUs reserved; else (no reservation) the node's CPUs."""
+    assert decode_threads(3, cpus_per_worker=0, node_cpus=8) == 3
+    assert decode_threads(None, cpus_per_worker=0.25, node_cpus=8) == 1
+    assert decode_threads(None, cpus_per_worker=2.5, node_cpus=8) == 3
+    assert decode_threads(None, cpus_per_worker=0, node_cpus=8) == 8
+    assert decode_threads(None, cpus_per_worker=0, node_cpus=0.5) == 1
+
+
+def test_fit_to_room_trims_to_free_cpus():
+    """A reservation fits only where CPUs are free; no reservation always fits."""
+    deficit = {"a": 2, "b": 2, "c": 1}
+    free = {"a": 1.0, "b": 0.4, "c": 0.5}
+    assert fit_to_room(deficit, free, 0.5) == {"a": 2, "c": 1}
+    assert fit_to_room(deficit, free, 1.0) == {"a": 1}
+    assert fit_to_room(deficit, {}, 0) == deficit
 
 
 def test_placement_fills_every_node_to_its_quota():

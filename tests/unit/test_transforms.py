@@ -364,3 +364,14 @@ def test_resize_after_a_fixed_size_keeps_a_fixed_size():
     assert prog.slot_shape() == (256, 256, 3)
     prog = compile_stages((Decode(), CenterCrop((100, 200)), Resize(50)))
     assert prog.slot_shape() == (50, 100, 3)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("make", [
+    lambda: RandomResizedCrop(224, "ab"), lambda: RandomResizedCrop(224, (0.5, 1.0), None),
+    lambda: RandomHFlip("x"), lambda: Normalize.make((1, 2, "a"), (1, 1, 1)),
+])
+def test_wrongly_typed_stage_arguments_are_value_errors(make):
+    """Arguments of the wrong type are ValueError naming the parameter, like out-of-range ones (not TypeError)."""
+    with pytest.raises(ValueError, match="scale|ratio|p must|mean"):
+        make()

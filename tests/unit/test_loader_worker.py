@@ -1,0 +1,66 @@
+"""The loader worker class without Ray: batch arrays come back to the free list; replace stays deterministic."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import raydl
+from raydl.actors.loader_worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.plan import augmentation_seeds
+from raydl.transforms import compile_stages
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _worker(root, on_error="skip", reuse=True):
+    ds = raydl.read_images(str(root)).decode().center_crop(16)
+    spec = WorkerSpec(program=compile_stages(ds.stages), threads=2, on_error=on_error)
+    return LoaderWorker(spec, ds.catalog, reuse_buffers=reuse), len(ds)
+
+
+def _task(ids, k=0):
+    ids = np.asarray(ids, dtype=np.int64)
+    return BatchTask(rank=0, epoch=0, index=k, ids=ids, seeds=augmentation_seeds(ids, seed=0, epoch=0))
+
+
+def test_batch_arrays_are_reused_once_a_result_is_dropped(image_folder):
+    """One array serves batch after batch when each result is dropped; two held results need two arrays."""
+    worker, _ = _worker(image_folder)
+    for k in range(3):
+        result = worker.run_batch(_task(range(8), k))
+        assert result.batch["image"].shape == (8, 16, 16, 3)
+        del result
+        gc.collect()
+    assert worker.memory()["batch_arrays_count"] == 1
+    held = [worker.run_batch(_task(range(8), k)) for k in range(2)]
+    assert worker.memory()["batch_arrays_count"] == 2
+    assert not np.shares_memory(held[0].batch["image"], held[1].batch["image"])
+
+
+def test_without_reuse_every_batch_owns_its_array(image_folder):
+    """reuse_buffers=False (batches made in the driver): results never share memory and nothing is kept."""
+    worker, _ = _worker(image_folder, reuse=False)
+    a = worker.run_batch(_task(range(4)))
+    del a
+    gc.collect()
+    b, c = worker.run_batch(_task(range(4))), worker.run_batch(_task(range(4)))
+    assert not np.shares_memory(b.batch["image"], c.batch["image"])
+    assert worker.memory()["batch_arrays_count"] == 0
+
+
+def test_replace_substitutes_an_unreadable_file_deterministically(image_folder, tmp_path):
+    """A file gone after listing is replaced (on_error='replace') by the same substitute every time."""
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(image_folder, root)
+    worker, n = _worker(root, on_error="replace")
+    victim = sorted(p for p in root.rglob("*") if p.is_file())[3]
+    victim.unlink()
+    first = worker.run_batch(_task(range(8)))
+    again = worker.run_batch(_task(range(8)))
+    assert len(first.batch["id"]) == 8 and len(first.replaced) == 1 and first.replaced[0].sample_id == 3
+    assert first.batch["id"][3] == first.replaced[0].substitute_id != 3
+    np.testing.assert_array_equal(first.batch["image"], again.batch["image"])
