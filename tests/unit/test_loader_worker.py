@@ -50,15 +50,15 @@ def test_without_reuse_every_batch_owns_its_array(image_folder):
     assert worker.memory()["batch_arrays_count"] == 0
 
 
-def test_replace_substitutes_an_unreadable_file_deterministically(image_folder, tmp_path):
-    """A file gone after listing is replaced (on_error='replace') by the same substitute every time."""
+def test_replace_substitutes_a_file_corrupted_after_listing_deterministically(image_folder, tmp_path):
+    """A file overwritten with junk after listing is replaced (on_error='replace') by the same substitute every time."""
     import shutil
 
     root = tmp_path / "copy"
     shutil.copytree(image_folder, root)
     worker, n = _worker(root, on_error="replace")
     victim = sorted(p for p in root.rglob("*") if p.is_file())[3]
-    victim.unlink()
+    victim.write_bytes(b"\xff\xd8\xff" + b"\x00" * (victim.stat().st_size - 3))  # same size, not a JPEG
     first = worker.run_batch(_task(range(8)))
     again = worker.run_batch(_task(range(8)))
     assert len(first.batch["id"]) == 8 and len(first.replaced) == 1 and first.replaced[0].sample_id == 3
