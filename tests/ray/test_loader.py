@@ -175,6 +175,9 @@ def test_missing_file_is_an_error_naming_it(ray_local, tmp_path):
     ds = _pipeline(root)
     (root / paths[2].split(str(root) + "/")[1]).unlink()
     with ds.loader(batch_size=3, shuffle=False) as loader:
+        # In a worker: this process may still hold the file open from listing (the storage's fd cache),
+        # and would make the first batch itself while the workers start.
+        loader.refresh()
         with pytest.raises(DataSourceError, match=paths[2].rsplit("/", 1)[1]):
             _epoch(loader.iterator(0))
 
