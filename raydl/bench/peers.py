@@ -32,13 +32,27 @@ from raydl.bench._transform import (
 __all__ = ["BUCKET_NOTES", "NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
 
 
+def _ray_init(cpus: int, tries: int = 3) -> None:
+    """A fresh local Ray (never a `ray start` cluster), without the dashboard, whose processes would eat the
+    CPU budget. Retried: on an overloaded machine the raylet can miss Ray's fixed 30 s start-up deadline."""
+    import ray
+
+    for attempt in range(tries):
+        try:
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(exc) or attempt + 1 == tries:
+                raise
+            ray.shutdown()
+
+
 def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
     import ray
 
     import raydl
 
-    # A fresh instance (never a `ray start` cluster); no dashboard, whose processes would eat the CPU budget.
-    ray.init(address="local", num_cpus=spec.cpus, include_dashboard=False, logging_level="ERROR")
+    _ray_init(spec.cpus)
     try:
         clock.start()
         ds = raydl.read_images(spec.data).decode(fast=fast)
@@ -136,8 +150,7 @@ def run_raydata(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import ray
     import ray.data
 
-    # A fresh instance (never a `ray start` cluster); no dashboard, whose processes would eat the CPU budget.
-    ray.init(address="local", num_cpus=spec.cpus, include_dashboard=False, logging_level="ERROR")
+    _ray_init(spec.cpus)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         clock.start()
