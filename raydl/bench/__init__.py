@@ -2,8 +2,9 @@
 
     loader.py    the orchestrator: rounds of peers, the table, --json, --plot
     _runner.py   one peer, one epoch, in its own process; prints one JSON line
-    peers.py     what each peer runs (raydl, torch, raydata, dataio, datago, ceiling)
+    peers.py     what each peer runs (raydl, raydl-fast, torch, raydata, dataio, datago, ceiling)
+    _native_peers.py  DALI's CPU pipeline, SPDL, and the entropy-decoding floor
     _clock.py    what a peer is given (PeerSpec) and how it is timed (EpochClock)
-    _transform.py  the PIL + numpy "train" transform for the peers that lack one
+    _transform.py  the PIL + numpy "train" and "buckets" transforms for the peers that lack them
     report.py    medians, the text table and the chart
 """
