@@ -175,10 +175,12 @@ class _StoreSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
+        import ray
         from ray._private.internal_api import memory_summary
 
-        try:
-            used, spilled = parse_store_stats(memory_summary(stats_only=True))
+        try:  # this cluster's GCS, named: "auto" could pick another cluster on the machine
+            used, spilled = parse_store_stats(memory_summary(address=ray.get_runtime_context().gcs_address,
+                                                             stats_only=True))
         except Exception:  # noqa: BLE001 - a missed sample is not worth failing the run
             return
         self.peak, self.spilled = max(self.peak, used), max(self.spilled, spilled)
@@ -228,8 +230,9 @@ def _run_point(ds, loader_config, k: int, ranks: int, epochs: int, labels: bool)
     images = sum(x["images"] for x in per_rank)
     span = max(x["elapsed_s"] for x in per_rank)
     per_node: dict[str, float] = {}
-    for x in per_rank:
-        per_node[x["node"]] = per_node.get(x["node"], 0.0) + x["images"] / span
+    for node in {x["node"] for x in per_rank}:  # its ranks' images over the longest of its ranks' reads
+        mine = [x for x in per_rank if x["node"] == node]
+        per_node[node] = sum(x["images"] for x in mine) / max(x["elapsed_s"] for x in mine)
     return {"nodes": k, "node_ids": nodes, "images": images, "images_per_s": images / span, "wall_s": wall,
             "first_batch_s": min(x["first_batch_s"] or 0.0 for x in per_rank),
             "store_peak_mib": store.peak, "spilled_mib": store.spilled, "per_rank": per_rank,
