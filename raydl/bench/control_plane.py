@@ -96,10 +96,12 @@ def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list
     loader._lock, loader._closed, loader._owner = threading.Lock(), False, False
     loader.batch_bytes, loader.object_store_budget = 1, 1 << 40
     loader._version, loader._workers, loader._fetched = 1, list(workers), time.monotonic()
+    loader._starting, loader._bootstrap, loader._events_seen = {}, None, 0  # workers are up; no warnings
+    loader._started_at = time.monotonic()
 
     def call(method, *args):
         coordinator_calls.append(method)
-        return _MEMBERSHIP.get("membership", 1), list(workers)
+        return _MEMBERSHIP.get("membership", 1), list(workers), []  # (version, workers, warnings)
 
     loader._call = call
     return loader
