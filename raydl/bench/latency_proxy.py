@@ -114,3 +114,17 @@ class LatencyProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _main() -> None:
+    """`python -m raydl.bench.latency_proxy HOST:PORT DELAY_MS`: serve until killed; prints the port first."""
+    import sys
+
+    host, port = sys.argv[1].rsplit(":", 1)
+    proxy = LatencyProxy(host, int(port), delay_s=float(sys.argv[2]) / 1000)
+    print(proxy.port, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    _main()
