@@ -30,8 +30,8 @@ def _add_make_images(sub) -> None:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name, module_name in (("loader", "loader"), ("storage", "storage"), ("checkpoint", "checkpoint"), ("cluster", "cluster"),
-                              ("control-plane", "control_plane")):
+    for name, module_name in (("loader", "loader"), ("storage", "storage"), ("checkpoint", "checkpoint"),
+                              ("cluster", "cluster"), ("control-plane", "control_plane")):
         try:
             module = importlib.import_module(f"raydl.bench.{module_name}")
         except ImportError as exc:  # an optional peer or plotting package is missing: say so when asked

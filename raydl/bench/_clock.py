@@ -30,6 +30,10 @@ class PeerSpec:
     seed: int
     expected: int  # images in the folder; the batch that reaches it closes the clock
     workload: str = "train"  # "train" (RandomResizedCrop 224, normalize) or "buckets" (aspect buckets 512, uint8)
+    source: str = "images"  # raydl only: "images", "webdataset" or "parquet"; data may be s3://
+    endpoint_url: str | None = None  # raydl only: the S3 endpoint for s3:// data
+    image_column: str = "image"  # parquet
+    label_column: str | None = "label"  # parquet
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workload", default="train", choices=["train", "buckets"])
     p.add_argument("--no-pin", action="store_true", help="do not set CPU affinity")
+    p.add_argument("--source", default="images", choices=["images", "webdataset", "parquet"])
+    p.add_argument("--endpoint-url")
+    p.add_argument("--image-column", default="image")
+    p.add_argument("--label-column", default="label")
     args = p.parse_args(argv)
 
     cores = list(range(os.cpu_count() or 1)) if args.no_pin else _pin(args.cpus)
@@ -185,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)  # Ray, Rust loggers and children print to fd 1; keep it for the JSON line
 
     spec = PeerSpec(data=args.data, cpus=args.cpus, batch_size=args.batch_size,
-                    seed=args.seed, expected=args.expected, workload=args.workload)
+                    seed=args.seed, expected=args.expected, workload=args.workload, source=args.source,
+                    endpoint_url=args.endpoint_url, image_column=args.image_column, label_column=args.label_column)
     sampler = TreeSampler()
     clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window,
                        on_first=sampler.mark_first_batch)

@@ -3,6 +3,13 @@
     raydl bench loader --data /data/in1k --compare torch,raydata,dataio,datago \\
         --cpus 8 --rounds 3 --json bench.json --plot bench.png
     raydl bench loader --data /data/hires --workload buckets --compare raydl-fast,datago,dali,spdl
+    raydl bench loader --source webdataset --data 's3://bucket/in1k/shard-{000..009}.tar' \\
+        --endpoint-url http://127.0.0.1:9000 --baseline-data '/data/in1k-wds/shard-{000..009}.tar'
+
+Object stores and sharded formats (`--source webdataset|parquet`, `--data s3://...`)
+are read by raydl only (the other peers read local image folders); `--baseline-data`
+adds a second raydl row ("raydl-base") reading other data of the same source in the
+same interleaved rounds, e.g. the same shards on local disk.
 
 Workloads: "train" (decode, RandomResizedCrop 224, flip, ImageNet normalize,
 float32 NCHW) and "buckets" (decode, crop and resize into the nearest of
@@ -41,7 +48,7 @@ from raydl.bench.report import format_table, peer_versions, summarize, write_plo
 
 __all__ = ["add_parser", "main"]
 
-_COMPARABLE = [p for p in PEERS if p not in ("raydl", "ceiling")]
+_COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -50,7 +57,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "loader", help="compare raydl with other loaders on one image folder",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--data", required=True, help="image folder (DIR/class/*.jpg)")
+    p.add_argument("--data", required=True,
+                   help="image folder (DIR/class/*.jpg), or with --source the shards/files; local or s3://")
+    p.add_argument("--source", default="images", choices=["images", "webdataset", "parquet"],
+                   help="how --data is laid out (default: %(default)s)")
+    p.add_argument("--endpoint-url", help="S3 endpoint for s3:// data (default: boto3's configuration)")
+    p.add_argument("--image-column", default="image", help="parquet: the image column")
+    p.add_argument("--label-column", default="label", help="parquet: the label column")
+    p.add_argument("--baseline-data", help="a second raydl row (raydl-base) reading this data, same --source")
     p.add_argument("--workload", default="train", choices=["train", "buckets"],
                    help="train: decode, RandomResizedCrop(224), flip, normalize, float32 NCHW; "
                         "buckets: decode, crop+resize into datago's 512 aspect buckets, uint8 NHWC")
@@ -99,7 +113,10 @@ def _subset(files: list[str], root: str, into: Path) -> str:
 def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
     cmd = [sys.executable, "-m", "raydl.bench._runner", "--peer", peer, "--data", data,
            "--cpus", str(args.cpus), "--expected", str(expected),
-           "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--workload", args.workload]
+           "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--workload", args.workload,
+           "--source", args.source, "--image-column", args.image_column, "--label-column", args.label_column]
+    if args.endpoint_url:
+        cmd += ["--endpoint-url", args.endpoint_url]
     if args.no_pin:
         cmd.append("--no-pin")
     env = dict(os.environ)
@@ -125,6 +142,16 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
     if not row.get("ok") and not args.verbose:
         row["stderr_tail"] = "".join(log.read_text().splitlines(True)[-15:])
     return row
+
+
+def _count(args, data: str) -> int:
+    """Samples in `data` as raydl lists them (for sources other than a local image folder)."""
+    from raydl.bench._clock import PeerSpec
+    from raydl.bench.peers import raydl_source
+
+    spec = PeerSpec(data=data, cpus=1, batch_size=1, seed=0, expected=0, source=args.source,
+                    endpoint_url=args.endpoint_url, image_column=args.image_column, label_column=args.label_column)
+    return len(raydl_source(spec))
 
 
 def _kill_tree(pid: int) -> None:
@@ -189,7 +216,25 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_ceiling and not _missing("ceiling"):
         peers.append("ceiling")
 
-    files = list_images(args.data)[: args.limit]
+    folder = args.source == "images" and "://" not in args.data
+    if not folder:
+        others = [p for p in peers if p not in ("raydl", "raydl-base")]
+        for p in others:
+            skipped[p] = f"{p} skipped: it reads local image folders only (--source {args.source}, --data {args.data})"
+            _log(skipped[p])
+        peers = [p for p in peers if p not in others]
+        if args.limit:
+            _log("error: --limit works on local image folders only")
+            return 2
+        files = list(range(_count(args, args.data)))
+    else:
+        files = list_images(args.data)[: args.limit]
+    if args.baseline_data:
+        base_n = _count(args, args.baseline_data)
+        if base_n != len(files):
+            _log(f"error: --baseline-data has {base_n} samples, --data {len(files)}")
+            return 2
+        peers.insert(1, "raydl-base")
     if not files:
         _log(f"error: no images under {args.data}")
         return 2
@@ -202,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
         for i in range(1, args.rounds + 1):
             for peer in peers:
                 t0 = time.perf_counter()
-                row = _run_once(peer, args, data, len(files), tmp)
+                row = _run_once(peer, args, args.baseline_data if peer == "raydl-base" else data, len(files), tmp)
                 _progress(i, args.rounds, row, time.perf_counter() - t0)
                 runs.append({"round": i, **row})
     finally:

@@ -47,6 +47,18 @@ def _ray_init(cpus: int, tries: int = 3) -> None:
             ray.shutdown()
 
 
+def raydl_source(spec: PeerSpec):
+    """The raydl Dataset the spec names: an image folder, WebDataset shards or Parquet, local or s3://."""
+    import raydl
+
+    s3 = raydl.S3Options(endpoint_url=spec.endpoint_url) if spec.data.startswith("s3://") else None
+    if spec.source == "webdataset":
+        return raydl.read_webdataset(spec.data, s3=s3)
+    if spec.source == "parquet":
+        return raydl.read_parquet(spec.data, image_column=spec.image_column, label_column=spec.label_column, s3=s3)
+    return raydl.read_images(spec.data, s3=s3)
+
+
 def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
     import ray
 
@@ -55,7 +67,7 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
     _ray_init(spec.cpus)
     try:
         clock.start()
-        ds = raydl.read_images(spec.data).decode(fast=fast)
+        ds = raydl_source(spec).decode(fast=fast)
         if spec.workload == "buckets":
             ds = ds.aspect_buckets(**BUCKET_CONFIG)
         else:
@@ -284,14 +296,14 @@ def run_ceiling(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
 
 PEERS: dict[str, Callable[[PeerSpec, EpochClock], Measurement]] = {
-    "raydl": run_raydl, "raydl-fast": run_raydl_fast, "torch": run_torch, "raydata": run_raydata,
+    "raydl": run_raydl, "raydl-base": run_raydl, "raydl-fast": run_raydl_fast, "torch": run_torch, "raydata": run_raydata,
     "dataio": run_dataio, "datago": run_datago, "dali": run_dali, "spdl": run_spdl,
     "ceiling": run_ceiling, "floor": run_floor,
 }
 
 # The workloads each peer can run (the others are skipped with a note).
 WORKLOADS: dict[str, tuple[str, ...]] = {
-    "raydl": ("train", "buckets"), "raydl-fast": ("train", "buckets"), "torch": ("train", "buckets"),
+    "raydl": ("train", "buckets"), "raydl-base": ("train", "buckets"), "raydl-fast": ("train", "buckets"), "torch": ("train", "buckets"),
     "raydata": ("train",), "dataio": ("train",), "datago": ("train", "buckets"),
     "dali": ("train", "buckets"), "spdl": ("train", "buckets"), "ceiling": ("train", "buckets"),
     "floor": ("train",),
@@ -300,6 +312,7 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
 # Modules a peer needs, and what to install when one is missing.
 REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
     "raydl": (("ray",), "pip install raydl"),
+    "raydl-base": (("ray",), "pip install raydl"),
     "raydl-fast": (("ray",), "pip install raydl"),
     "dali": (("nvidia.dali",), "pip install 'raydl[bench]'  (or: pip install nvidia-dali-cuda120)"),
     "spdl": (("spdl.io",), "pip install 'raydl[bench]'  (or: pip install spdl), and FFmpeg 5's shared "

@@ -151,6 +151,9 @@ def _measure(peer: str, endpoint: str, uris: list[str], size: int, concurrency: 
     return {"req_s": len(uris) / took, "mb_s": got / took / 1e6, "seconds": took}
 
 
+_REQUIRES = {"raydl": "boto3", "boto3": "boto3", "s3dlio": "s3dlio", "s3torchconnector": "s3torchconnector"}
+
+
 def _run_child(peer, endpoint, uris, size, concurrency, env, timeout=600.0) -> dict:
     cmd = [sys.executable, "-m", "raydl.bench.storage", "--_measure", json.dumps(
         {"peer": peer, "endpoint": endpoint, "uris": uris, "size": size, "concurrency": concurrency})]
@@ -173,6 +176,12 @@ def main(args: argparse.Namespace) -> int:
     if unknown:
         _log(f"error: unknown peer(s) {unknown}; choose from {', '.join(PEERS[1:])}")
         return 2
+    import importlib.util
+
+    for p in list(peers):
+        if importlib.util.find_spec(_REQUIRES[p]) is None:
+            _log(f"{p} skipped: {_REQUIRES[p]} is not installed (pip install {_REQUIRES[p]})")
+            peers.remove(p)
     delays = [float(d) for d in args.delays.split(",") if d.strip()]
     env = dict(os.environ)
     here = str(Path(__file__).resolve().parents[2])

@@ -1,0 +1,100 @@
+"""Copies of an image folder as WebDataset shards and as Parquet, for benchmarks and examples.
+
+    python -m raydl.bench.shards IMAGE_DIR OUT_DIR [--per-shard 256] [--row-group 64]
+        [--upload s3://bucket/prefix --endpoint-url URL]
+
+OUT_DIR/wds/shard-000000.tar ... hold the images in sorted key order, each as
+<class>/<name>.<ext> with a <class>/<name>.cls member (the folder's label);
+OUT_DIR/parquet/data.parquet holds columns image (bytes), label (int64), key.
+With --upload both trees are copied to the S3 prefix.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+__all__ = ["write_parquet", "write_webdataset"]
+
+
+def _samples(folder: str):
+    import raydl
+
+    t = raydl.read_images(folder).catalog.table
+    return t.column("key").to_pylist(), t.column("label").to_pylist()
+
+
+def write_webdataset(folder: str, out: str, *, per_shard: int = 256) -> list[str]:
+    """The folder's images as uncompressed tar shards; returns their paths."""
+    keys, labels = _samples(folder)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(0, len(keys), per_shard):
+        path = os.path.join(out, f"shard-{s // per_shard:06d}.tar")
+        with tarfile.open(path, "w") as tar:
+            for key, label in zip(keys[s:s + per_shard], labels[s:s + per_shard]):
+                stem = key.rsplit(".", 1)[0]
+                for name, data in ((key, Path(folder, key).read_bytes()), (stem + ".cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
+
+
+def write_parquet(folder: str, out: str, *, row_group: int = 64) -> str:
+    """The folder's images as one Parquet file (image, label, key); returns its path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keys, labels = _samples(folder)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    table = pa.table({"image": [Path(folder, k).read_bytes() for k in keys], "label": labels, "key": keys})
+    path = os.path.join(out, "data.parquet")
+    pq.write_table(table, path, row_group_size=row_group)
+    return path
+
+
+def _upload(root: str, prefix: str, endpoint_url: str | None) -> int:
+    import boto3
+
+    from raydl.storage.s3 import split_s3
+
+    bucket, key_prefix = split_s3(prefix)
+    client = boto3.client("s3", endpoint_url=endpoint_url)
+    try:
+        client.create_bucket(Bucket=bucket)
+    except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+        pass
+    n = 0
+    for path in sorted(Path(root).rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{key_prefix.rstrip('/')}/{path.relative_to(root).as_posix()}")
+            n += 1
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m raydl.bench.shards", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder")
+    p.add_argument("out")
+    p.add_argument("--per-shard", type=int, default=256)
+    p.add_argument("--row-group", type=int, default=64)
+    p.add_argument("--upload", help="s3://bucket/prefix to copy OUT_DIR's wds/ and parquet/ to")
+    p.add_argument("--endpoint-url")
+    args = p.parse_args(argv)
+    shards = write_webdataset(args.folder, os.path.join(args.out, "wds"), per_shard=args.per_shard)
+    table = write_parquet(args.folder, os.path.join(args.out, "parquet"), row_group=args.row_group)
+    print(f"{len(shards)} shards in {args.out}/wds, {table}", file=sys.stderr)
+    if args.upload:
+        n = _upload(args.out, args.upload, args.endpoint_url)
+        print(f"uploaded {n} files to {args.upload}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
