@@ -51,8 +51,7 @@ def main() -> None:
 
     s3 = raydl.S3Options(endpoint_url=endpoint, max_concurrency=16)
     folder = raydl.read_images(f"s3://{args.bucket}/example/images", s3=s3)
-    n_shards = -(-args.images // 16)
-    shards = raydl.read_webdataset(f"s3://{args.bucket}/example/wds/shard-{{000000..{n_shards - 1:06d}}}.tar", s3=s3)
+    shards = raydl.read_webdataset(f"s3://{args.bucket}/example/wds/shard-*.tar", s3=s3)  # or a brace pattern
     local = raydl.read_images(os.path.join(work, "images"))
     print(folder, shards, sep="\n")
 
@@ -63,6 +62,7 @@ def main() -> None:
             with ds.decode().center_crop(32).loader(batch_size=16, shuffle=False) as loader:
                 epochs[name] = list(loader.iterator(0).iter_batches())
             print(f"{name:>12}: {sum(len(b['id']) for b in epochs[name])} samples")
+        assert len({len(e) for e in epochs.values()}) == 1
         for a, b, c in zip(*epochs.values()):
             assert np.array_equal(a["image"], c["image"]) and np.array_equal(b["image"], c["image"])
             assert np.array_equal(a["label"], c["label"]) and np.array_equal(b["label"], c["label"])

@@ -189,7 +189,7 @@ class DataIterator:
     def _account(self, result: BatchResult, k: int) -> None:
         if result.unreadable:
             u = result.unreadable[0]
-            raise DataSourceError(
+            raise u.error(  # DataSourceError, or the subclass the worker saw (ObjectChangedError, ...)
                 f"rank {self._rank}: batch {k} of epoch {self._epoch}: cannot read sample {u.sample_id} "
                 f"({u.uri}): {u.reason}" + (f" (and {len(result.unreadable) - 1} more)" if len(result.unreadable) > 1 else ""),
                 uri=u.uri,

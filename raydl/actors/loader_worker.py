@@ -33,7 +33,14 @@ import pyarrow as pa
 
 from raydl._process import process_name
 from raydl.catalog import Catalog
-from raydl.errors import DataSourceError, DecodeError, LoaderError, SampleDecodeError
+from raydl.errors import (
+    AccessDeniedError,
+    DataSourceError,
+    DecodeError,
+    LoaderError,
+    ObjectChangedError,
+    SampleDecodeError,
+)
 from raydl.memory import populated_empty
 from raydl.plan import substitute_id
 from raydl.storage.base import ObjectInfo
@@ -73,6 +80,12 @@ class Skipped:
     uri: str
     reason: str
     unreadable: bool = False  # the bytes could not be read, rather than decoded
+    error: type[DataSourceError] = DataSourceError  # the read error's type, raised again by the iterator
+
+    @property
+    def fatal(self) -> bool:
+        """The data changed under the loader or access is denied: no substitute may hide it."""
+        return issubclass(self.error, (ObjectChangedError, AccessDeniedError))
 
 
 @dataclass(frozen=True)
@@ -167,7 +180,7 @@ class LoaderWorker:
         replace = self._spec.on_error == "replace"
 
         def finish(i: int, failure: Skipped | None) -> None:
-            if failure is not None and replace:
+            if failure is not None and replace and not failure.fatal:
                 sid, seed = int(task.ids[i]), int(task.seeds[i])
                 ids[i] = self._substitute(failure, seed, images[i])
                 keys[i] = self._keys[int(ids[i])].as_py()
@@ -188,7 +201,8 @@ class LoaderWorker:
                 data = self._source.read_block(self._storage, shard, block.offset, block.length)
             except DataSourceError as exc:
                 return [self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
-                                                             unreadable=True)) for i in block.members]
+                                                             unreadable=True, error=type(exc)))
+                        for i in block.members]
             out = []
             for i in block.members:
                 shard, offset, length, row = (int(v) for v in where[i])
@@ -198,7 +212,7 @@ class LoaderWorker:
                     sample = self._source.cut(shard, offset, length, row, piece)
                 except DataSourceError as exc:
                     out.append(self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
-                                                                    unreadable=True)))
+                                                                    unreadable=True, error=type(exc))))
                     continue
                 out.append(self._pool.submit(decode, i, sample))
             return out
@@ -237,7 +251,7 @@ class LoaderWorker:
             uri, data = self._read(sid)
         except DataSourceError as exc:
             return Skipped(sid, exc.uri or self._shard_infos(self._where[sid:sid + 1, 0])[0].uri, str(exc),
-                           unreadable=True)
+                           unreadable=True, error=type(exc))
         return self._decode(sid, uri, data, seed, out)
 
     def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Skipped | None:

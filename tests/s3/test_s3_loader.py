@@ -99,3 +99,20 @@ def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_serv
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["image"], y["image"])
         assert x["key"] == y["key"]
+
+
+def test_object_changed_after_listing_fails_even_under_replace(ray_s3, moto_server, s3_client, bucket, image_folder):
+    """An object rewritten after listing (new etag) fails the epoch with ObjectChangedError naming it; not even
+    on_error='replace' hides it, since the data under the loader is no longer what was listed."""
+    from raydl.errors import ObjectChangedError
+
+    upload_folder(bucket, image_folder, "imgs")
+    ds = raydl.read_images(f"s3://{bucket}/imgs", s3=raydl.S3Options(endpoint_url=moto_server))
+    victim = ds.catalog.uri(3)
+    key = victim.split("/", 3)[3]
+    body = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3_client.put_object(Bucket=bucket, Key=key, Body=body[::-1])  # same size, other bytes
+    with _pipeline(ds).loader(batch_size=16, shuffle=False, on_error="replace") as loader:
+        with pytest.raises(ObjectChangedError) as info:
+            list(loader.iterator(0).iter_batches())
+    assert victim in str(info.value) and info.value.uri == victim

@@ -9,7 +9,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.parametrize("argv", [["demo", "--help"], ["make-images", "--help"], ["bench", "loader", "--help"],
-                                  ["bench", "checkpoint", "--help"], ["fabric-info", "--help"]])
+                                  ["bench", "checkpoint", "--help"], ["bench", "storage", "--help"],
+                                  ["fabric-info", "--help"]])
 def test_subcommands_answer_help(argv, capsys):
     """Each sub-command exists and prints its usage."""
     with pytest.raises(SystemExit) as info:
