@@ -54,17 +54,6 @@ def bucket(s3_client, request):
     return name
 
 
-def put_many(bucket: str, objects: dict[str, bytes]) -> None:
-    """Test data straight into the in-process moto backend (thousands of PUTs over HTTP take minutes here);
-    every read in the tests still goes over HTTP."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.s3.models import s3_backends
-
-    backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
-    for key, data in objects.items():
-        backend.put_object(bucket, key, data)
-
-
 @pytest.fixture(scope="module")
 def ray_s3(moto_server):
     """A local Ray (2 CPUs) started after the S3 server, so its workers inherit the dummy credentials."""
@@ -75,12 +64,3 @@ def ray_s3(moto_server):
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
-
-
-def upload_folder(bucket: str, root, prefix: str) -> None:
-    """Every file under `root` to s3://bucket/prefix/<relative path>."""
-    from pathlib import Path
-
-    root = Path(root)
-    put_many(bucket, {f"{prefix}/{p.relative_to(root).as_posix()}": p.read_bytes()
-                      for p in sorted(root.rglob("*")) if p.is_file()})

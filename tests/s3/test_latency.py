@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 import raydl
-from conftest import put_many
+from s3_util import put_many
 from raydl.actors.loader_worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.bench.latency_proxy import LatencyProxy
 from raydl.transforms import compile_stages

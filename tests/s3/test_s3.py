@@ -12,8 +12,7 @@ import raydl
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
 from raydl.storage.s3 import S3Storage
 
-from conftest import put_many
-from s3_faults import FaultFront
+from s3_util import FaultFront, put_many
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import raydl
-from conftest import upload_folder
+from s3_util import upload_folder
 from raydl.errors import DataSourceError
 
 pytestmark = pytest.mark.timeout(180)

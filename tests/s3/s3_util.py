@@ -1,4 +1,6 @@
-"""An HTTP front for the moto server that answers chosen requests with S3 error responses.
+"""Helpers for the S3 tests: test data straight into moto, and an HTTP front that injects S3 errors.
+
+FaultFront: an HTTP front for the moto server that answers chosen requests with S3 error responses.
 
 Requests the `plan` leaves alone are forwarded to the server unchanged; the
 others get the status and S3 error code the plan names (503 SlowDown, 500,
@@ -11,7 +13,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-__all__ = ["FaultFront"]
+__all__ = ["FaultFront", "put_many", "upload_folder"]
 
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
@@ -90,3 +92,23 @@ class FaultFront:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def put_many(bucket: str, objects: dict[str, bytes]) -> None:
+    """Test data straight into the in-process moto backend (thousands of PUTs over HTTP take minutes here);
+    every read in the tests still goes over HTTP."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
+    for key, data in objects.items():
+        backend.put_object(bucket, key, data)
+
+
+def upload_folder(bucket: str, root, prefix: str) -> None:
+    """Every file under `root` to s3://bucket/prefix/<relative path>."""
+    from pathlib import Path
+
+    root = Path(root)
+    put_many(bucket, {f"{prefix}/{p.relative_to(root).as_posix()}": p.read_bytes()
+                      for p in sorted(root.rglob("*")) if p.is_file()})
