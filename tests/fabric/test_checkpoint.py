@@ -243,3 +243,58 @@ def test_fetch_onto_cuda(cluster):
     assert all(t.is_cuda for t in got.values())
     _assert_same({k: v.cpu() for k, v in got.items()}, _state(10))
     checkpoint.unpublish(ref)
+
+
+def _big_state(mib: int) -> dict:
+    return {"w": torch.arange(mib << 18, dtype=torch.float32)}
+
+
+def test_broadcast_pipelines_under_a_link_limit(cluster):
+    """With every link capped (0.5 Gbit/s), a chain broadcast to 4 peers costs little more than one fetch."""
+    ref = checkpoint.publish(_big_state(24), chunk_size=1 << 20)
+    peers = [peer_actor() for _ in range(4)]
+    ray.get([p.name.remote() for p in peers])
+    try:
+        opts = {"link_gbps": 0.5, "window_bytes": 1 << 20}
+        t0 = time.perf_counter()
+        checkpoint.broadcast(ref, peers[:1], **opts)
+        one = time.perf_counter() - t0
+        assert one > 0.8 * ref.size / (0.5e9 / 8)  # the limit holds: the link, not the CPU, sets the time
+        ray.get([p.release.remote(ref.key) for p in peers[:1]])
+        t0 = time.perf_counter()
+        results = checkpoint.broadcast(ref, peers, **opts)
+        four = time.perf_counter() - t0
+        assert [r["source"] for r in results[1:]] == [r["holder"] for r in results[:-1]]  # a chain
+        # the benchmark's goal is <= 1.5x; the test allows for a loaded machine's Ray calls
+        assert four < 2.5 * one, (four, one)
+        expected = {"w": ("torch.float32", (24 << 18,), float(_big_state(24)["w"].double().sum()))}
+        assert ray.get(peers[3].summary.remote(ref.key)) == expected
+    finally:
+        for p in peers:
+            ray.get(p.close.remote())
+            ray.kill(p)
+        checkpoint.unpublish(ref)
+
+
+def test_broadcast_falls_back_to_the_publisher_under_a_link_limit(cluster):
+    """A holder killed mid-transfer: the peer after it finishes from the publisher, the next from that peer."""
+    ref = checkpoint.publish(_big_state(16), chunk_size=1 << 20)
+    peers = [peer_actor() for _ in range(3)]
+    try:
+        refs = ray.get([p.prepare.remote(ref) for p in peers])
+        from raydl.checkpoint.chain import chain_sources
+
+        calls = [p.pull.remote(src, timeout=30, window_bytes=1 << 20, link_gbps=0.5)
+                 for p, src in zip(peers, chain_sources(ref, refs))]
+        time.sleep(0.5)  # peer 0 holds part of it now
+        ray.kill(peers[0])
+        second, third = ray.get(calls[1:], timeout=60)
+        assert second["retried"] == 1 and second["source"] == ref.holder
+        assert third["source"] == refs[1].holder
+        expected = {"w": ("torch.float32", (16 << 18,), float(_big_state(16)["w"].double().sum()))}
+        assert ray.get(peers[2].summary.remote(ref.key)) == expected
+    finally:
+        for p in peers[1:]:
+            ray.get(p.close.remote())
+            ray.kill(p)
+        checkpoint.unpublish(ref)
