@@ -127,14 +127,14 @@ class ColdFetcher:
     """A fresh process on the fetching node, as a trainer is: torch imported at start and, when
     `prepare`, checkpoint.prepare() called there (in the background). Its first fetch is the cold one."""
 
-    def __init__(self, prepare: bool) -> None:
+    def __init__(self, prepare: bool, buffer_bytes: int | None = None) -> None:
         import torch
 
         torch.zeros(1)
         from raydl import checkpoint
 
         if prepare:
-            checkpoint.prepare()
+            checkpoint.prepare(buffer_bytes=buffer_bytes)
 
     def ready(self) -> bool:
         return True

@@ -2,7 +2,8 @@
 
 Each round starts fresh actors on node 1 (torch imported at start, as in a
 trainer) and times, in turn: a first fetch without checkpoint.prepare(), a
-first fetch in a process that called prepare() at start, a second (warm) fetch
+first fetch in a process that called prepare(buffer_bytes=size) at start (as a
+trainer that knows its model's size does), a second (warm) fetch
 in that same process, and a first ray.get of the same bytes put by node 0.
 Phases (seconds, medians): probe (libfabric's start-up and the provider
 choice), setup (the client endpoint), connect (the first read to a holder),
@@ -35,7 +36,7 @@ def run_cold(bench, rounds: int, log) -> list[dict]:
                       timeout=bench.timeout)
         actors = []
         try:
-            plain, prepared = fresh.remote(False), fresh.remote(True)
+            plain, prepared = fresh.remote(False), fresh.remote(True, bench.args.size)
             actors += [plain, prepared]
             ray.get([plain.ready.remote(), prepared.ready.remote()], timeout=bench.timeout)
             time.sleep(1.0)  # a trainer's prepare() has its start-up to run before a checkpoint arrives

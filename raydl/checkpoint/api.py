@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from raydl.checkpoint import layout, object_store
+from raydl.checkpoint.buffers import BufferPool, populate
 from raydl.checkpoint.fabric import FabricClient, pull, verify
 from raydl.checkpoint.held import HeldCopies, HeldCopy, SharedBuffer
 from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint, holder_name
@@ -40,6 +41,7 @@ class _Process:
 
     def __init__(self) -> None:
         self.published = HeldCopies()
+        self.buffers = BufferPool(max_free=1)
         self._fabric: FabricClient | None = None
         self._preparing: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -83,13 +85,23 @@ def _bind(bind: str | None) -> str | None:
     return bind if bind is not None else checkpoint_bind()
 
 
-def prepare(*, wait: bool = False) -> None:
+def prepare(*, buffer_bytes: int | None = None, wait: bool = False) -> None:
     """Bring this process's fabric side up ahead of its first fetch: libfabric's start-up (0.3-0.4 s
-    here), the provider probe and the client endpoint. A trainer calls it at start; it runs on a
-    background thread unless wait=True. Idempotent; does nothing without a usable libfabric."""
+    here), the provider probe and the client endpoint; with buffer_bytes, also fault a receive
+    buffer of that size in. A trainer calls it at start; it runs on a background thread unless
+    wait=True. Idempotent; without a usable libfabric only the buffer is prepared."""
+    if buffer_bytes is not None and buffer_bytes < 0:
+        raise ValueError(f"buffer_bytes must be >= 0, got {buffer_bytes}")
     thread = _PROCESS.start_preparing(_prepare_fabric)
+    prefault = None
+    if buffer_bytes:
+        prefault = threading.Thread(target=_PROCESS.buffers.prefault, args=(buffer_bytes,),
+                                    name="raydl-checkpoint-prefault", daemon=True)
+        prefault.start()
     if wait:
         thread.join()
+        if prefault is not None:
+            prefault.join()
 
 
 def _prepare_fabric() -> None:
@@ -219,7 +231,7 @@ def fetch(
     phases["probe"] = time.perf_counter() - t0
     peer = f"{ref.holder} ({ref.fabric.peer})" if chosen == "fabric" else f"object store ({ref.holder})"
     t = time.perf_counter()
-    target = _Target(ref.size, into)
+    target = _Target(ref.size, into, _PROCESS.buffers)
     phases["register"] = time.perf_counter() - t
     try:
         if chosen == "fabric":
@@ -252,11 +264,13 @@ def fetch(
 class _Target:
     """Where fetched bytes land: memory, or a temporary file renamed into place on success."""
 
-    def __init__(self, size: int, into: str | os.PathLike | None) -> None:
+    def __init__(self, size: int, into: str | os.PathLike | None, pool: BufferPool) -> None:
         self.path = None if into is None else os.fspath(into)
         self._tmp = None
         if self.path is None:
-            self.buffer = layout.aligned_empty(size)
+            self.buffer, fresh = pool.take(size)
+            if fresh is not None:  # fault it in ahead of the reads, without the GIL
+                threading.Thread(target=populate, args=(fresh,), name="raydl-prefault", daemon=True).start()
             return
         d = os.path.dirname(os.path.abspath(self.path))
         fd, self._tmp = tempfile.mkstemp(prefix=".raydl-", suffix=".part", dir=d)
