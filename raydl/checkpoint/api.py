@@ -236,7 +236,7 @@ def fetch(
     try:
         if chosen == "fabric":
             pull(_PROCESS.fabric, ref, target.buffer, timeout=timeout, chunk_size=chunk_size or ref.chunk_size,
-                 max_inflight=max_inflight, link_gbps=link_gbps, phases=phases)
+                 max_inflight=max_inflight, link_gbps=link_gbps, on_connected=target.fault_ahead, phases=phases)
         else:
             t = time.perf_counter()
             object_store.fetch_bytes(ref, target.buffer, timeout=timeout)
@@ -268,10 +268,9 @@ class _Target:
         self.path = None if into is None else os.fspath(into)
         self._tmp = None
         if self.path is None:
-            self.buffer, fresh = pool.take(size)
-            if fresh is not None:  # fault it in ahead of the reads, without the GIL
-                threading.Thread(target=populate, args=(fresh,), name="raydl-prefault", daemon=True).start()
+            self.buffer, self._fresh = pool.take(size)
             return
+        self._fresh = None
         d = os.path.dirname(os.path.abspath(self.path))
         fd, self._tmp = tempfile.mkstemp(prefix=".raydl-", suffix=".part", dir=d)
         try:
@@ -280,6 +279,13 @@ class _Target:
         finally:
             os.close(fd)
         self.buffer = np.frombuffer(self._mm, np.uint8)
+
+    def fault_ahead(self) -> None:
+        """Fault fresh memory in on a thread, ahead of the reads (no GIL held). Not before the
+        connection is up: populating holds the process's mmap lock, which opening the stack needs."""
+        if self._fresh is not None:
+            threading.Thread(target=populate, args=(self._fresh,), name="raydl-prefault", daemon=True).start()
+            self._fresh = None
 
     def commit(self) -> None:
         if self._tmp is None:
