@@ -91,6 +91,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--link-gbps", type=float, default=None,
                    help="cap every fabric link (fetch and each broadcast hop) at this many Gbit/s: a simulated "
                         "network, so that links and not the shared CPU bound the figures")
+    p.add_argument("--window", type=parse_size, default=8 << 20,
+                   help="broadcast: bytes a peer reads between looks at its upstream's progress (default: 8MiB)")
     p.add_argument("--json", help="write every round, the medians and the targets here")
     p.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     p.add_argument("-v", "--verbose", action="store_true", help="show the Ray workers' logs")
@@ -259,12 +261,14 @@ class _Bench:
             warm = ray.get(self.source.publish.remote("warm", ("fabric",), self.args.chunk_size),
                            timeout=self.timeout)
             keys.append(warm.key)
-            checkpoint.broadcast(warm, peers, timeout=self.timeout, link_gbps=self.args.link_gbps)
+            checkpoint.broadcast(warm, peers, timeout=self.timeout, link_gbps=self.args.link_gbps,
+                                 window_bytes=self.args.window)
             ref = ray.get(self.source.publish.remote("full", ("fabric",), self.args.chunk_size),
                           timeout=self.timeout)
             keys.append(ref.key)
             t0 = time.perf_counter()
-            results = checkpoint.broadcast(ref, peers, timeout=self.timeout, link_gbps=self.args.link_gbps)
+            results = checkpoint.broadcast(ref, peers, timeout=self.timeout, link_gbps=self.args.link_gbps,
+                                           window_bytes=self.args.window)
             seconds = time.perf_counter() - t0
             return {"seconds": seconds, "bytes": ref.size, "peers": n,
                     "slowest_peer_seconds": max(r["seconds"] for r in results),
