@@ -34,6 +34,6 @@ def test_prefault_makes_a_free_buffer_of_at_least_that_size():
     """prefault(n) leaves a free, faulted-in buffer that the next take(n) uses."""
     pool = BufferPool()
     pool.prefault(4 << 20)
-    assert pool.free_bytes() == 4 << 20
+    assert 4 << 20 < pool.free_bytes() <= 7 << 20  # room for the safetensors header
     buf, fresh = pool.take(4 << 20)
     assert fresh is None and np.all(buf[::4096] == 0)
