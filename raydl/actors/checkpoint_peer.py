@@ -23,9 +23,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CheckpointPeer", "peer_actor"]
 
-_POLL_S = 0.001
-
-
 class CheckpointPeer:
     """Receives one checkpoint at a time and serves it to later peers."""
 
@@ -154,8 +151,6 @@ class _UpstreamProgress:
         with self._lock:
             self._conn.read_into(self._word, timeout=30.0, watchdog=self._watch)
             n = int(self._word[0])
-        if n < len(self._src.checksums):
-            time.sleep(_POLL_S)  # the holder is still receiving: don't spin on its progress word
         return n
 
 

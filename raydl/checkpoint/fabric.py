@@ -24,7 +24,8 @@ from raydl.errors import CheckpointError, FabricError
 
 __all__ = ["FabricClient", "pull", "verify"]
 
-WATCH_EVERY_S = 1.0   # no completion for this long: ask whether the holder is still there
+WATCH_EVERY_S = 1.0
+UPSTREAM_POLL_S = 0.003  # a broadcast peer's look at its upstream's progress word, when it is behind   # no completion for this long: ask whether the holder is still there
 
 
 class FabricClient:
@@ -183,10 +184,12 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
                 if on_connected is not None:
                     on_connected()
                 t1 = time.perf_counter()
+                avail = start
                 while done < n:
-                    avail = n if upstream_done is None else upstream_done()
-                    if avail <= done:
-                        time.sleep(0.001)
+                    if avail <= done:  # look at the upstream's progress only once what it had is read
+                        avail = n if upstream_done is None else upstream_done()
+                    if avail <= done:  # the upstream holder has nothing new yet
+                        time.sleep(UPSTREAM_POLL_S)
                         continue
                     end = min(avail, done + window)
                     lo, hi = done * c, min(end * c, ref.size)

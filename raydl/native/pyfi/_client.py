@@ -230,8 +230,9 @@ class Connection(Closeable):
                 else:
                     if paced > 0:
                         wait_s = min(wait_s, paced)
+                    # paced: completions come at the link's rate, so nap longer between polls
                     finished, errors = stack.cq.poll(timeout_s=wait_s, spin=_CLIENT_SPIN,
-                                                     sleep_us=_CLIENT_SLEEP_US)
+                                                     sleep_us=_CLIENT_SLEEP_US if pacer is None else 200)
                 if errors:
                     raise self._completion_error(call, errors[0], len(errors))
                 for ctx in finished:
