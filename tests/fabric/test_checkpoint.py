@@ -284,7 +284,9 @@ def test_broadcast_falls_back_to_the_publisher_under_a_link_limit(cluster):
         refs = ray.get([p.prepare.remote(ref) for p in peers])
         from raydl.checkpoint.chain import chain_sources
 
-        calls = [p.pull.remote(src, timeout=30, window_bytes=1 << 20, link_gbps=0.5)
+        # 16 MiB at 0.1 Gbit/s is 1.3 s a hop: peer 0 cannot be done when it is killed 0.5 s in
+        # (at 0.5 Gbit/s it could be, and then nobody needs to fall back).
+        calls = [p.pull.remote(src, timeout=30, window_bytes=1 << 20, link_gbps=0.1)
                  for p, src in zip(peers, chain_sources(ref, refs))]
         time.sleep(0.5)  # peer 0 holds part of it now
         ray.kill(peers[0])
