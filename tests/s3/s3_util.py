@@ -50,13 +50,15 @@ class FaultFront:
                     status, code = fault
                     payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
                                f"<Message>injected {code}</Message></Error>").encode()
+                    # recorded before the answer goes out: the client may check `requests` the moment it has it
+                    with lock:
+                        front.requests[n] = (self.command, self.path, status)
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(payload)
-                    front.requests[n] = (self.command, self.path, status)
                     return
                 conn = http.client.HTTPConnection(host, int(port), timeout=30)
                 try:
@@ -65,6 +67,8 @@ class FaultFront:
                     data = resp.read()
                 finally:
                     conn.close()
+                with lock:
+                    front.requests[n] = (self.command, self.path, resp.status)
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in _DROP:
@@ -73,7 +77,6 @@ class FaultFront:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                front.requests[n] = (self.command, self.path, resp.status)
 
             do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _handle
 
