@@ -19,7 +19,8 @@ from raydl.errors import DecodeError, NativeKernelError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["crop_resize_into", "jpeg_available", "jpeg_crop_resize_into", "kernel_status", "native_available"]
+__all__ = ["crop_resize_into", "jpeg_available", "jpeg_crop_resize_into", "kernel_status", "native_available",
+           "simd"]
 
 _OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED = 0, -1, -2, -3, -4
 
@@ -66,7 +67,24 @@ def kernel_status() -> str:
     if lib is None:
         return f"numpy/Pillow fallback: {reason}"
     jpeg = "region JPEG decode (libjpeg-turbo)" if jpeg_available() else f"whole-JPEG decode ({_load_jpeg()[2]})"
-    return f"native C kernel (cffi), {jpeg}"
+    path = "AVX2" if lib.raydl_simd(-1) else "portable C"
+    return f"native C kernel (cffi, fixed-point resampler, {path}), {jpeg}"
+
+
+def simd(enabled: bool | None = None) -> bool:
+    """Whether the resampler uses its AVX2 path; `enabled=False` forces the portable C one.
+
+    Both paths compute the same integer sums, so they give the same bytes: this
+    switch exists to test that. It applies to this process's kernels (both the
+    plain and the JPEG module). False when the kernels are not loaded.
+    """
+    mode = -1 if enabled is None else int(bool(enabled))
+    now = False
+    for loader in (_load, _load_jpeg):
+        lib = loader()[1]
+        if lib is not None:
+            now = bool(lib.raydl_simd(mode))
+    return now
 
 
 @functools.lru_cache(maxsize=1)

@@ -23,6 +23,7 @@ int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
                       const float *scale, const float *bias, void *dst);
+int raydl_simd(int mode);
 """
 _JPEG = """
 int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,

@@ -3,9 +3,9 @@
  * libjpeg-turbo can skip the IDCT, upsampling and colour conversion of rows
  * above the crop (jpeg_skip_scanlines) and of columns left and right of it
  * (jpeg_crop_scanline), stop after the last row the crop reads, and scale by
- * 1/2, 1/4 or 1/8 in the DCT domain. What it decodes is handed to
- * raydl_crop_resize with a margin of rows and columns around the box, so the
- * filter sees exactly the pixels it would see in a full decode. The caller
+ * 1/2, 1/4 or 1/8 in the DCT domain. What it decodes, with a margin of rows
+ * and columns around the box so the filter sees exactly the pixels it would
+ * see in a full decode, goes row by row into the resampler (kernels.c). The caller
  * picks the DCT scale (raydl.decode.dct_factor); `fast` trades exactness for
  * speed (IFAST IDCT, no fancy upsampling).
  *
@@ -62,6 +62,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     err_mgr_t err;
     /* volatile: these change after setjmp and are read after a longjmp */
     uint8_t *volatile buf = NULL;
+    raydl_resize_t *volatile plan = NULL;
     volatile int started = 0;
 
     memset(&cinfo, 0, sizeof cinfo);
@@ -73,6 +74,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
         copy_msg(errbuf, errbuf_len, err.msg);
         jpeg_destroy_decompress(&cinfo);
         raydl_scratch_release(1, buf);
+        raydl_resize_release(plan);
         return RAYDL_EJPEG;
     }
     jpeg_create_decompress(&cinfo);
@@ -121,36 +123,54 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     if (row0 > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)row0);
     int rows = row1 - row0;
     size_t stride = (size_t)cinfo.output_width * 3; /* output_width == cw after cropping */
-    buf = raydl_scratch(1, stride * (size_t)rows);
+
+    /* Rows are resampled as they are decoded, through a ring of as many rows
+     * as one output row reads, so they are still in cache when the filter
+     * reads them and no buffer of the whole region is written to memory. */
+    raydl_resize_t *r;
+    int rc = raydl_resize_plan(&r, rows, (int)cw, bx0 - (double)xoff, by0 - row0, bx1 - (double)xoff,
+                               by1 - row0, out_h, out_w, flip, out_format, scale, bias, dst);
+    if (rc != RAYDL_OK) {
+        jpeg_abort_decompress(&cinfo);
+        jpeg_destroy_decompress(&cinfo);
+        copy_msg(errbuf, errbuf_len, "bad crop box or output size");
+        return rc;
+    }
+    plan = r;
+    int cap = raydl_resize_max_taps(r);
+    buf = raydl_scratch(1, stride * (size_t)cap);
     if (!buf) {
         jpeg_abort_decompress(&cinfo);
         jpeg_destroy_decompress(&cinfo);
+        raydl_resize_release(r);
         return RAYDL_ENOMEM;
     }
-    for (int got = 0; got < rows;) {
-        JSAMPROW row = buf + stride * (size_t)got;
-        JDIMENSION n = jpeg_read_scanlines(&cinfo, &row, 1);
-        if (n == 0) {
-            copy_msg(errbuf, errbuf_len, "JPEG data ended before the crop's last row");
-            jpeg_abort_decompress(&cinfo);
-            jpeg_destroy_decompress(&cinfo);
-            raydl_scratch_release(1, buf);
-            return RAYDL_EJPEG;
+    const uint8_t *win[cap];
+    int have = 0; /* rows decoded so far, row i in ring slot i % cap */
+    for (int yy = 0; yy < out_h; yy++) {
+        int first, n;
+        raydl_resize_window(r, yy, &first, &n);
+        while (have < first + n) {
+            JSAMPROW row = buf + stride * (size_t)(have % cap);
+            if (jpeg_read_scanlines(&cinfo, &row, 1) == 0) {
+                copy_msg(errbuf, errbuf_len, "JPEG data ended before the crop's last row");
+                jpeg_abort_decompress(&cinfo);
+                jpeg_destroy_decompress(&cinfo);
+                raydl_scratch_release(1, buf);
+                raydl_resize_release(r);
+                return RAYDL_EJPEG;
+            }
+            have++;
         }
-        got += (int)n;
+        for (int t = 0; t < n; t++) win[t] = buf + stride * (size_t)((first + t) % cap);
+        raydl_resize_row(r, yy, win);
     }
     int warned = err.pub.num_warnings > 0;
     if (warned) copy_msg(errbuf, errbuf_len, err.msg);
     (void)started;
     jpeg_abort_decompress(&cinfo); /* the rows below the crop are never decoded */
     jpeg_destroy_decompress(&cinfo);
-    if (warned) {
-        raydl_scratch_release(1, buf);
-        return RAYDL_EJPEG;
-    }
-    int rc = raydl_crop_resize(buf, rows, (int)cw, (int)stride,
-                               bx0 - (double)xoff, by0 - row0, bx1 - (double)xoff, by1 - row0,
-                               out_h, out_w, flip, out_format, scale, bias, dst);
     raydl_scratch_release(1, buf);
-    return rc;
+    raydl_resize_release(r);
+    return warned ? RAYDL_EJPEG : RAYDL_OK;
 }

@@ -3,9 +3,20 @@
  * The resampling follows Pillow's separable convolution (Resample.c): for
  * every output column a window of input columns is weighted by the bilinear
  * ("triangle") filter, whose support grows with the downscale factor, which
- * is what antialiases a downscale. Coefficients are computed in double and
- * the accumulation is done in float, so results agree with Pillow's
- * fixed-point code to within a grey level or two.
+ * is what antialiases a downscale. The weights are computed in double, then
+ * quantized to Q14 fixed point (each window summing to exactly 1.0), and
+ * applied with integer arithmetic, as Pillow-SIMD does:
+ *
+ *  - vertical pass first, one output row at a time, over the source rows it
+ *    reads: uint8 x Q14 summed in int32 and kept as Q6 int16 (value * 64),
+ *    so the intermediate row carries 6 bits more than Pillow's uint8 one;
+ *  - horizontal pass on that row (it is small and stays in L1): Q6 x Q14
+ *    summed in int32 (Q20), then rounded to uint8 or scaled to float32.
+ *
+ * Integer sums are exact, so the AVX2 path (pmaddwd on pairs of taps) and the
+ * portable C path give the same bytes; raydl_simd() switches between them.
+ * Source rows come through a callback, so the JPEG decoder can feed rows as it
+ * decodes them into a small ring instead of a whole-image buffer.
  *
  * cffi releases the GIL around every call into this file.
  */
@@ -16,16 +27,18 @@
 
 #include "kernels.h"
 
-typedef float v4f __attribute__((vector_size(16)));
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define RAYDL_X86 1
+#include <immintrin.h>
+#endif
 
-typedef struct {
-    int *start;   /* first input index of each output index */
-    int *count;   /* number of taps of each output index */
-    float *w;     /* weights, ksize per output index */
-    int ksize;
-} coeffs_t;
+#define KBITS 14 /* weights in Q14 */
+#define IBITS 6  /* intermediate row in Q6 */
+#define VSHIFT (KBITS - IBITS)
+#define HSHIFT (KBITS + IBITS)
+#define ROW_SLACK 16 /* int16 after a filtered row that the AVX2 horizontal pass may read (weight 0) */
 
-#define RAYDL_SCRATCH_SLOTS 2
+#define RAYDL_SCRATCH_SLOTS 3
 #define RAYDL_SCRATCH_KEEP ((size_t)64 << 20)
 static __thread void *scratch_buf[RAYDL_SCRATCH_SLOTS];
 static __thread size_t scratch_cap[RAYDL_SCRATCH_SLOTS];
@@ -44,31 +57,45 @@ void raydl_scratch_release(int slot, void *p) {
     if (p != scratch_buf[slot]) free(p); /* only buffers too large to keep were malloc'ed for one call */
 }
 
+/* ---- SIMD selection ---------------------------------------------------- */
+
+static int simd_state = -1; /* -1: not probed yet; 0: portable C; 1: AVX2 */
+
+static int avx2_supported(void) {
+#ifdef RAYDL_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+int raydl_simd(int mode) {
+    if (mode == 0) simd_state = 0;
+    else if (mode > 0 || simd_state < 0) simd_state = avx2_supported();
+    return simd_state;
+}
+
+/* ---- coefficients ------------------------------------------------------ */
+
 static double triangle(double x) {
     if (x < 0.0) x = -x;
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
-static void coeffs_free(coeffs_t *c) {
-    free(c->start);
-    free(c->count);
-    free(c->w);
+static int axis_ksize(double in0, double in1, int out_size) {
+    double scale = (in1 - in0) / out_size;
+    double support = scale < 1.0 ? 1.0 : scale;
+    return (int)ceil(support) * 2 + 1;
 }
 
-/* Coefficients mapping [in0, in1) of an axis of in_size to out_size. */
-static int coeffs_make(coeffs_t *c, int in_size, double in0, double in1, int out_size) {
+/* Windows mapping [in0, in1) of an axis of in_size to out_size, as Pillow's
+ * precompute_coeffs; weights in Q14, `stride` int16 per output index (zero-padded). */
+static void axis_coeffs(int in_size, double in0, double in1, int out_size, int ksize, int stride,
+                        int *start, int *count, int16_t *k) {
     double scale = (in1 - in0) / out_size;
     double filterscale = scale < 1.0 ? 1.0 : scale;
     double support = 1.0 * filterscale;
-    int ksize = (int)ceil(support) * 2 + 1;
-    c->ksize = ksize;
-    c->start = malloc(sizeof(int) * out_size);
-    c->count = malloc(sizeof(int) * out_size);
-    c->w = calloc((size_t)out_size * ksize, sizeof(float));
-    if (!c->start || !c->count || !c->w) {
-        coeffs_free(c);
-        return RAYDL_ENOMEM;
-    }
     double ss = 1.0 / filterscale;
     double tmp[ksize];
     for (int xx = 0; xx < out_size; xx++) {
@@ -79,103 +106,287 @@ static int coeffs_make(coeffs_t *c, int in_size, double in0, double in1, int out
         if (xmax > in_size) xmax = in_size;
         xmax -= xmin;
         if (xmax > ksize) xmax = ksize;
+        if (xmax < 1) { /* cannot happen for a valid box; keep one tap so a window is never empty */
+            xmin = xmin >= in_size ? in_size - 1 : xmin;
+            xmax = 1;
+        }
         double ww = 0.0;
         for (int x = 0; x < xmax; x++) {
-            double w = triangle((x + xmin - center + 0.5) * ss);
-            tmp[x] = w;
-            ww += w;
+            tmp[x] = triangle((x + xmin - center + 0.5) * ss);
+            ww += tmp[x];
         }
-        float *k = c->w + (size_t)xx * ksize;
-        for (int x = 0; x < xmax; x++) k[x] = (float)(ww != 0.0 ? tmp[x] / ww : tmp[x]);
-        c->start[xx] = xmin;
-        c->count[xx] = xmax;
+        int16_t *kk = k + (size_t)xx * stride;
+        memset(kk, 0, sizeof(int16_t) * (size_t)stride);
+        int sum = 0, big = 0;
+        for (int x = 0; x < xmax; x++) {
+            double w = ww > 0.0 ? tmp[x] / ww : (x == 0 ? 1.0 : 0.0);
+            kk[x] = (int16_t)lround(w * (1 << KBITS));
+            sum += kk[x];
+            if (kk[x] > kk[big]) big = x;
+        }
+        kk[big] = (int16_t)(kk[big] + ((1 << KBITS) - sum)); /* the window sums to exactly 1.0 */
+        start[xx] = xmin;
+        count[xx] = xmax;
     }
+}
+
+/* ---- the two passes ---------------------------------------------------- */
+
+/* out[i] = round(sum_t k[t] * rows[t][i] / 2^VSHIFT), i < len (Q6); acc: len int32 of scratch.
+ * Tap by tap over whole rows, which compilers vectorize. */
+static void vpass_c(const uint8_t *const *rows, const int16_t *k, int n, int len, int16_t *out, int32_t *acc) {
+    const uint8_t *r0 = rows[0];
+    const int32_t k0 = k[0];
+    for (int i = 0; i < len; i++) acc[i] = (1 << (VSHIFT - 1)) + k0 * r0[i];
+    for (int t = 1; t < n; t++) {
+        const uint8_t *rt = rows[t];
+        const int32_t kt = k[t];
+        for (int i = 0; i < len; i++) acc[i] += kt * rt[i];
+    }
+    for (int i = 0; i < len; i++) out[i] = (int16_t)(acc[i] >> VSHIFT);
+}
+
+/* acc[4 * x + c] = sum_t k[x][t] * in[(start[x] + t) * 3 + c] (Q20), c < 3. */
+static void hpass_c(const int16_t *in, const int *start, const int *count, const int16_t *k, int kstride,
+                    int out_w, int32_t *acc) {
+    for (int x = 0; x < out_w; x++) {
+        const int16_t *p = in + (size_t)start[x] * 3;
+        const int16_t *kk = k + (size_t)x * kstride;
+        int32_t r = 0, g = 0, b = 0;
+        for (int t = 0; t < count[x]; t++) {
+            r += (int32_t)kk[t] * p[3 * t];
+            g += (int32_t)kk[t] * p[3 * t + 1];
+            b += (int32_t)kk[t] * p[3 * t + 2];
+        }
+        acc[4 * x] = r;
+        acc[4 * x + 1] = g;
+        acc[4 * x + 2] = b;
+    }
+}
+
+#ifdef RAYDL_X86
+__attribute__((target("avx2"))) static void vpass_avx2(const uint8_t *const *rows, const int16_t *k, int n,
+                                                        int len, int16_t *out) {
+    const __m256i zero = _mm256_setzero_si256(), rnd = _mm256_set1_epi32(1 << (VSHIFT - 1));
+    int i = 0;
+    for (; i + 32 <= len; i += 32) {
+        __m256i a0 = rnd, a1 = rnd, a2 = rnd, a3 = rnd;
+        for (int t = 0; t < n; t += 2) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(rows[t] + i)), y = zero;
+            uint32_t pair = (uint16_t)k[t];
+            if (t + 1 < n) {
+                y = _mm256_loadu_si256((const __m256i *)(rows[t + 1] + i));
+                pair |= (uint32_t)(uint16_t)k[t + 1] << 16;
+            }
+            __m256i kk = _mm256_set1_epi32((int)pair);
+            __m256i lo = _mm256_unpacklo_epi8(x, y), hi = _mm256_unpackhi_epi8(x, y);
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), kk));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), kk));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), kk));
+            a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), kk));
+        }
+        /* a0..a3 hold elements [0-3|16-19], [4-7|20-23], [8-11|24-27], [12-15|28-31] */
+        __m256i r0 = _mm256_packs_epi32(_mm256_srai_epi32(a0, VSHIFT), _mm256_srai_epi32(a1, VSHIFT));
+        __m256i r1 = _mm256_packs_epi32(_mm256_srai_epi32(a2, VSHIFT), _mm256_srai_epi32(a3, VSHIFT));
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_permute2x128_si256(r0, r1, 0x20));
+        _mm256_storeu_si256((__m256i *)(out + i + 16), _mm256_permute2x128_si256(r0, r1, 0x31));
+    }
+    for (; i < len; i++) {
+        int32_t acc = 1 << (VSHIFT - 1);
+        for (int t = 0; t < n; t++) acc += (int32_t)k[t] * rows[t][i];
+        out[i] = (int16_t)(acc >> VSHIFT);
+    }
+}
+
+/* Four taps per step: pixels t, t+1 in the low lane and t+2, t+3 in the high
+ * lane, shuffled to (r r g g b b 0 0) and multiplied by weight pairs. kv holds,
+ * per output column, nq vectors of (k[4q], k[4q+1]) x4 | (k[4q+2], k[4q+3]) x4. */
+__attribute__((target("avx2"))) static void hpass_avx2(const int16_t *in, const int *start, const int *count,
+                                                        const __m256i *kv, int nq, int out_w, int32_t *acc) {
+    const __m256i shuf = _mm256_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1,
+                                          0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1);
+    for (int x = 0; x < out_w; x++) {
+        const int16_t *p = in + (size_t)start[x] * 3;
+        const __m256i *kk = kv + (size_t)x * nq;
+        int steps = (count[x] + 3) >> 2;
+        __m256i s = _mm256_setzero_si256();
+        for (int q = 0; q < steps; q++, p += 12) {
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                                _mm_loadu_si128((const __m128i *)(p + 6)), 1);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_shuffle_epi8(v, shuf), _mm256_loadu_si256(kk + q)));
+        }
+        _mm_storeu_si128((__m128i *)(acc + 4 * x),
+                         _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+    }
+}
+#endif
+
+/* ---- plan and run ------------------------------------------------------ */
+
+struct raydl_resize {
+    int out_w, out_h, flip, out_format;
+    int col0, span;       /* source columns [col0, col0 + span) feed the output */
+    int kx_stride, nq, ky_stride, simd;
+    int *xstart, *xcount; /* relative to col0 */
+    int *ystart, *ycount;
+    int16_t *kx, *ky;
+    void *kv;             /* 32-byte vectors for hpass_avx2 */
+    int16_t *row;         /* one vertically filtered row */
+    int32_t *acc;         /* one horizontally filtered row, 4 int32 per pixel */
+    int32_t *vacc;        /* the portable vertical pass's sums (span * 3), NULL with AVX2 */
+    const uint8_t **rows; /* the source rows of one output row */
+    const float *scale, *bias;
+    void *dst;
+    void *mem;            /* the scratch block holding all of the above */
+};
+
+static size_t align32(size_t n) { return (n + 31) & ~(size_t)31; }
+
+int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
+                      double box_x0, double box_y0, double box_x1, double box_y1,
+                      int out_h, int out_w, int flip, int out_format,
+                      const float *scale, const float *bias, void *dst) {
+    *out_plan = NULL;
+    if (!dst || src_h <= 0 || src_w <= 0 || out_h <= 0 || out_w <= 0) return RAYDL_EINVAL;
+    /* Written as what must hold, so that NaN (every comparison false) is refused too. */
+    if (!(box_x0 >= 0 && box_y0 >= 0 && box_x1 <= src_w && box_y1 <= src_h && box_x1 > box_x0 &&
+          box_y1 > box_y0))
+        return RAYDL_EINVAL;
+    if (out_format == RAYDL_OUT_F32_CHW && (!scale || !bias)) return RAYDL_EINVAL;
+    if (out_format != RAYDL_OUT_U8_HWC && out_format != RAYDL_OUT_F32_CHW) return RAYDL_EINVAL;
+    int simd = raydl_simd(-1);
+    int kxs = axis_ksize(box_x0, box_x1, out_w), kys = axis_ksize(box_y0, box_y1, out_h);
+    int kx_stride = (kxs + 3) & ~3, nq = kx_stride / 4;
+    int span_max = src_w; /* the row buffer is sized for the widest possible span */
+    size_t sz_plan = align32(sizeof(raydl_resize_t));
+    size_t sz_xi = align32(sizeof(int) * (size_t)out_w), sz_yi = align32(sizeof(int) * (size_t)out_h);
+    size_t sz_kx = align32(sizeof(int16_t) * (size_t)out_w * kx_stride);
+    size_t sz_ky = align32(sizeof(int16_t) * (size_t)out_h * kys);
+    size_t sz_kv = simd ? align32((size_t)32 * out_w * nq) : 0;
+    size_t sz_row = align32(sizeof(int16_t) * ((size_t)span_max * 3 + ROW_SLACK));
+    size_t sz_acc = align32(sizeof(int32_t) * 4 * (size_t)out_w);
+    size_t sz_rows = align32(sizeof(uint8_t *) * (size_t)kys);
+    size_t sz_vacc = simd ? 0 : align32(sizeof(int32_t) * (size_t)span_max * 3);
+    size_t total = sz_plan + 2 * sz_xi + 2 * sz_yi + sz_kx + sz_ky + sz_kv + sz_row + sz_acc + sz_rows + sz_vacc + 32;
+    void *mem = raydl_scratch(0, total);
+    if (!mem) return RAYDL_ENOMEM;
+    char *p = (char *)(((uintptr_t)mem + 31) & ~(uintptr_t)31);
+    raydl_resize_t *r = (raydl_resize_t *)p;
+    p += sz_plan;
+    r->xstart = (int *)p; p += sz_xi;
+    r->xcount = (int *)p; p += sz_xi;
+    r->ystart = (int *)p; p += sz_yi;
+    r->ycount = (int *)p; p += sz_yi;
+    r->kx = (int16_t *)p; p += sz_kx;
+    r->ky = (int16_t *)p; p += sz_ky;
+    r->kv = simd ? (void *)p : NULL; p += sz_kv;
+    r->row = (int16_t *)p; p += sz_row;
+    r->acc = (int32_t *)p; p += sz_acc;
+    r->rows = (const uint8_t **)p; p += sz_rows;
+    r->vacc = simd ? NULL : (int32_t *)p;
+    r->out_w = out_w; r->out_h = out_h; r->flip = flip; r->out_format = out_format;
+    r->kx_stride = kx_stride; r->nq = nq; r->ky_stride = kys; r->simd = simd;
+    r->scale = scale; r->bias = bias; r->dst = dst; r->mem = mem;
+    axis_coeffs(src_w, box_x0, box_x1, out_w, kxs, kx_stride, r->xstart, r->xcount, r->kx);
+    axis_coeffs(src_h, box_y0, box_y1, out_h, kys, kys, r->ystart, r->ycount, r->ky);
+    r->col0 = r->xstart[0];
+    int col1 = r->xstart[0] + r->xcount[0];
+    for (int x = 0; x < out_w; x++) {
+        if (r->xstart[x] < r->col0) r->col0 = r->xstart[x];
+        if (r->xstart[x] + r->xcount[x] > col1) col1 = r->xstart[x] + r->xcount[x];
+    }
+    r->span = col1 - r->col0;
+    for (int x = 0; x < out_w; x++) r->xstart[x] -= r->col0;
+    memset(r->row + (size_t)r->span * 3, 0, sizeof(int16_t) * ROW_SLACK);
+#ifdef RAYDL_X86
+    if (simd) {
+        int32_t *kv = (int32_t *)r->kv;
+        for (int x = 0; x < out_w; x++) {
+            const int16_t *kk = r->kx + (size_t)x * kx_stride;
+            for (int q = 0; q < nq; q++, kv += 8) {
+                uint32_t lo = (uint16_t)kk[4 * q] | (uint32_t)(uint16_t)kk[4 * q + 1] << 16;
+                uint32_t hi = (uint16_t)kk[4 * q + 2] | (uint32_t)(uint16_t)kk[4 * q + 3] << 16;
+                for (int j = 0; j < 4; j++) {
+                    kv[j] = (int32_t)lo;
+                    kv[4 + j] = (int32_t)hi;
+                }
+            }
+        }
+    }
+#endif
+    *out_plan = r;
     return RAYDL_OK;
 }
 
-/* On x86-64 an AVX2+FMA copy is compiled beside the baseline one and picked at
- * load time, so one wheel runs everywhere and uses the wider units where present. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#define RAYDL_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define RAYDL_CLONES
-#endif
+void raydl_resize_window(const raydl_resize_t *r, int yy, int *first, int *count) {
+    *first = r->ystart[yy];
+    *count = r->ycount[yy];
+}
 
-RAYDL_CLONES
+int raydl_resize_max_taps(const raydl_resize_t *r) { return r->ky_stride; }
+
+static void write_row(const raydl_resize_t *r, int yy) {
+    const int32_t *acc = r->acc;
+    int out_w = r->out_w;
+    if (r->out_format == RAYDL_OUT_U8_HWC) {
+        uint8_t *o = (uint8_t *)r->dst + (size_t)yy * out_w * 3;
+        for (int x = 0; x < out_w; x++) {
+            uint8_t *d = o + (size_t)(r->flip ? out_w - 1 - x : x) * 3;
+            for (int c = 0; c < 3; c++) {
+                int32_t v = (acc[4 * x + c] + (1 << (HSHIFT - 1))) >> HSHIFT;
+                d[c] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+            }
+        }
+    } else {
+        size_t plane = (size_t)r->out_h * out_w;
+        float *o = (float *)r->dst + (size_t)yy * out_w;
+        for (int c = 0; c < 3; c++) {
+            const float s = r->scale[c] * (1.0f / (float)(1 << HSHIFT)), b = r->bias[c];
+            float *oc = o + c * plane;
+            if (r->flip)
+                for (int x = 0; x < out_w; x++) oc[out_w - 1 - x] = (float)acc[4 * x + c] * s + b;
+            else
+                for (int x = 0; x < out_w; x++) oc[x] = (float)acc[4 * x + c] * s + b;
+        }
+    }
+}
+
+void raydl_resize_row(raydl_resize_t *r, int yy, const uint8_t *const *src_rows) {
+    int n = r->ycount[yy];
+    const int16_t *k = r->ky + (size_t)yy * r->ky_stride;
+    for (int t = 0; t < n; t++) r->rows[t] = src_rows[t] + (size_t)r->col0 * 3;
+#ifdef RAYDL_X86
+    if (r->simd) {
+        vpass_avx2(r->rows, k, n, r->span * 3, r->row);
+        hpass_avx2(r->row, r->xstart, r->xcount, (const __m256i *)r->kv, r->nq, r->out_w, r->acc);
+        write_row(r, yy);
+        return;
+    }
+#endif
+    vpass_c(r->rows, k, n, r->span * 3, r->row, r->vacc);
+    hpass_c(r->row, r->xstart, r->xcount, r->kx, r->kx_stride, r->out_w, r->acc);
+    write_row(r, yy);
+}
+
+void raydl_resize_release(raydl_resize_t *r) {
+    if (r) raydl_scratch_release(0, r->mem); /* frees only a plan too large to keep */
+}
+
 int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
                       const float *scale, const float *bias, void *dst) {
-    if (!src || !dst || src_h <= 0 || src_w <= 0 || out_h <= 0 || out_w <= 0)
-        return RAYDL_EINVAL;
-    /* Written as what must hold, so that NaN (every comparison false) is refused too. */
-    if (!(box_x0 >= 0 && box_y0 >= 0 && box_x1 <= src_w && box_y1 <= src_h &&
-          box_x1 > box_x0 && box_y1 > box_y0))
-        return RAYDL_EINVAL;
-
-    coeffs_t cx, cy;
-    if (coeffs_make(&cx, src_w, box_x0, box_x1, out_w) != RAYDL_OK) return RAYDL_ENOMEM;
-    if (coeffs_make(&cy, src_h, box_y0, box_y1, out_h) != RAYDL_OK) {
-        coeffs_free(&cx);
-        return RAYDL_ENOMEM;
-    }
-    /* Vertical pass first: it runs over whole contiguous rows, which the
-     * compiler vectorizes, and only over the columns some output column reads. */
-    int col0 = cx.start[0];
-    int col1 = cx.start[out_w - 1] + cx.count[out_w - 1];
-    int span = (col1 - col0) * 3;
-    float *tmp = raydl_scratch(0, sizeof(float) * ((size_t)out_h * span + 1));
-    if (!tmp) {
-        coeffs_free(&cx);
-        coeffs_free(&cy);
-        return RAYDL_ENOMEM;
-    }
+    if (!src) return RAYDL_EINVAL;
+    raydl_resize_t *r;
+    int rc = raydl_resize_plan(&r, src_h, src_w, box_x0, box_y0, box_x1, box_y1, out_h, out_w, flip,
+                               out_format, scale, bias, dst);
+    if (rc != RAYDL_OK) return rc;
+    const uint8_t *rows[r->ky_stride];
     for (int yy = 0; yy < out_h; yy++) {
-        const float *k = cy.w + (size_t)yy * cy.ksize;
-        float *acc = tmp + (size_t)yy * span;
-        const uint8_t *row = src + (size_t)cy.start[yy] * src_stride + (size_t)col0 * 3;
-        for (int i = 0; i < span; i++) acc[i] = k[0] * row[i];
-        for (int t = 1; t < cy.count[yy]; t++) {
-            const float kt = k[t];
-            row += src_stride;
-            for (int i = 0; i < span; i++) acc[i] += kt * row[i];
-        }
+        int first = r->ystart[yy];
+        for (int t = 0; t < r->ycount[yy]; t++) rows[t] = src + (size_t)(first + t) * src_stride;
+        raydl_resize_row(r, yy, rows);
     }
-
-    /* Horizontal pass, flipped when asked, straight into the caller's slot.
-     * Each tap is one 4-float vector load (R, G, B and the next pixel's R,
-     * ignored), so a tap costs one multiply-add; tmp has one float of slack. */
-    size_t plane = (size_t)out_h * out_w;
-    for (int yy = 0; yy < out_h; yy++) {
-        const float *in = tmp + (size_t)yy * span;
-        for (int xx = 0; xx < out_w; xx++) {
-            const float *k = cx.w + (size_t)xx * cx.ksize;
-            const float *p = in + (size_t)(cx.start[xx] - col0) * 3;
-            v4f acc = {0.f, 0.f, 0.f, 0.f};
-            for (int t = 0; t < cx.count[xx]; t++) {
-                v4f px;
-                memcpy(&px, p + 3 * t, sizeof px);
-                acc += k[t] * px;
-            }
-            int ox = flip ? out_w - 1 - xx : xx;
-            if (out_format == RAYDL_OUT_U8_HWC) {
-                uint8_t *o = (uint8_t *)dst + ((size_t)yy * out_w + ox) * 3;
-                for (int c = 0; c < 3; c++) {
-                    float v = acc[c] + 0.5f;
-                    o[c] = v <= 0.f ? 0 : (v >= 255.f ? 255 : (uint8_t)v);
-                }
-            } else {
-                float *o = (float *)dst + (size_t)yy * out_w + ox;
-                for (int c = 0; c < 3; c++) {
-                    float v = acc[c];
-                    v = v < 0.f ? 0.f : (v > 255.f ? 255.f : v);
-                    o[c * plane] = v * scale[c] + bias[c];
-                }
-            }
-        }
-    }
-    raydl_scratch_release(0, tmp);
-    coeffs_free(&cx);
-    coeffs_free(&cy);
+    raydl_resize_release(r);
     return RAYDL_OK;
 }

@@ -13,7 +13,7 @@
 #define RAYDL_OUT_F32_CHW 1
 
 /* A per-thread scratch buffer of at least `need` bytes, reused across calls
- * (slot 0: the resampler's rows, slot 1: the JPEG region). Fresh memory costs
+ * (slot 0: the resampler's plan and rows, slot 1: the JPEG rows). Fresh memory costs
  * a page fault per 4 KiB on first touch, which here costs as much as the
  * resampling and serializes threads; buffers above 64 MiB are not kept.
  * Release with raydl_scratch_release. NULL when out of memory. */
@@ -21,13 +21,33 @@ void *raydl_scratch(int slot, size_t need);
 void raydl_scratch_release(int slot, void *p);
 
 /* Resample the box [x0, x1) x [y0, y1) of an RGB uint8 image (rows src_stride
- * bytes apart) to out_h x out_w with an antialiased bilinear filter, mirror it
+ * bytes apart) to out_h x out_w with an antialiased bilinear filter (fixed point), mirror it
  * left-right when flip is set, and write it to dst: uint8 HWC, or float32 CHW
  * computed as value * scale[c] + bias[c]. Returns RAYDL_OK or a negative code. */
 int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
                       const float *scale, const float *bias, void *dst);
+
+/* The resampler in steps, for callers that produce source rows one at a time
+ * (the JPEG decoder): plan once, then for each output row yy in order ask for
+ * its window of source rows and pass pointers to those rows (column 0).
+ * Windows only move down, and none holds more than raydl_resize_max_taps rows.
+ * The plan lives in scratch slot 0 of this thread; release it when done. */
+typedef struct raydl_resize raydl_resize_t;
+int raydl_resize_plan(raydl_resize_t **plan, int src_h, int src_w,
+                      double box_x0, double box_y0, double box_x1, double box_y1,
+                      int out_h, int out_w, int flip, int out_format,
+                      const float *scale, const float *bias, void *dst);
+void raydl_resize_window(const raydl_resize_t *r, int yy, int *first, int *count);
+int raydl_resize_max_taps(const raydl_resize_t *r);
+void raydl_resize_row(raydl_resize_t *r, int yy, const uint8_t *const *src_rows);
+void raydl_resize_release(raydl_resize_t *r);
+
+/* Which resampling path runs: mode 0 forces the portable C one, 1 picks AVX2
+ * when the CPU has it, -1 only asks. Returns the path now in use (1 = AVX2).
+ * Both give the same bytes; this exists so tests can compare them. */
+int raydl_simd(int mode);
 
 /* Decode only the rows/columns of JPEG `data` that the box (in full-resolution
  * pixels) needs, downscaled by 1/scale_denom (1, 2, 4 or 8) in the DCT domain,
