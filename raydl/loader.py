@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,6 +44,7 @@ from raydl.actors.coordinator import (
     launch_workers,
     live_nodes,
     no_room_message,
+    remote_class,
 )
 from raydl._process import process_name
 from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
@@ -60,6 +63,7 @@ __all__ = ["Loader"]
 
 _DEFAULT_BUDGET_FRACTION = 0.25
 _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
+LAUNCH_DELAY_S = 1.0  # how long the launch waits for a first batch to be asked of this process
 ROOM_WAIT_S = 10.0  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
 
 
@@ -92,37 +96,85 @@ class Loader:
         placement = _initial_placement(config, nodes)
         spec = WorkerSpec(program=program, threads=config.threads_per_worker, on_error=config.on_error,
                           io_concurrency=config.io_concurrency)
-        catalog_ref = ray.put(catalog)
         self._catalog_bytes = catalog.table.nbytes + catalog.shards.nbytes
         cpus = {n.node_id: n.cpus for n in nodes}
-        started = [(h, node) for node, k in placement.items()
-                   for h in launch_workers(spec, catalog_ref, config, node, k, node_cpus=cpus[node], soft=False)]
         here = ray.get_runtime_context().get_node_id()
-        self._coordinator = ray.remote(LoaderCoordinator).options(
-            num_cpus=0, max_concurrency=16, max_restarts=0,
-            # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-        ).remote(spec, [catalog_ref], config, started)
-        # No waiting here: until a worker is up, the first batches are made in this process.
-        self._starting = {h.ready.remote(): h for h, _node in started}
+        self._coordinator = None  # set by the launch, which the first batch does not wait for
+        self._starting: dict = {}  # ready() ref -> handle of the workers started here, until they are up
         self._started_at = time.monotonic()
-        threads = scheduling.decode_threads(config.threads_per_worker, cpus_per_worker=config.cpus_per_worker,
-                                            node_cpus=cpus.get(here, 1.0))
+        self._launch_now = threading.Event()
+        threads = scheduling.bootstrap_threads(config.threads_per_worker, usable_cores=len(os.sched_getaffinity(0)))
         # Only where the user lets the loader decode: this node hosts workers too (label, room).
-        self._bootstrap = _Bootstrap(spec, catalog, threads, here) if here in placement else None
+        self._bootstrap = (_Bootstrap(spec, catalog, threads, here, on_first=self._launch_now.set)
+                           if here in placement else None)
+        self._launch: Future = Future()
+        threading.Thread(target=self._run_launch, args=(spec, catalog, placement, cpus, here),
+                         name="raydl-launch", daemon=True).start()
+
+    # -- start-up -------------------------------------------------------------------------
+    def _run_launch(self, spec: WorkerSpec, catalog: Catalog, placement: dict[str, int],
+                    cpus: dict[str, float], here: str) -> None:
+        """Start the workers and the coordinator (on the thread "raydl-launch").
+
+        When this process makes the first batch itself, the launch waits for it
+        (or LAUNCH_DELAY_S when no batch is asked for): on a small node, worker
+        processes booting and Ray's own start-up (serializing the catalog,
+        exporting the actor classes) would take CPU from that batch. A call that
+        needs the coordinator (refresh, pickling, shutdown, waiting for workers)
+        launches at once.
+        """
+        try:
+            if self._bootstrap is not None and not self._launch_now.wait(LAUNCH_DELAY_S):
+                if self._bootstrap.busy:  # a batch is under way here: let it finish first
+                    self._launch_now.wait(READY_TIMEOUT_S)
+            if self._closed:
+                self._launch.set_result(None)
+                return
+            catalog_ref = ray.put(catalog)
+            started = [(h, node) for node, k in placement.items()
+                       for h in launch_workers(spec, catalog_ref, self.config, node, k, node_cpus=cpus[node],
+                                               soft=False)]
+            coordinator = remote_class(LoaderCoordinator).options(
+                num_cpus=0, max_concurrency=16, max_restarts=0,
+                # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+            ).remote(spec, [catalog_ref], self.config, started)
+            with self._lock:
+                self._starting = {h.ready.remote(): h for h, _node in started}
+                self._coordinator = coordinator
+            self._launch.set_result(coordinator)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever needs the coordinator
+            self._launch.set_exception(exc)
+
+    def _coordinator_handle(self):
+        """The coordinator, launching the workers now if they are not yet (see `_run_launch`)."""
+        if self._coordinator is None:
+            self._launch_now.set()
+            try:
+                coordinator = self._launch.result(timeout=READY_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - named below
+                raise LoaderError(f"could not start the loader's workers and coordinator: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+            if coordinator is None:
+                raise LoaderError("the loader is shut down")
+            return coordinator
+        return self._coordinator
 
     # -- workers (through the coordinator) ------------------------------------------------
     def _call(self, method: str, *args):
         self._check_open()
         try:
-            return ray.get(getattr(self._coordinator, method).remote(*args))
+            return ray.get(getattr(self._coordinator_handle(), method).remote(*args))
         except ray.exceptions.RayActorError as exc:
             raise LoaderError(f"the loader's coordinator is gone ({exc}); was the loader shut down?") from exc
 
     def _collect_started(self, ready: list) -> None:
         """Add the workers this Loader started that are up now (until the coordinator's list takes over)."""
         for ref in ready:
-            handle = self._starting.pop(ref)
+            with self._lock:
+                handle = self._starting.pop(ref, None)
+            if handle is None:
+                continue
             try:
                 info = ray.get(ref)
             except ray.exceptions.RayActorError:
@@ -149,8 +201,10 @@ class Loader:
     def workers(self) -> list[WorkerInfo]:
         """The live workers as last fetched from the coordinator (see `sync`)."""
         self._check_open()
-        if self._starting and self._version == 0:
-            ready, _ = ray.wait(list(self._starting), num_returns=len(self._starting), timeout=0)
+        with self._lock:
+            starting = list(self._starting) if self._version == 0 else []
+        if starting:
+            ready, _ = ray.wait(starting, num_returns=len(starting), timeout=0)
             self._collect_started(ready)
         with self._lock:
             return list(self._workers)
@@ -251,11 +305,18 @@ class Loader:
                 self._bootstrap = None
         if not self._owner:
             return
+        self._launch_now.set()  # a launch still waiting sees _closed and starts nothing
         try:
-            workers = ray.get(self._coordinator.shutdown.remote(), timeout=30)
+            coordinator = self._launch.result(timeout=READY_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a failed launch left nothing to stop
+            coordinator = None
+        if coordinator is None:
+            return
+        try:
+            workers = ray.get(coordinator.shutdown.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - a dead coordinator took its workers with it
             workers = []
-        ray.kill(self._coordinator, no_restart=True)
+        ray.kill(coordinator, no_restart=True)
         deadline = time.monotonic() + 10.0
         pending = list(workers)
         while pending and time.monotonic() < deadline:  # kill is asynchronous: wait until they are gone
@@ -274,8 +335,11 @@ class Loader:
         self.shutdown()
 
     def __getstate__(self) -> dict:
+        coordinator = self._coordinator_handle() if not self._closed else self._coordinator
         state = self.__dict__.copy()
-        del state["_lock"]
+        for name in ("_lock", "_launch", "_launch_now"):
+            del state[name]
+        state["_coordinator"] = coordinator
         state["_owner"] = False
         state["_starting"] = {}
         state["_bootstrap"] = None  # only the Loader that started the workers makes batches itself
@@ -284,6 +348,9 @@ class Loader:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._launch_now = threading.Event()
+        self._launch = Future()
+        self._launch.set_result(self._coordinator)
 
     def __repr__(self) -> str:
         c = self.config
@@ -325,20 +392,27 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
 class _Bootstrap:
     """Makes batches in the Loader's own process while its workers start (one batch at a time, in order)."""
 
-    def __init__(self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str) -> None:
+    def __init__(self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str, *,
+                 on_first: Callable[[], None]) -> None:
         self._spec, self._catalog, self._threads = spec, catalog, threads
         self._worker: LoaderWorker | None = None
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
+        self._on_first = on_first  # called when the first batch is done (or failed)
+        self.busy = False  # a batch was asked for and the first is not done yet
         self.info = WorkerInfo(None, node_id, f"{process_name()} (this process, while the workers start)")
 
     def submit(self, task) -> Future:
+        self.busy = True
         return self._exec.submit(self._run, task)
 
     def _run(self, task):
-        if self._worker is None:
-            # Fresh arrays per batch: the caller gets them as they are, with no copy into the object store.
-            self._worker = LoaderWorker(self._spec, self._catalog, self._threads, reuse_buffers=False)
-        result = self._worker.run_batch(task)
+        try:
+            if self._worker is None:
+                # Fresh arrays per batch: the caller gets them as they are, with no copy into the object store.
+                self._worker = LoaderWorker(self._spec, self._catalog, self._threads, reuse_buffers=False)
+            result = self._worker.run_batch(task)
+        finally:
+            self._on_first()
         for value in result.batch.values():  # read-only, like the object store's batches
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False

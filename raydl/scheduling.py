@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["NodeInfo", "choose_worker", "decode_threads", "fit_to_room", "placement_deficit", "prefetch_depth"]
+__all__ = ["NodeInfo", "bootstrap_threads", "choose_worker", "decode_threads", "fit_to_room", "placement_deficit", "prefetch_depth"]
 
 # A rank keeps sending to its own node's actors until each has this many of the
 # rank's batches in flight; past that it spills to the least loaded actor anywhere.
@@ -41,6 +41,12 @@ def decode_threads(threads_per_worker: int | None, *, cpus_per_worker: float, no
     if cpus_per_worker > 0:
         return max(1, math.ceil(cpus_per_worker))
     return max(1, int(node_cpus))
+
+
+def bootstrap_threads(threads_per_worker: int | None, *, usable_cores: int) -> int:
+    """Decode threads of the Loader's own process while its workers start: as asked, else every core
+    the process may use (nothing else of the loader runs yet: the workers start after the first batch)."""
+    return threads_per_worker or max(1, usable_cores)
 
 
 def fit_to_room(deficit: Mapping[str, int], free_cpus: Mapping[str, float], cpus_per_worker: float) -> dict[str, int]:

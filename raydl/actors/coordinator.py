@@ -17,6 +17,7 @@ reach the driver even when Ray does not forward actor logs (log_to_driver=False)
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -32,7 +33,7 @@ from raydl.config import LoaderConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LoaderCoordinator", "WorkerInfo", "launch_workers", "live_nodes", "no_room_message"]
+__all__ = ["LoaderCoordinator", "WorkerInfo", "launch_workers", "live_nodes", "no_room_message", "remote_class"]
 
 READY_TIMEOUT_S = 60.0
 REFRESH_S = 5.0  # how often the coordinator looks for joined nodes
@@ -66,12 +67,19 @@ def free_cpus() -> dict[str, float] | None:
         return None
 
 
+@functools.cache
+def remote_class(cls: type):
+    """`ray.remote(cls)`, made once per process: Ray exports an actor class to the cluster once per
+    class object and job, which costs tenths of a second (it hashes the class's bytecode)."""
+    return ray.remote(cls)
+
+
 def launch_workers(spec: WorkerSpec, catalog_ref, config: LoaderConfig, node_id: str, count: int, *,
                    node_cpus: float, soft: bool) -> list:
     """Start `count` workers pinned to `node_id` (they come up asynchronously; call `ready` to wait)."""
     threads = scheduling.decode_threads(config.threads_per_worker, cpus_per_worker=config.cpus_per_worker,
                                         node_cpus=node_cpus)
-    cls = ray.remote(LoaderWorker).options(
+    cls = remote_class(LoaderWorker).options(
         num_cpus=config.cpus_per_worker,
         max_concurrency=WORKER_CONCURRENCY,
         max_restarts=0,
@@ -234,6 +242,9 @@ class LoaderCoordinator:
         _ready, pending = ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT_S)
         out = []
         for h, ref in zip(handles, refs):
+            if self._closed:  # shut down while it started: nothing to say
+                ray.kill(h, no_restart=True)
+                continue
             if ref in pending:
                 with self._lock:
                     self._warn(f"raydl: a loader worker did not start within {READY_TIMEOUT_S:.0f} s; "

@@ -34,6 +34,7 @@ class PeerSpec:
     endpoint_url: str | None = None  # raydl only: the S3 endpoint for s3:// data
     image_column: str = "image"  # parquet
     label_column: str | None = "label"  # parquet
+    nodes: int = 1  # raydl only: > 1 runs it on a local ray.cluster_utils.Cluster of this many nodes
 
 
 @dataclass(frozen=True)

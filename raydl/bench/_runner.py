@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoint-url")
     p.add_argument("--image-column", default="image")
     p.add_argument("--label-column", default="label")
+    p.add_argument("--nodes", type=int, default=1, help="raydl only: simulated nodes (ray.cluster_utils)")
     args = p.parse_args(argv)
 
     cores = list(range(os.cpu_count() or 1)) if args.no_pin else _pin(args.cpus)
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = PeerSpec(data=args.data, cpus=args.cpus, batch_size=args.batch_size,
                     seed=args.seed, expected=args.expected, workload=args.workload, source=args.source,
-                    endpoint_url=args.endpoint_url, image_column=args.image_column, label_column=args.label_column)
+                    endpoint_url=args.endpoint_url, image_column=args.image_column, label_column=args.label_column,
+                    nodes=args.nodes)
     sampler = TreeSampler()
     clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window,
                        on_first=sampler.mark_first_batch)

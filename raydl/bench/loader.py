@@ -3,6 +3,7 @@
     raydl bench loader --data /data/in1k --compare torch,raydata,dataio,datago \\
         --cpus 8 --rounds 3 --json bench.json --plot bench.png
     raydl bench loader --data /data/hires --workload buckets --compare raydl-fast,datago,dali,spdl
+    raydl bench loader --data /data/in1k --compare dataio --nodes 3    # raydl on a local 3-node Cluster
     raydl bench loader --source webdataset --data 's3://bucket/in1k/shard-{000..009}.tar' \\
         --endpoint-url http://127.0.0.1:9000 --baseline-data '/data/in1k-wds/shard-{000..009}.tar'
 
@@ -21,7 +22,7 @@ in the table is the median over the rounds:
 
 * images/s: images after the first batch / time from the first batch to the last,
   in brackets and without a ratio when that window is under 1 s or 3 batches;
-* first batch: seconds from the loader() call (after `ray.init`) to batch one;
+* first batch: seconds from listing the data and building the loader (after `ray.init`) to batch one;
 * from start: seconds from the run's process start (imports, `ray.init`, loader) to batch one;
 * peak PSS: the process tree's largest summed PSS while the epoch ran;
 * CPU ms/img: user+system CPU of the whole tree during the epoch, per image;
@@ -72,6 +73,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"comma-separated peers from {','.join(_COMPARABLE)} (default: %(default)s)")
     p.add_argument("--cpus", type=int, default=len(os.sched_getaffinity(0)),
                    help="CPU budget of every peer (default: all usable cores)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="run the raydl rows on a local ray.cluster_utils.Cluster of N nodes sharing --cpus "
+                        "(each max(1, cpus // N) CPUs, default threads); the other peers are unaffected")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--limit", type=int, help="use only the first N images (sorted by path)")
@@ -117,6 +121,8 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
            "--source", args.source, "--image-column", args.image_column, "--label-column", args.label_column]
     if args.endpoint_url:
         cmd += ["--endpoint-url", args.endpoint_url]
+    if args.nodes > 1 and peer.startswith("raydl"):
+        cmd += ["--nodes", str(args.nodes)]
     if args.no_pin:
         cmd.append("--no-pin")
     env = dict(os.environ)
@@ -199,8 +205,8 @@ def main(args: argparse.Namespace) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         _log("error: --plot needs matplotlib: pip install 'raydl[bench]'")
         return 2
-    if args.cpus < 1 or args.rounds < 1 or args.batch_size < 1:
-        _log("error: --cpus, --rounds and --batch-size must be positive")
+    if args.cpus < 1 or args.rounds < 1 or args.batch_size < 1 or args.nodes < 1:
+        _log("error: --cpus, --rounds, --batch-size and --nodes must be positive")
         return 2
     wanted = [p.strip() for p in args.compare.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in _COMPARABLE]
@@ -260,6 +266,9 @@ def main(args: argparse.Namespace) -> int:
     mem = next((r["memory"] for r in runs if r["peer"] == "raydl" and r.get("memory")), None)
     if mem:
         notes.append(_memory_note(mem))
+    if args.nodes > 1:
+        notes.append(f"raydl rows ran on a local {args.nodes}-node ray.cluster_utils.Cluster sharing the "
+                     f"{args.cpus} CPUs ({max(1, args.cpus // args.nodes)} per node); the other peers on one")
     if len(files) < 8 * args.batch_size:
         # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.
         notes.append(f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "

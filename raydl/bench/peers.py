@@ -9,6 +9,7 @@ runner's business (`_runner.py`); this module only says what each peer does.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -47,6 +48,36 @@ def _ray_init(cpus: int, tries: int = 3) -> None:
             ray.shutdown()
 
 
+@contextlib.contextmanager
+def _raydl_ray(spec: PeerSpec):
+    """Ray for the raydl rows: a local instance, or with spec.nodes > 1 a local `ray.cluster_utils.Cluster`
+    of that many nodes sharing the CPU budget (each max(1, cpus // nodes) CPUs; the driver on the head)."""
+    import ray
+
+    if spec.nodes <= 1:
+        _ray_init(spec.cpus)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    from ray.cluster_utils import Cluster
+
+    per_node = max(1, spec.cpus // spec.nodes)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": per_node, "include_dashboard": False})
+    try:
+        for _ in range(spec.nodes - 1):
+            cluster.add_node(num_cpus=per_node)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, logging_level="ERROR")
+        try:
+            yield
+        finally:
+            ray.shutdown()
+    finally:
+        cluster.shutdown()
+
+
 def raydl_source(spec: PeerSpec):
     """The raydl Dataset the spec names: an image folder, WebDataset shards or Parquet, local or s3://."""
     import raydl
@@ -60,20 +91,16 @@ def raydl_source(spec: PeerSpec):
 
 
 def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
-    import ray
-
-    import raydl
-
-    _ray_init(spec.cpus)
-    try:
+    with _raydl_ray(spec):
         clock.start()
         ds = raydl_source(spec).decode(fast=fast)
         if spec.workload == "buckets":
             ds = ds.aspect_buckets(**BUCKET_CONFIG)
         else:
             ds = ds.random_resized_crop(CROP).random_hflip().normalize("imagenet")
+        # On simulated nodes, the default threads: one per CPU of a node, all cores for the first batches.
         loader = ds.loader(batch_size=spec.batch_size, seed=spec.seed, num_workers=1,
-                           threads_per_worker=spec.cpus)
+                           threads_per_worker=spec.cpus if spec.nodes <= 1 else None)
         try:
             for batch in loader.iterator(0).iter_batches():
                 if len(batch["id"]) != batch["image"].shape[0]:
@@ -84,8 +111,6 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
             return result
         finally:
             loader.shutdown()
-    finally:
-        ray.shutdown()
 
 
 def run_raydl_fast(spec: PeerSpec, clock: EpochClock) -> Measurement:

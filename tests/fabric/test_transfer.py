@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from raydl.errors import DataSourceError, FabricError
+from raydl.errors import CheckpointError, FabricError
 from raydl.native import pyfi
 
 if not pyfi.available():
@@ -105,11 +105,11 @@ def test_file_is_served_read_only_with_mmap(provider, payload, tmp_path):
 
 
 def test_serving_a_directory_or_missing_path_is_refused(tmp_path):
-    """serve() on a directory or a missing path raises DataSourceError naming it."""
-    with pytest.raises(DataSourceError, match="not a regular file") as info:
+    """serve() on a directory or a missing path raises CheckpointError naming it (as publish() does)."""
+    with pytest.raises(CheckpointError, match="not a regular file") as info:
         pyfi.serve(tmp_path)
-    assert info.value.uri == str(tmp_path)
-    with pytest.raises(DataSourceError, match="missing"):
+    assert str(tmp_path) in str(info.value)
+    with pytest.raises(CheckpointError, match="missing.*No such file"):
         pyfi.serve(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="empty"):
         pyfi.serve(bytearray(0))

@@ -6,6 +6,7 @@ import pytest
 from raydl.scheduling import (
     LOCAL_DEPTH,
     NodeInfo,
+    bootstrap_threads,
     choose_worker,
     decode_threads,
     eligible_nodes,
@@ -34,6 +35,13 @@ def test_decode_threads_follow_the_reservation():
     assert decode_threads(None, cpus_per_worker=2.5, node_cpus=8) == 3
     assert decode_threads(None, cpus_per_worker=0, node_cpus=8) == 8
     assert decode_threads(None, cpus_per_worker=0, node_cpus=0.5) == 1
+
+
+def test_bootstrap_threads_use_the_process_cores():
+    """The driver's first batches: the threads asked for, else every core the process may use."""
+    assert bootstrap_threads(3, usable_cores=8) == 3
+    assert bootstrap_threads(None, usable_cores=8) == 8
+    assert bootstrap_threads(None, usable_cores=0) == 1
 
 
 def test_fit_to_room_trims_to_free_cpus():

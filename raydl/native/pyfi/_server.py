@@ -18,7 +18,7 @@ import stat
 import threading
 from typing import Any, Callable
 
-from raydl.errors import DataSourceError, FabricError
+from raydl.errors import CheckpointError, FabricError
 from raydl.native.pyfi._buffers import Span, as_span
 from raydl.native.pyfi._lib import load
 from raydl.native.pyfi._lifecycle import GATE
@@ -119,12 +119,13 @@ def serve(buffer_or_path: Any, *, bind: str | None = "127.0.0.1:0", provider: st
 
 
 def _map_file(path: str, *, writable: bool) -> tuple[Span, Callable[[], None]]:
+    # A bad path is the caller's checkpoint at fault, as in raydl.checkpoint.publish: a CheckpointError.
     try:
         st = os.stat(path)
     except OSError as exc:
-        raise DataSourceError(f"cannot serve {path}: {exc.strerror}", uri=path) from exc
+        raise CheckpointError(f"cannot serve checkpoint path {path!r}: {exc.strerror}") from exc
     if not stat.S_ISREG(st.st_mode):
-        raise DataSourceError(f"cannot serve {path}: not a regular file", uri=path)
+        raise CheckpointError(f"cannot serve checkpoint path {path!r}: not a regular file")
     if st.st_size == 0:
         raise ValueError(f"nothing to serve: {path} is empty")
     fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
