@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
+from raydl.config import LoaderConfig
 from raydl.bench._native_peers import run_dali, run_floor, run_spdl
 from raydl.bench._transform import (
     BUCKET_CONFIG,
@@ -212,7 +213,9 @@ def run_dataio(spec: PeerSpec, clock: EpochClock) -> Measurement:
         .random_resized_crop(h=CROP, w=CROP, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                              interp="bilinear")
         .hflip(prob=0.5).normalize("imagenet"),
-        dataio.batch(spec.batch_size, drop_last=False),
+        # raydl's prefetch depth (LoaderConfig.prefetch_batches): dataio's own default (4) holds
+        # twice the batches, which its peak memory would show rather than the loader's design.
+        dataio.batch(spec.batch_size, drop_last=False, prefetch=LoaderConfig.prefetch_batches),
     )
     bound = pipe.bind(dataio.records(records).shuffle(seed=spec.seed))
     with bound.run("numpy", seed=spec.seed) as loader:
@@ -359,7 +362,8 @@ NOTES: dict[str, str] = {
     "raydata": "raydata: read_binary_files(shuffle='files') + map_batches (PIL decode, same "
                "PIL+numpy transform, one block per task) + iter_batches re-batching to B.",
     "dataio": "dataio: native decode + random_resized_crop(interp='bilinear') + hflip + "
-              "normalize('imagenet'), its own RNG; DATAIO_CPU_WORKERS=cpus.",
+              "normalize('imagenet'), its own RNG; DATAIO_CPU_WORKERS=cpus; prefetch 2 batches "
+              "(raydl's prefetch_batches; dataio's default is 4).",
     "datago": "datago: decodes in Rust (DATAGO_MAX_TASKS=cpus) but has no random-resized-crop "
               "(only aspect-bucket crop+resize), so crop/flip/normalize run in a Python "
               "thread pool of cpus threads with the PIL+numpy transform; shuffle is datago's "

@@ -55,6 +55,20 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
     assert rc == 0
 
 
+@pytest.mark.timeout(300)
+def test_bench_runs_raydl_on_simulated_nodes(tmp_path):
+    """--nodes 2: the raydl row runs on a local 2-node Cluster, delivers every image and notes it."""
+    data = _tiny_folder(tmp_path / "data", n=16)
+    out = tmp_path / "bench.json"
+    args = _parse(["--data", str(data), "--compare", "", "--no-ceiling", "--rounds", "1", "--cpus", "2",
+                   "--nodes", "2", "--batch-size", "8", "--json", str(out)])
+    assert loader.main(args) == 0
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert run["peer"] == "raydl" and run["ok"] and run["images"] == 16, run
+    assert any("2-node" in note for note in report["notes"])
+
+
 @pytest.mark.timeout(10)
 def test_rrc_window_always_fits_the_image():
     """Every crop window, including the centre-crop fallback for extreme shapes, lies inside the image."""
