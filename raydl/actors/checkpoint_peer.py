@@ -68,9 +68,13 @@ class CheckpointPeer:
             raise CheckpointError(f"peer {self._name}: prepare() checkpoint {key[:8]} before pulling it")
         t0 = time.perf_counter()
         errors = []
+        # wall-clock times of the first and the last verified window: they show the chain overlapping
+        seen: dict[str, float] = {}
 
         def on_done(n: int) -> None:
             copy.progress[0] = n
+            seen.setdefault("first_window_at", time.time())
+            seen["last_window_at"] = time.time()
 
         for src in sources:
             done = int(copy.progress[0])
@@ -80,7 +84,7 @@ class CheckpointPeer:
                          max_inflight=8, window_bytes=window_bytes, link_gbps=link_gbps,
                          upstream_done=upstream.done, on_done=on_done)
                 return {"holder": self._name, "source": src.holder, "seconds": time.perf_counter() - t0,
-                        "retried": len(errors)}
+                        "retried": len(errors), **seen}
             except (CheckpointError, FabricError) as exc:
                 logger.warning("raydl: peer %s: pulling from %s failed at chunk %d (%s); trying the next holder",
                                self._name, src.holder, int(copy.progress[0]), exc)

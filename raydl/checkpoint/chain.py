@@ -35,7 +35,8 @@ def broadcast(ref: CheckpointRef, targets: list, *, timeout: float = 120.0, tran
 
     Over fabric the targets form a chain (each serving on what it has);
     without it each fetches through the object store. Returns one dict per
-    target (holder, source, seconds, retried, ref). A target that cannot get
+    target (holder, source, seconds, retried, ref; over fabric also
+    first_window_at and last_window_at, wall-clock times). A target that cannot get
     the checkpoint from any holder is a CheckpointError naming it. link_gbps
     caps every link of the chain (a simulated network, for benchmarks and tests).
     """

@@ -250,24 +250,20 @@ def _big_state(mib: int) -> dict:
 
 
 def test_broadcast_pipelines_under_a_link_limit(cluster):
-    """With every link capped (0.5 Gbit/s), a chain broadcast to 4 peers costs little more than one fetch."""
-    ref = checkpoint.publish(_big_state(24), chunk_size=1 << 20)
+    """With every link capped (0.1 Gbit/s), a chain broadcast to 4 peers pipelines: each peer has its first
+    window before its upstream has its last (the speed-up itself is `raydl bench checkpoint`'s to measure)."""
+    ref = checkpoint.publish(_big_state(16), chunk_size=1 << 20)
     peers = [peer_actor() for _ in range(4)]
     ray.get([p.name.remote() for p in peers])
     try:
-        opts = {"link_gbps": 0.5, "window_bytes": 1 << 20}
-        t0 = time.perf_counter()
-        checkpoint.broadcast(ref, peers[:1], **opts)
-        one = time.perf_counter() - t0
-        assert one > 0.8 * ref.size / (0.5e9 / 8)  # the limit holds: the link, not the CPU, sets the time
-        ray.get([p.release.remote(ref.key) for p in peers[:1]])
-        t0 = time.perf_counter()
-        results = checkpoint.broadcast(ref, peers, **opts)
-        four = time.perf_counter() - t0
+        results = checkpoint.broadcast(ref, peers, link_gbps=0.1, window_bytes=1 << 20)
         assert [r["source"] for r in results[1:]] == [r["holder"] for r in results[:-1]]  # a chain
-        # the benchmark's goal is <= 1.5x; the test allows for a loaded machine's Ray calls
-        assert four < 2.5 * one, (four, one)
-        expected = {"w": ("torch.float32", (24 << 18,), float(_big_state(24)["w"].double().sum()))}
+        link_s = ref.size / (0.1e9 / 8)  # 1.3 s: far longer than a hop's set-up
+        for r in results:  # the limit holds: the link, not the CPU, sets the pace (16 windows, the first free)
+            assert r["last_window_at"] - r["first_window_at"] > 0.8 * link_s * 15 / 16, r
+        for up, down in zip(results, results[1:]):  # a chain that waited for whole copies would not overlap
+            assert down["first_window_at"] < up["last_window_at"], (up, down)
+        expected = {"w": ("torch.float32", (16 << 18,), float(_big_state(16)["w"].double().sum()))}
         assert ray.get(peers[3].summary.remote(ref.key)) == expected
     finally:
         for p in peers:
