@@ -99,14 +99,16 @@ def test_jpeg_factor_decodes_downscaled(factor):
     assert png.shape == (301, 403, 3)  # no DCT for other formats: full size
 
 
-def test_dct_factor_keeps_the_box_at_least_four_times_the_output():
-    """By default dct_factor picks the largest of 1, 2, 4, 8 leaving the box >= 4x the output; fast: >= 1x."""
+def test_dct_factor_scales_by_two_only_for_boxes_twelve_times_the_output():
+    """By default dct_factor gives 2 only while the box stays >= 12x the output, never 4 or 8; fast: >= 1x."""
     assert decode.dct_factor(1500, 2000, 1500, 2000, 224, 224) == 1
     assert decode.dct_factor(1500, 2000, 1500, 2000, 224, 224, fast=True) == 4
     assert decode.dct_factor(1500, 2000, 1800 / 8, 1800 / 8, 224, 224, fast=True) == 1
-    assert decode.dct_factor(3000, 4000, 3000, 4000, 224, 224) == 2
-    assert decode.dct_factor(4000, 4000, 4000, 4000, 224, 224) == 4
-    assert decode.dct_factor(4000, 4000, 3583, 3583, 224, 224) == 2
+    assert decode.dct_factor(3000, 4000, 3000, 4000, 224, 224) == 1  # 6.7x after scaling: full scale
+    assert decode.dct_factor(6000, 8000, 5376, 5376, 224, 224) == 2  # exactly 12x
+    assert decode.dct_factor(6000, 8000, 5375, 5376, 224, 224) == 1
+    assert decode.dct_factor(12000, 12000, 12000, 12000, 224, 224) == 2  # 26x: still only 2
+    assert decode.dct_factor(4000, 4000, 4000, 4000, 64, 64) == 2
     assert decode.dct_factor(500, 500, 500, 500, 224, 224) == 1
     assert decode.dct_factor(500, 500, 500, 500, 224, 224, fast=True) == 2
     assert decode.dct_factor(300, 300, 300, 300, 224, 224, fast=True) == 1
