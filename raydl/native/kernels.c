@@ -200,24 +200,47 @@ __attribute__((target("avx2"))) static void vpass_avx2(const uint8_t *const *row
 
 /* Four taps per step: pixels t, t+1 in the low lane and t+2, t+3 in the high
  * lane, shuffled to (r r g g b b 0 0) and multiplied by weight pairs. kv holds,
- * per output column, nq vectors of (k[4q], k[4q+1]) x4 | (k[4q+2], k[4q+3]) x4. */
-__attribute__((target("avx2"))) static void hpass_avx2(const int16_t *in, const int *start, const int *count,
-                                                        const __m256i *kv, int nq, int out_w, int32_t *acc) {
+ * per output column, nq vectors of (k[4q], k[4q+1]) x4 | (k[4q+2], k[4q+3]) x4.
+ * Returns the column's (r, g, b, 0) sums in Q20. */
+__attribute__((target("avx2"))) static inline __m128i hsum_avx2(const int16_t *in, int start, int count,
+                                                                 const __m256i *kk) {
     const __m256i shuf = _mm256_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1,
                                           0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1);
-    for (int x = 0; x < out_w; x++) {
-        const int16_t *p = in + (size_t)start[x] * 3;
-        const __m256i *kk = kv + (size_t)x * nq;
-        int steps = (count[x] + 3) >> 2;
-        __m256i s = _mm256_setzero_si256();
-        for (int q = 0; q < steps; q++, p += 12) {
-            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
-                                                _mm_loadu_si128((const __m128i *)(p + 6)), 1);
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_shuffle_epi8(v, shuf), _mm256_loadu_si256(kk + q)));
-        }
-        _mm_storeu_si128((__m128i *)(acc + 4 * x),
-                         _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+    const int16_t *p = in + (size_t)start * 3;
+    int steps = (count + 3) >> 2;
+    __m256i s = _mm256_setzero_si256();
+    for (int q = 0; q < steps; q++, p += 12) {
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                            _mm_loadu_si128((const __m128i *)(p + 6)), 1);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_shuffle_epi8(v, shuf), _mm256_loadu_si256(kk + q)));
     }
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* The horizontal pass of one uint8 row, written straight to its output row.
+ * Output pixels go in increasing address order (a flipped row reads its
+ * columns from the right), so each pixel can be stored as 4 bytes, the fourth
+ * overwritten by the next pixel; the last one is stored as 3. */
+__attribute__((target("avx2"))) static void hpass_u8_avx2(const int16_t *in, const int *start, const int *count,
+                                                           const __m256i *kv, int nq, int out_w, int flip,
+                                                           uint8_t *o) {
+    const __m128i rnd = _mm_set1_epi32(1 << (HSHIFT - 1));
+    for (int ox = 0; ox < out_w; ox++) {
+        int x = flip ? out_w - 1 - ox : ox;
+        __m128i v = _mm_srai_epi32(_mm_add_epi32(hsum_avx2(in, start[x], count[x], kv + (size_t)x * nq), rnd),
+                                   HSHIFT);
+        v = _mm_packus_epi16(_mm_packs_epi32(v, v), v);
+        uint32_t px = (uint32_t)_mm_cvtsi128_si32(v);
+        memcpy(o + (size_t)ox * 3, &px, ox + 1 < out_w ? 4 : 3);
+    }
+}
+
+/* The horizontal pass into acc (4 int32 per column); write_row then makes
+ * float planes of it (measured faster than transposing 8 pixels at a time). */
+__attribute__((target("avx2"))) static void hpass_avx2(const int16_t *in, const int *start, const int *count,
+                                                        const __m256i *kv, int nq, int out_w, int32_t *acc) {
+    for (int x = 0; x < out_w; x++)
+        _mm_storeu_si128((__m128i *)(acc + 4 * x), hsum_avx2(in, start[x], count[x], kv + (size_t)x * nq));
 }
 #endif
 
@@ -327,14 +350,14 @@ int raydl_resize_max_taps(const raydl_resize_t *r) { return r->ky_stride; }
 
 static void write_row(const raydl_resize_t *r, int yy) {
     const int32_t *acc = r->acc;
-    int out_w = r->out_w;
+    int out_w = r->out_w, flip = r->flip;
     if (r->out_format == RAYDL_OUT_U8_HWC) {
         uint8_t *o = (uint8_t *)r->dst + (size_t)yy * out_w * 3;
-        for (int x = 0; x < out_w; x++) {
-            uint8_t *d = o + (size_t)(r->flip ? out_w - 1 - x : x) * 3;
+        for (int ox = 0; ox < out_w; ox++) {
+            const int32_t *a = acc + 4 * (flip ? out_w - 1 - ox : ox);
             for (int c = 0; c < 3; c++) {
-                int32_t v = (acc[4 * x + c] + (1 << (HSHIFT - 1))) >> HSHIFT;
-                d[c] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
+                int32_t v = (a[c] + (1 << (HSHIFT - 1))) >> HSHIFT;
+                o[3 * ox + c] = (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
             }
         }
     } else {
@@ -343,7 +366,7 @@ static void write_row(const raydl_resize_t *r, int yy) {
         for (int c = 0; c < 3; c++) {
             const float s = r->scale[c] * (1.0f / (float)(1 << HSHIFT)), b = r->bias[c];
             float *oc = o + c * plane;
-            if (r->flip)
+            if (flip)
                 for (int x = 0; x < out_w; x++) oc[out_w - 1 - x] = (float)acc[4 * x + c] * s + b;
             else
                 for (int x = 0; x < out_w; x++) oc[x] = (float)acc[4 * x + c] * s + b;
@@ -358,8 +381,13 @@ void raydl_resize_row(raydl_resize_t *r, int yy, const uint8_t *const *src_rows)
 #ifdef RAYDL_X86
     if (r->simd) {
         vpass_avx2(r->rows, k, n, r->span * 3, r->row);
-        hpass_avx2(r->row, r->xstart, r->xcount, (const __m256i *)r->kv, r->nq, r->out_w, r->acc);
-        write_row(r, yy);
+        if (r->out_format == RAYDL_OUT_U8_HWC) {
+            hpass_u8_avx2(r->row, r->xstart, r->xcount, (const __m256i *)r->kv, r->nq, r->out_w, r->flip,
+                          (uint8_t *)r->dst + (size_t)yy * r->out_w * 3);
+        } else {
+            hpass_avx2(r->row, r->xstart, r->xcount, (const __m256i *)r->kv, r->nq, r->out_w, r->acc);
+            write_row(r, yy);
+        }
         return;
     }
 #endif
