@@ -40,6 +40,7 @@ __all__ = [
     "ValConfig",
     "WebDatasetSource",
     "checkpoint_bind",
+    "checkpoint_prepare",
     "is_positive_int",
     "load_config",
     "load_loader_config",
@@ -75,6 +76,24 @@ def checkpoint_bind() -> str | None:
     except Exception:  # noqa: BLE001 - no Ray: the provider picks
         pass
     return None
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def checkpoint_prepare() -> tuple[bool, int]:
+    """(bring the fabric side up when raydl.checkpoint is imported, bytes of receive buffer to fault in then)
+    from RAYDL_CHECKPOINT_PREPARE: unset or "1": (True, 0); "0": (False, 0); a size ("512MiB", "1G",
+    "4096"): (True, size). Anything else is a ValueError naming the variable."""
+    text = os.environ.get("RAYDL_CHECKPOINT_PREPARE", "").strip()
+    if text in ("", "1"):
+        return True, 0
+    if text == "0":
+        return False, 0
+    m = re.fullmatch(r"([0-9]+)\s*([KMG]?)(?:i?B)?", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"RAYDL_CHECKPOINT_PREPARE={text!r}: want 0, 1 or a size such as 512MiB")
+    return True, int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
 
 
 def is_positive_int(value: object) -> bool:

@@ -61,12 +61,14 @@ class CheckpointPeer:
 
     def pull(self, sources: list[CheckpointRef], *, timeout: float = 60.0, window_bytes: int | None = None,
              link_gbps: float | None = None) -> dict[str, Any]:
-        """Fill this peer's copy from the first source that works, the rest as fallbacks."""
+        """Fill this peer's copy from the first source that works, the rest as fallbacks. Returns
+        holder, source, seconds, retried, cpu_seconds (this process's CPU time, all threads, meanwhile),
+        first_window_at and last_window_at."""
         key = sources[0].key
         copy = self._copies.get(key)
         if copy is None:
             raise CheckpointError(f"peer {self._name}: prepare() checkpoint {key[:8]} before pulling it")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         errors = []
         # wall-clock times of the first and the last verified window: they show the chain overlapping
         seen: dict[str, float] = {}
@@ -84,7 +86,7 @@ class CheckpointPeer:
                          max_inflight=8, window_bytes=window_bytes, link_gbps=link_gbps,
                          upstream_done=upstream.done, on_done=on_done)
                 return {"holder": self._name, "source": src.holder, "seconds": time.perf_counter() - t0,
-                        "retried": len(errors), **seen}
+                        "retried": len(errors), "cpu_seconds": time.process_time() - cpu0, **seen}
             except (CheckpointError, FabricError) as exc:
                 logger.warning("raydl: peer %s: pulling from %s failed at chunk %d (%s); trying the next holder",
                                self._name, src.holder, int(copy.progress[0]), exc)

@@ -157,3 +157,24 @@ class ColdFetcher:
         out = {"seconds": time.perf_counter() - t0, "bytes": int(arr.nbytes)}
         del arr
         return out
+
+    def raw(self, ref, timeout: float, link_gbps: float | None = None, max_inflight: int = 8) -> dict[str, Any]:
+        """The raw pyfi read loop from the same holder into this process: one read_into of every
+        byte, with fetch()'s chunk size and reads in flight, into memory already faulted in, on a
+        connection already up; no digest, no tensors. What a warm fetch is measured against."""
+        from raydl.native import pyfi
+
+        dst = np.ones(ref.size, np.uint8)  # faulted in
+        pacer = pyfi.Pacer(link_gbps * 1e9 / 8, burst=ref.chunk_size) if link_gbps else None
+        provider, fabric, host = pyfi.Client.key_for(ref.fabric)
+        client = pyfi.Client(provider, host=host, fabric_name=fabric)
+        try:
+            conn = client.connect(ref.fabric)
+            conn.read_into(dst[:8], 0, 8, timeout=timeout)  # rxm connects on first use: not timed
+            t0 = time.perf_counter()
+            conn.read_into(dst, 0, ref.size, chunk_size=ref.chunk_size, max_inflight=max_inflight,
+                           timeout=timeout, pacer=pacer)
+            seconds = time.perf_counter() - t0
+        finally:
+            client.close()
+        return {"seconds": seconds, "bytes": ref.size}

@@ -272,6 +272,7 @@ class _Bench:
             seconds = time.perf_counter() - t0
             return {"seconds": seconds, "bytes": ref.size, "peers": n,
                     "slowest_peer_seconds": max(r["seconds"] for r in results),
+                    "peer_cpu_seconds": [r.get("cpu_seconds") for r in results],
                     "sources": [r["source"] for r in results], "retried": sum(r["retried"] for r in results)}
         finally:
             for key in keys:
@@ -304,7 +305,9 @@ def _progress(rounds: int, row: dict) -> None:
     if not row["ok"]:
         _log(f"{head} FAILED: {row['error']}")
     elif row["step"] == "broadcast":
-        _log(f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s"
+        cpu = [c for c in row.get("peer_cpu_seconds") or () if c is not None]
+        cpu_text = f"   CPU per peer {sum(cpu) / len(cpu):.3f} s (max {max(cpu):.3f})" if cpu else ""
+        _log(f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s{cpu_text}"
              f"  ({row['wall_s']:.0f} s)")
     else:
         _log(f"{head} {row['gbps']:8.2f} GB/s  {row['seconds']:7.3f} s  ({row['wall_s']:.0f} s)")
@@ -453,7 +456,7 @@ def _main_cold(args, bench, provider: str) -> int:
         Path(args.json).write_text(json.dumps({"size": args.size, "provider": provider, "cold": summary,
                                                "runs": runs, "link_gbps": args.link_gbps}, indent=2) + "\n")
         _log(f"wrote {args.json}")
-    return 0 if all(k in r for r in runs for k in ("cold", "cold_prepared", "warm", "ray_get")) else 1
+    return 0 if all(k in r for r in runs for k in ("cold_off", "cold", "cold_prepared", "warm", "raw", "ray_get")) else 1
 
 
 def _cli(argv: list[str] | None = None) -> int:

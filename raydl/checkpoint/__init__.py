@@ -19,10 +19,17 @@ The package, along its seams:
     object_store  the object-store transport served on demand; holder_status()
     chain         broadcast() over a chain of peers that pipelines
     api           publish, fetch, broadcast, unpublish, peer_actor, prepare
+
+Importing it starts libfabric and opens this process's fabric endpoint on a
+background thread (checkpoint.prepare(); RAYDL_CHECKPOINT_PREPARE=0 turns it
+off, a size such as 512MiB also faults a receive buffer that large in).
 """
 from raydl.checkpoint.api import DEFAULT_CHUNK, broadcast, fetch, peer_actor, prepare, publish, unpublish
+from raydl.checkpoint.api import prepare_at_import as _prepare_at_import
 from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint
 from raydl.errors import CheckpointError
 
 __all__ = ["DEFAULT_CHUNK", "CheckpointError", "CheckpointRef", "FetchedCheckpoint", "broadcast", "fetch",
            "peer_actor", "prepare", "publish", "unpublish"]
+
+_prepare_at_import()

@@ -3,7 +3,9 @@
 This process's checkpoint state lives in one object, `_Process`: the copies it
 publishes (a HeldCopies) and its fabric client (connections it reads over).
 Only this module writes to it; interpreter exit closes it (servers stop before
-libfabric is unloaded).
+libfabric is unloaded). Importing raydl.checkpoint starts prepare()'s fabric
+work on a background thread (RAYDL_CHECKPOINT_PREPARE=0 turns that off), so a
+fresh process's first fetch finds libfabric started and its endpoint open.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from raydl.checkpoint import layout, object_store
-from raydl.checkpoint.buffers import BufferPool, populate
+from raydl.checkpoint.buffers import BufferPool, populate_in_slices
 from raydl.checkpoint.fabric import FabricClient, pull, verify
 from raydl.checkpoint.held import HeldCopies, HeldCopy, SharedBuffer
 from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint, holder_name
@@ -53,12 +55,20 @@ class _Process:
                 self._preparing.start()
             return self._preparing
 
-    def wait_prepared(self) -> None:
+    def wait_prepared(self, timeout: float | None = None) -> None:
         """A fetch started while prepare() runs waits for it instead of doing the same work twice."""
         with self._lock:
             thread = self._preparing
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the parent's endpoint and threads are not this process's. Dropped, not
+        closed (closing would act on the parent's libfabric state); the next fetch opens its own."""
+        self._lock = threading.Lock()
+        self._leftovers = (self._fabric, self._preparing)  # never closed here, never collected
+        self._fabric = None
+        self._preparing = None
 
     @property
     def fabric(self) -> FabricClient:
@@ -105,17 +115,43 @@ def prepare(*, buffer_bytes: int | None = None, wait: bool = False) -> None:
 
 
 def _prepare_fabric() -> None:
-    from raydl.config import checkpoint_bind
-    from raydl.native import pyfi
-    from raydl.native.pyfi._stack import is_loopback, parse_bind
-
     try:
-        if not pyfi.available():
-            return
-        host, _ = parse_bind(checkpoint_bind())
-        _PROCESS.fabric.prepare(pyfi.choose_provider(), host if is_loopback(host) else None)
+        from raydl.config import checkpoint_bind
+        from raydl.native import pyfi
+        from raydl.native.pyfi._lifecycle import GATE
+        from raydl.native.pyfi._stack import is_loopback, parse_bind
+
+        with GATE.inside("checkpoint.prepare"):  # the process's exit waits for libfabric's start-up to end
+            if not pyfi.available():
+                return
+            host, _ = parse_bind(checkpoint_bind())
+            _PROCESS.fabric.prepare(pyfi.choose_provider(), host if is_loopback(host) else None)
     except Exception as exc:  # noqa: BLE001 - preparing is an optimisation: the fetch will say what fails
         logger.info("raydl: checkpoint.prepare() could not open the fabric endpoint: %s", exc)
+
+
+def prepare_at_import() -> None:
+    """What importing raydl.checkpoint does: prepare() in the background, as RAYDL_CHECKPOINT_PREPARE
+    says (default: the fabric side only; a size: a receive buffer that large too; 0: nothing). It
+    never blocks the import nor fails it: a bad value is logged and ignored."""
+    from raydl.config import checkpoint_prepare
+
+    try:
+        enabled, buffer_bytes = checkpoint_prepare()
+    except ValueError as exc:
+        logger.warning("raydl: %s; not preparing the checkpoint fabric at import", exc)
+        return
+    if enabled:
+        prepare(buffer_bytes=buffer_bytes or None)
+
+
+def _before_fork() -> None:
+    # A child forked while libfabric starts up could inherit its locks held: let it finish (bounded).
+    _PROCESS.wait_prepared(timeout=5.0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_PROCESS.forget_after_fork)
 
 
 def publish(
@@ -139,6 +175,7 @@ def publish(
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     from raydl.native import pyfi
 
+    _PROCESS.wait_prepared()  # libfabric's start-up may be under way: not twice at once
     if transports is None:
         transports = ("fabric", "object_store") if pyfi.available() else ("object_store",)
     bad = set(transports) - {"fabric", "object_store"}
@@ -187,6 +224,7 @@ def choose_transport(ref: CheckpointRef, transport: str) -> str:
 
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    _PROCESS.wait_prepared()
     if transport in ("auto", "fabric") and ref.fabric is not None and pyfi.available():
         return "fabric"
     if transport == "fabric":
@@ -224,19 +262,21 @@ def fetch(
     """
     if link_gbps is not None and link_gbps <= 0:
         raise ValueError(f"link_gbps must be positive, got {link_gbps}")
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
-    _PROCESS.wait_prepared()
-    chosen = choose_transport(ref, transport)
-    phases["probe"] = time.perf_counter() - t0
-    peer = f"{ref.holder} ({ref.fabric.peer})" if chosen == "fabric" else f"object store ({ref.holder})"
-    t = time.perf_counter()
     target = _Target(ref.size, into, _PROCESS.buffers)
-    phases["register"] = time.perf_counter() - t
+    target.fault_ahead()  # fresh memory faults in while the stack comes up and the reads run
+    phases["register"] = time.perf_counter() - t0
     try:
+        t = time.perf_counter()
+        chosen = choose_transport(ref, transport)  # waits for a prepare() under way
+        phases["probe"] = time.perf_counter() - t
+        peer = f"{ref.holder} ({ref.fabric.peer})" if chosen == "fabric" else f"object store ({ref.holder})"
         if chosen == "fabric":
             pull(_PROCESS.fabric, ref, target.buffer, timeout=timeout, chunk_size=chunk_size or ref.chunk_size,
-                 max_inflight=max_inflight, link_gbps=link_gbps, on_connected=target.fault_ahead, phases=phases)
+                 max_inflight=max_inflight, link_gbps=link_gbps, phases=phases)
         else:
             t = time.perf_counter()
             object_store.fetch_bytes(ref, target.buffer, timeout=timeout)
@@ -281,10 +321,11 @@ class _Target:
         self.buffer = np.frombuffer(self._mm, np.uint8)
 
     def fault_ahead(self) -> None:
-        """Fault fresh memory in on a thread, ahead of the reads (no GIL held). Not before the
-        connection is up: populating holds the process's mmap lock, which opening the stack needs."""
+        """Fault fresh memory in on a thread, ahead of the reads (no GIL held), in slices: each holds
+        the process's mmap lock only briefly, which opening the stack meanwhile also needs."""
         if self._fresh is not None:
-            threading.Thread(target=populate, args=(self._fresh,), name="raydl-prefault", daemon=True).start()
+            threading.Thread(target=populate_in_slices, args=(self._fresh,), name="raydl-prefault",
+                             daemon=True).start()
             self._fresh = None
 
     def commit(self) -> None:

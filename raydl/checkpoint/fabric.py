@@ -146,14 +146,13 @@ def holder_watchdog(ref: CheckpointRef) -> Callable[[], None]:
 def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: int = 0, timeout: float,
          chunk_size: int, max_inflight: int, window_bytes: int | None = None, link_gbps: float | None = None,
          upstream_done: Callable[[], int] | None = None, on_done: Callable[[int], None] | None = None,
-         on_connected: Callable[[], None] | None = None, phases: dict[str, float] | None = None) -> None:
+         phases: dict[str, float] | None = None) -> None:
     """Read chunks [start, end) of the checkpoint from ref.fabric into dst, verifying as they land.
 
     upstream_done() -> chunks the source holds (broadcast: a holder still
     receiving); on_done(n) hears each verified prefix. window_bytes: how much
     is read between progress checks (default 4 x chunk_size x max_inflight).
     link_gbps paces the reads (a simulated link, for benchmarks and tests).
-    on_connected() runs once the connection is up, before the first read.
     phases, when given, gets "setup" and "connect" (a new connection), "transfer" and "verify"
     (what the overlap did not hide) seconds added.
     """
@@ -181,8 +180,6 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
     with ThreadPoolExecutor(1, thread_name_prefix="raydl-digest") as verifier:
         try:
             with client.connection(ref.fabric, phases, timeout=timeout, watchdog=watch) as conn:
-                if on_connected is not None:
-                    on_connected()
                 t1 = time.perf_counter()
                 avail = start
                 while done < n:

@@ -61,3 +61,21 @@ def test_fifty_serve_fetch_exit_cycles_never_crash(monkeypatch):
         if code is None or (how == "exit" and code != 0) or -code in CRASH_SIGNALS or code - 128 in CRASH_SIGNALS:
             crashed.append((i, how, code))
     assert crashed == [], f"cycles that crashed (cycle, way, exit code): {crashed}"
+
+
+@pytest.mark.timeout(120)
+def test_exit_right_after_import_while_libfabric_starts_in_the_background():
+    """Importing raydl.checkpoint starts the fabric side on a thread; exiting at once never crashes,
+    and a process that lives on has its endpoint open before any fetch."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAYDL_CHECKPOINT_PREPARE"}
+    quick = "import raydl.checkpoint"
+    waits = ("import raydl.checkpoint as c; p = c.api._PROCESS; p.wait_prepared(); "
+             "assert p.fabric._endpoints, 'no endpoint opened at import'")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+             for code in (quick, waits)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=100)
+        assert proc.returncode == 0, f"exit code {proc.returncode}: {err[-2000:]}"

@@ -37,3 +37,28 @@ def test_prefault_makes_a_free_buffer_of_at_least_that_size():
     assert 4 << 20 < pool.free_bytes() <= 7 << 20  # room for the safetensors header
     buf, fresh = pool.take(4 << 20)
     assert fresh is None and np.all(buf[::4096] == 0)
+
+
+def test_take_waits_for_a_prefault_under_way_instead_of_faulting_a_second_buffer():
+    """A fetch that starts while prepare()'s prefault runs gets that buffer, not fresh memory."""
+    import threading
+
+    pool = BufferPool(max_free=1)
+    worker = threading.Thread(target=pool.prefault, args=(4 << 20,))
+    worker.start()
+    while worker.is_alive() and not pool._pending and not pool.free_bytes():
+        pass  # the prefault has registered itself (or already finished)
+    buf, fresh = pool.take(4 << 20)
+    worker.join()
+    assert fresh is None and buf.nbytes == 4 << 20
+
+
+def test_populate_in_slices_faults_every_byte_without_changing_them():
+    """Faulting in slices leaves bytes already written alone (reads may be landing meanwhile)."""
+    from raydl.checkpoint.buffers import fresh, populate_in_slices
+
+    mm = fresh(5 << 20)
+    view = np.frombuffer(mm, np.uint8)
+    view[:1 << 20] = 9
+    populate_in_slices(mm, slice_bytes=2 << 20)
+    assert (view[:1 << 20] == 9).all() and not view[1 << 20:].any()

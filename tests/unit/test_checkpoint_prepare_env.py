@@ -1,0 +1,38 @@
+"""RAYDL_CHECKPOINT_PREPARE parsing and the cold bench's warm-vs-raw figure (pure, no Ray)."""
+from __future__ import annotations
+
+import pytest
+
+from raydl.bench._ckpt_cold import summarize_cold
+from raydl.config import checkpoint_prepare
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, (True, 0)), ("1", (True, 0)), ("0", (False, 0)),
+                                             ("512MiB", (True, 512 << 20)), ("2G", (True, 2 << 30)),
+                                             ("4096", (True, 4096))])
+def test_checkpoint_prepare_reads_on_off_or_a_size(monkeypatch, value, want):
+    """Unset/1: fabric only; 0: off; a size: fabric and a receive buffer that large."""
+    if value is None:
+        monkeypatch.delenv("RAYDL_CHECKPOINT_PREPARE", raising=False)
+    else:
+        monkeypatch.setenv("RAYDL_CHECKPOINT_PREPARE", value)
+    assert checkpoint_prepare() == want
+
+
+def test_checkpoint_prepare_names_the_variable_on_a_bad_value(monkeypatch):
+    """A value that is neither 0, 1 nor a size is a ValueError naming the variable."""
+    monkeypatch.setenv("RAYDL_CHECKPOINT_PREPARE", "yes please")
+    with pytest.raises(ValueError, match="RAYDL_CHECKPOINT_PREPARE"):
+        checkpoint_prepare()
+
+
+def test_warm_vs_raw_is_the_median_of_each_rounds_own_ratio():
+    """The warm-fetch goal compares each round's warm fetch with the raw read of the same round."""
+    def out(s):
+        return {"seconds": s, "phases": {}}
+    runs = [{"warm": out(1.0), "raw": out(0.9)}, {"warm": out(4.0), "raw": out(2.0)},
+            {"warm": out(0.5), "raw": out(0.5)}]
+    goal = next(g for g in summarize_cold(runs, None)["goals"] if g["name"].startswith("warm fetch"))
+    assert goal["value"] == pytest.approx(0.9)
