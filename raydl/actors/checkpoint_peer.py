@@ -81,7 +81,7 @@ class CheckpointPeer:
         for src in sources:
             done = int(copy.progress[0])
             try:
-                with _UpstreamProgress(src) as upstream:
+                with _UpstreamProgress(src, self._fabric, timeout) as upstream:
                     pull(self._fabric, src, copy.buffer, start=done, timeout=timeout, chunk_size=src.chunk_size,
                          max_inflight=8, window_bytes=window_bytes, link_gbps=link_gbps,
                          upstream_done=upstream.done, on_done=on_done)
@@ -131,10 +131,14 @@ class CheckpointPeer:
 
 
 class _UpstreamProgress:
-    """How many chunks a source holds: all, for a publisher; read with RMA from a holder's word."""
+    """How many chunks a source holds: all, for a publisher; read with RMA from a holder's word, over
+    the peer's own client endpoint (the one its data reads use: no second stack per pull)."""
 
-    def __init__(self, src: CheckpointRef) -> None:
+    def __init__(self, src: CheckpointRef, client: FabricClient, timeout: float) -> None:
         self._src = src
+        self._client = client
+        self._timeout = timeout
+        self._lease = None
         self._conn = None
         self._word = np.zeros(1, np.int64)
         self._lock = threading.Lock()
@@ -142,20 +146,19 @@ class _UpstreamProgress:
 
     def __enter__(self) -> _UpstreamProgress:
         if self._src.progress is not None:
-            from raydl.native import pyfi
-
-            self._conn = pyfi.connect(self._src.progress)
+            self._lease = self._client.connection(self._src.progress, timeout=self._timeout, watchdog=self._watch)
+            self._conn = self._lease.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        if self._lease is not None:
+            self._lease.__exit__(*exc)
 
     def done(self) -> int:
         if self._conn is None:
             return len(self._src.checksums)
         with self._lock:
-            self._conn.read_into(self._word, timeout=30.0, watchdog=self._watch)
+            self._conn.read_into(self._word, timeout=self._timeout, watchdog=self._watch)
             n = int(self._word[0])
         return n
 

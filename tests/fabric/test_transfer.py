@@ -230,6 +230,26 @@ def test_progress_callback_and_many_readers(provider, payload):
             assert dst == payload and seen == sorted(seen) and seen[-1] == SIZE
 
 
+def test_on_chunk_hears_each_landed_chunk_once_and_can_end_the_transfer(provider, payload):
+    """on_chunk(pos, length) covers dst exactly once, each chunk's bytes already there; what it raises ends the read."""
+    src = np.frombuffer(payload, np.uint8)
+    with pyfi.serve(bytearray(payload), provider=provider) as server:
+        with pyfi.connect(server.address) as conn:
+            dst = np.zeros(SIZE, np.uint8)
+            heard = []
+
+            def check(pos: int, length: int) -> None:
+                assert (dst[pos:pos + length] == src[pos:pos + length]).all()
+                heard.append((pos, length))
+            conn.read_into(dst, chunk_size=1 << 20, max_inflight=2, on_chunk=check)
+            assert sorted(heard) == [(p, min(1 << 20, SIZE - p)) for p in range(0, SIZE, 1 << 20)]
+
+            def refuse(pos: int, length: int) -> None:
+                raise ValueError(f"chunk at {pos} refused")
+            with pytest.raises(ValueError, match="refused"):
+                conn.read_into(np.zeros(SIZE, np.uint8), chunk_size=1 << 20, on_chunk=refuse)
+
+
 def test_serve_close_releases_the_file_mapping(provider, tmp_path):
     """After close() the served file's mapping is gone (the file can be replaced and no fd stays open)."""
     path = tmp_path / "f.bin"

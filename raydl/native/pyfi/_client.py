@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 # (measured: no faster with fi_cq_sread, and sleeping leaves cores to others).
 _CLIENT_SPIN = 200
 _CLIENT_SLEEP_US = 20
+# Paced reads complete at the link's rate (1 MiB: 8 ms at 1 Gbit/s): no spinning, 1 ms naps (the
+# socket buffers hold far more than a millisecond of such a link), so a chain of paced peers leaves
+# the cores to the copies.
+_PACED_SLEEP_US = 1000
 _MAX_EAGAIN = 100_000          # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
 
 
@@ -99,7 +103,7 @@ class Connection(Closeable):
                   chunk_size: int = 4 << 20, max_inflight: int = 8, timeout: float = 30.0,
                   progress: Callable[[int], None] | None = None,
                   watchdog: Callable[[], None] | None = None, watch_every: float = 1.0,
-                  pacer: Pacer | None = None) -> int:
+                  pacer: Pacer | None = None, on_chunk: Callable[[int, int], None] | None = None) -> int:
         """Pull `size` bytes (default: all of dst) from the region at `offset` into dst.
 
         dst: bytearray, numpy array, CPU torch tensor, writable mmap ...; it is
@@ -110,14 +114,17 @@ class Connection(Closeable):
         to end the transfer (e.g. when the caller learns the peer died: a
         refused rxm connection only ever answers -FI_EAGAIN). `pacer` (a Pacer,
         shared across calls) posts reads no faster than its rate: a simulated
-        link. Returns bytes read."""
+        link. `on_chunk(pos, length)` hears each chunk of dst that has landed
+        (pos from dst's start), on this thread while the other reads are in
+        flight, e.g. to check it while it is still in cache; what it raises
+        ends the transfer. Returns bytes read."""
         with self._lock:
             span = as_span(dst, writable=True)
             try:
                 size = span.nbytes if size is None else size
                 self._check_request("read_into", offset, size, span.nbytes, chunk_size, max_inflight)
                 return self._transfer("fi_read", span, offset, size, chunk_size, max_inflight,
-                                      timeout, progress, watchdog, watch_every, pacer)
+                                      timeout, progress, watchdog, watch_every, pacer, on_chunk)
             finally:
                 span.release()
 
@@ -174,18 +181,18 @@ class Connection(Closeable):
     def _transfer(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
                   max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
                   watchdog: Callable[[], None] | None = None, watch_every: float = 1.0,
-                  pacer: Pacer | None = None) -> int:
+                  pacer: Pacer | None = None, on_chunk: Callable[[int, int], None] | None = None) -> int:
         """Run one pipelined read or write: post chunks while slots are free, reap completions."""
         if size == 0:
             return 0
         with GATE.inside(call):  # at exit, the poll below raises and the transfer ends (see _lifecycle)
             return self._transfer_inside(call, span, offset, size, chunk_size, max_inflight, timeout, progress,
-                                         watchdog, watch_every, pacer)
+                                         watchdog, watch_every, pacer, on_chunk)
 
     def _transfer_inside(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
                          max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
                          watchdog: Callable[[], None] | None, watch_every: float,
-                         pacer: Pacer | None) -> int:
+                         pacer: Pacer | None, on_chunk: Callable[[int, int], None] | None = None) -> int:
         stack = self._live_stack()
         ffi, lib = load()
         access = lib.FI_READ if call == "fi_read" else lib.FI_WRITE
@@ -194,9 +201,10 @@ class Connection(Closeable):
         slots = ffi.new("struct fi_context2[]", max_inflight)
         slot_base, slot_size = int(ffi.cast("uintptr_t", slots)), ffi.sizeof("struct fi_context2")
         free = list(range(max_inflight - 1, -1, -1))
-        inflight: dict[int, int] = {}         # slot -> chunk length
+        inflight: dict[int, tuple[int, int]] = {}   # slot -> (chunk position, length)
         chunks = [(pos, min(chunk_size, size - pos)) for pos in range(0, size, chunk_size)]
         posted = done = eagain = 0
+        landed: list[tuple[int, int]] = []    # chunks reaped, not yet handed to on_chunk
         busy = False
         last_progress = last_watch = time.monotonic()
         paced = 0.0
@@ -221,8 +229,12 @@ class Connection(Closeable):
                     if pacer is not None:
                         pacer.spend(length)
                     free.pop()
-                    inflight[slot] = length
+                    inflight[slot] = (pos, length)
                     posted += 1
+                if landed and on_chunk is not None:   # after posting: the next reads fly meanwhile
+                    for pos, length in landed:
+                        on_chunk(pos, length)
+                landed.clear()
                 wait_s = 0.05 if inflight else (0.001 if busy else 0.0)
                 if paced > 0 and not inflight:   # nothing to progress: let the link catch up
                     time.sleep(min(paced, 0.05))
@@ -231,13 +243,15 @@ class Connection(Closeable):
                     if paced > 0:
                         wait_s = min(wait_s, paced)
                     # paced: completions come at the link's rate, so nap longer between polls
-                    finished, errors = stack.cq.poll(timeout_s=wait_s, spin=_CLIENT_SPIN,
-                                                     sleep_us=_CLIENT_SLEEP_US if pacer is None else 200)
+                    finished, errors = stack.cq.poll(
+                        timeout_s=wait_s, spin=_CLIENT_SPIN if pacer is None else 0,
+                        sleep_us=_CLIENT_SLEEP_US if pacer is None else _PACED_SLEEP_US)
                 if errors:
                     raise self._completion_error(call, errors[0], len(errors))
                 for ctx in finished:
                     slot = (ctx - slot_base) // slot_size
-                    done += inflight.pop(slot)
+                    landed.append(inflight.pop(slot))
+                    done += landed[-1][1]
                     free.append(slot)
                 now = time.monotonic()
                 if finished or paced > 0:
@@ -254,6 +268,9 @@ class Connection(Closeable):
                         f"{call} (peer {self.peer}) timed out: no completion in {timeout:g} s "
                         f"({done} of {size} bytes done; {stuck})",
                         call=call, code=errno.ETIMEDOUT, strerror=os.strerror(errno.ETIMEDOUT))
+            if on_chunk is not None:
+                for pos, length in landed:
+                    on_chunk(pos, length)
         except BaseException:
             # Operations may still be in flight into caller memory: close the
             # endpoint (cancelling them) before that memory is deregistered.
