@@ -36,7 +36,9 @@
 #define IBITS 6  /* intermediate row in Q6 */
 #define VSHIFT (KBITS - IBITS)
 #define HSHIFT (KBITS + IBITS)
-#define ROW_SLACK 16 /* int16 after a filtered row that the AVX2 horizontal pass may read (weight 0) */
+/* int16 after a filtered row that the AVX2 horizontal pass may read (with weight 0): it reads
+ * kx_stride taps from every column's first, plus 2 */
+#define ROW_SLACK(kx_stride) ((size_t)(kx_stride) * 3 + 16)
 
 #define RAYDL_SCRATCH_SLOTS 3
 #define RAYDL_SCRATCH_KEEP ((size_t)64 << 20)
@@ -200,16 +202,17 @@ __attribute__((target("avx2"))) static void vpass_avx2(const uint8_t *const *row
 
 /* Four taps per step: pixels t, t+1 in the low lane and t+2, t+3 in the high
  * lane, shuffled to (r r g g b b 0 0) and multiplied by weight pairs. kv holds,
- * per output column, nq vectors of (k[4q], k[4q+1]) x4 | (k[4q+2], k[4q+3]) x4.
+ * per output column, nq vectors of (k[4q], k[4q+1]) x4 | (k[4q+2], k[4q+3]) x4,
+ * zero past the column's taps. Every column takes the same nq steps (callers
+ * pass a constant for the common 1 and 2, so the loop unrolls).
  * Returns the column's (r, g, b, 0) sums in Q20. */
-__attribute__((target("avx2"))) static inline __m128i hsum_avx2(const int16_t *in, int start, int count,
-                                                                 const __m256i *kk) {
+__attribute__((target("avx2"), always_inline)) static inline __m128i hsum_avx2(const int16_t *in, int start,
+                                                                                int nq, const __m256i *kk) {
     const __m256i shuf = _mm256_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1,
                                           0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -1, -1, -1, -1);
     const int16_t *p = in + (size_t)start * 3;
-    int steps = (count + 3) >> 2;
     __m256i s = _mm256_setzero_si256();
-    for (int q = 0; q < steps; q++, p += 12) {
+    for (int q = 0; q < nq; q++, p += 12) {
         __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
                                             _mm_loadu_si128((const __m128i *)(p + 6)), 1);
         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_shuffle_epi8(v, shuf), _mm256_loadu_si256(kk + q)));
@@ -217,30 +220,45 @@ __attribute__((target("avx2"))) static inline __m128i hsum_avx2(const int16_t *i
     return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
+/* Instantiate `body` (which uses HSUM(x)) with nq = 1, 2 or any. */
+#define HPASS_BY_NQ(body)                                                            \
+    switch (nq) {                                                                    \
+    case 1: {                                                                        \
+        enum { NQ = 1 };                                                             \
+        body;                                                                        \
+    } break;                                                                         \
+    case 2: {                                                                        \
+        enum { NQ = 2 };                                                             \
+        body;                                                                        \
+    } break;                                                                         \
+    default: {                                                                       \
+        const int NQ = nq;                                                           \
+        body;                                                                        \
+    }                                                                                \
+    }
+#define HSUM(x) hsum_avx2(in, start[x], NQ, kv + (size_t)(x) * nq)
+
 /* The horizontal pass of one uint8 row, written straight to its output row.
  * Output pixels go in increasing address order (a flipped row reads its
  * columns from the right), so each pixel can be stored as 4 bytes, the fourth
  * overwritten by the next pixel; the last one is stored as 3. */
-__attribute__((target("avx2"))) static void hpass_u8_avx2(const int16_t *in, const int *start, const int *count,
-                                                           const __m256i *kv, int nq, int out_w, int flip,
-                                                           uint8_t *o) {
+__attribute__((target("avx2"))) static void hpass_u8_avx2(const int16_t *in, const int *start, const __m256i *kv,
+                                                           int nq, int out_w, int flip, uint8_t *o) {
     const __m128i rnd = _mm_set1_epi32(1 << (HSHIFT - 1));
-    for (int ox = 0; ox < out_w; ox++) {
+    HPASS_BY_NQ(for (int ox = 0; ox < out_w; ox++) {
         int x = flip ? out_w - 1 - ox : ox;
-        __m128i v = _mm_srai_epi32(_mm_add_epi32(hsum_avx2(in, start[x], count[x], kv + (size_t)x * nq), rnd),
-                                   HSHIFT);
+        __m128i v = _mm_srai_epi32(_mm_add_epi32(HSUM(x), rnd), HSHIFT);
         v = _mm_packus_epi16(_mm_packs_epi32(v, v), v);
         uint32_t px = (uint32_t)_mm_cvtsi128_si32(v);
         memcpy(o + (size_t)ox * 3, &px, ox + 1 < out_w ? 4 : 3);
-    }
+    })
 }
 
 /* The horizontal pass into acc (4 int32 per column); write_row then makes
  * float planes of it (measured faster than transposing 8 pixels at a time). */
-__attribute__((target("avx2"))) static void hpass_avx2(const int16_t *in, const int *start, const int *count,
-                                                        const __m256i *kv, int nq, int out_w, int32_t *acc) {
-    for (int x = 0; x < out_w; x++)
-        _mm_storeu_si128((__m128i *)(acc + 4 * x), hsum_avx2(in, start[x], count[x], kv + (size_t)x * nq));
+__attribute__((target("avx2"))) static void hpass_avx2(const int16_t *in, const int *start, const __m256i *kv,
+                                                        int nq, int out_w, int32_t *acc) {
+    HPASS_BY_NQ(for (int x = 0; x < out_w; x++) _mm_storeu_si128((__m128i *)(acc + 4 * x), HSUM(x)))
 }
 #endif
 
@@ -286,7 +304,7 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
     size_t sz_kx = align32(sizeof(int16_t) * (size_t)out_w * kx_stride);
     size_t sz_ky = align32(sizeof(int16_t) * (size_t)out_h * kys);
     size_t sz_kv = simd ? align32((size_t)32 * out_w * nq) : 0;
-    size_t sz_row = align32(sizeof(int16_t) * ((size_t)span_max * 3 + ROW_SLACK));
+    size_t sz_row = align32(sizeof(int16_t) * ((size_t)span_max * 3 + ROW_SLACK(kx_stride)));
     size_t sz_acc = align32(sizeof(int32_t) * 4 * (size_t)out_w);
     size_t sz_rows = align32(sizeof(uint8_t *) * (size_t)kys);
     size_t sz_vacc = simd ? 0 : align32(sizeof(int32_t) * (size_t)span_max * 3);
@@ -319,14 +337,19 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
         if (r->xstart[x] + r->xcount[x] > col1) col1 = r->xstart[x] + r->xcount[x];
     }
     r->span = col1 - r->col0;
-    for (int x = 0; x < out_w; x++) r->xstart[x] -= r->col0;
-    memset(r->row + (size_t)r->span * 3, 0, sizeof(int16_t) * ROW_SLACK);
+    int maxc = 1;
+    for (int x = 0; x < out_w; x++) {
+        r->xstart[x] -= r->col0;
+        if (r->xcount[x] > maxc) maxc = r->xcount[x];
+    }
+    r->nq = (maxc + 3) / 4; /* often fewer than ksize taps are used: 2-3 for a 1.3x downscale */
+    memset(r->row + (size_t)r->span * 3, 0, sizeof(int16_t) * ROW_SLACK(kx_stride));
 #ifdef RAYDL_X86
     if (simd) {
         int32_t *kv = (int32_t *)r->kv;
         for (int x = 0; x < out_w; x++) {
             const int16_t *kk = r->kx + (size_t)x * kx_stride;
-            for (int q = 0; q < nq; q++, kv += 8) {
+            for (int q = 0; q < r->nq; q++, kv += 8) {
                 uint32_t lo = (uint16_t)kk[4 * q] | (uint32_t)(uint16_t)kk[4 * q + 1] << 16;
                 uint32_t hi = (uint16_t)kk[4 * q + 2] | (uint32_t)(uint16_t)kk[4 * q + 3] << 16;
                 for (int j = 0; j < 4; j++) {
@@ -382,10 +405,10 @@ void raydl_resize_row(raydl_resize_t *r, int yy, const uint8_t *const *src_rows)
     if (r->simd) {
         vpass_avx2(r->rows, k, n, r->span * 3, r->row);
         if (r->out_format == RAYDL_OUT_U8_HWC) {
-            hpass_u8_avx2(r->row, r->xstart, r->xcount, (const __m256i *)r->kv, r->nq, r->out_w, r->flip,
+            hpass_u8_avx2(r->row, r->xstart, (const __m256i *)r->kv, r->nq, r->out_w, r->flip,
                           (uint8_t *)r->dst + (size_t)yy * r->out_w * 3);
         } else {
-            hpass_avx2(r->row, r->xstart, r->xcount, (const __m256i *)r->kv, r->nq, r->out_w, r->acc);
+            hpass_avx2(r->row, r->xstart, (const __m256i *)r->kv, r->nq, r->out_w, r->acc);
             write_row(r, yy);
         }
         return;
