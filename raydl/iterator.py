@@ -51,6 +51,7 @@ class IteratorStats:
     elapsed_s: float = 0.0
     retries: int = 0
     local_batches: int = 0  # made by an actor on this rank's node (read from the object store without a copy)
+    driver_batches: int = 0  # made in this process while the loader's workers started (counted in local_batches)
     skipped_uris: list[str] = field(default_factory=list, repr=False)
     replaced_uris: list[str] = field(default_factory=list, repr=False)
 
@@ -270,6 +271,7 @@ class DataIterator:
             self._loader.sync(result.membership)
             worker = self._pending.pop(k)[1]
             self._stats.local_batches += worker.node_id == self._node
+            self._stats.driver_batches += worker.handle is None  # the Loader's own process (_Bootstrap)
             now = time.perf_counter()
             self._stats.wait_s += now - t0
             if self._stats.time_to_first_batch_s is None:

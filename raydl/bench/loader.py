@@ -266,6 +266,11 @@ def main(args: argparse.Namespace) -> int:
     mem = next((r["memory"] for r in runs if r["peer"] == "raydl" and r.get("memory")), None)
     if mem:
         notes.append(_memory_note(mem))
+    driver = [(r["driver_batches"], r["steady_batches"] + 1) for r in runs
+              if r["peer"] == "raydl" and r.get("ok") and "driver_batches" in r]
+    if driver:
+        notes.append("raydl batches made in the driver while its workers started, per round: "
+                     + ", ".join(f"{d} of {n}" for d, n in driver))
     if args.nodes > 1:
         notes.append(f"raydl rows ran on a local {args.nodes}-node ray.cluster_utils.Cluster sharing the "
                      f"{args.cpus} CPUs ({max(1, args.cpus // args.nodes)} per node); the other peers on one")

@@ -103,12 +103,14 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
         loader = ds.loader(batch_size=spec.batch_size, seed=spec.seed, num_workers=1,
                            threads_per_worker=spec.cpus if spec.nodes <= 1 else None)
         try:
-            for batch in loader.iterator(0).iter_batches():
+            it = loader.iterator(0)
+            for batch in it.iter_batches():
                 if len(batch["id"]) != batch["image"].shape[0]:
                     raise RuntimeError("raydl batch: len(id) != len(image)")
                 clock.batch(batch["image"])
             result = clock.result()
             clock.extra["memory"] = loader.memory()
+            clock.extra["driver_batches"] = it.stats().driver_batches
             return result
         finally:
             loader.shutdown()

@@ -64,14 +64,15 @@ def test_same_seed_same_ids_and_pixels_any_actor_count(ray_local, image_folder):
 def test_first_batches_made_in_the_driver_match_the_workers(ray_local, image_folder):
     """The batches the driver makes while the workers start have the workers' ids, keys and pixels."""
     with _pipeline(image_folder).loader(batch_size=16, seed=3) as early:
-        boot = early._bootstrap  # the driver's node hosts workers: it makes the first batches itself
-        first = _epoch(early.iterator(0))
-    assert boot is not None and boot._worker is not None
+        it = early.iterator(0)  # the driver's node hosts workers: it makes the first batches itself
+        first = _epoch(it)
+    assert it.stats().driver_batches >= 1
     with _pipeline(image_folder).loader(batch_size=16, seed=3) as late:
         late.refresh()  # the workers are up: every batch comes from them
         assert late.bootstrap() is None
-        later = _epoch(late.iterator(0))
-    assert len(first) == len(later)
+        it = late.iterator(0)
+        later = _epoch(it)
+    assert it.stats().driver_batches == 0 and len(first) == len(later)
     for x, y in zip(first, later):
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["image"], y["image"])
