@@ -64,7 +64,8 @@ __all__ = ["Loader"]
 _DEFAULT_BUDGET_FRACTION = 0.25
 _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
 LAUNCH_DELAY_S = 1.0  # how long the launch waits for a first batch to be asked of this process
-ROOM_WAIT_S = 10.0  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
+ROOM_WAIT_S = 10.0
+WORKER_NICENESS = 15  # Ray's default niceness of worker processes (its worker_niceness setting)  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
 
 
 class Loader:
@@ -406,13 +407,18 @@ class _Bootstrap:
         return self._exec.submit(self._run, task)
 
     def _run(self, task):
+        first = self._worker is None
         try:
-            if self._worker is None:
+            if first:
                 # Fresh arrays per batch: the caller gets them as they are, with no copy into the object store.
                 self._worker = LoaderWorker(self._spec, self._catalog, self._threads, reuse_buffers=False)
             result = self._worker.run_batch(task)
         finally:
-            self._on_first()
+            if first:
+                self._on_first()
+                # From the second batch on, the worker processes starting now must not be starved: Ray
+                # starts them at niceness 15, so this process's loader threads take the same from here.
+                _renice([threading.get_native_id(), *self._worker.thread_ids()], WORKER_NICENESS)
         for value in result.batch.values():  # read-only, like the object store's batches
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False
@@ -420,6 +426,16 @@ class _Bootstrap:
 
     def close(self) -> None:
         self._exec.shutdown(wait=False)  # batches already asked for still finish
+
+
+def _renice(thread_ids: list[int], niceness: int) -> None:
+    """Lower these threads of this process to `niceness` (Linux: priority is per thread); never raise it."""
+    for tid in thread_ids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except (AttributeError, OSError):  # not Linux, or the thread is gone
+            pass
 
 
 def _default_budget(nodes: list[scheduling.NodeInfo]) -> int:

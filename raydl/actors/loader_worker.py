@@ -152,6 +152,11 @@ class LoaderWorker:
                 "batch_arrays_count": len(self._buffers),
                 "catalog_columns": self._labels.nbytes + self._where.nbytes}
 
+    def thread_ids(self) -> list[int]:
+        """Native ids of the decode and IO threads started so far (to set their priority)."""
+        pools = (self._pool, self._io._pool)
+        return [t.native_id for pool in pools for t in list(pool._threads) if t.native_id is not None]
+
     def run_batch(self, task: BatchTask) -> BatchResult:
         n = len(task.ids)
         dtype = self._spec.program.dtype

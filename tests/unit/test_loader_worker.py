@@ -64,3 +64,20 @@ def test_replace_substitutes_a_file_corrupted_after_listing_deterministically(im
     assert len(first.batch["id"]) == 8 and len(first.replaced) == 1 and first.replaced[0].sample_id == 3
     assert first.batch["id"][3] == first.replaced[0].substitute_id != 3
     np.testing.assert_array_equal(first.batch["image"], again.batch["image"])
+
+
+def test_driver_threads_take_the_workers_niceness_and_never_raise_it(image_folder):
+    """After its first batch the driver's loader threads run at Ray's worker niceness; a nicer thread stays so."""
+    import os
+    import threading
+
+    from raydl.loader import WORKER_NICENESS, _renice
+
+    worker, _ = _worker(image_folder)
+    worker.run_batch(_task(range(8)))
+    tids = worker.thread_ids()
+    assert tids and threading.get_native_id() not in tids  # the pools' threads, not the caller
+    _renice(tids, WORKER_NICENESS)
+    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {WORKER_NICENESS}
+    _renice(tids, 5)
+    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {WORKER_NICENESS}
