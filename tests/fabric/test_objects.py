@@ -131,3 +131,25 @@ def test_endpoint_listens_on_loopback(provider):
     with pyfi.serve(bytearray(64), provider=provider, bind="127.0.0.1:0") as server:
         assert server.address.peer.startswith(f"{provider}@127.0.0.1:")
         assert not server.address.peer.endswith(":0")
+
+
+def test_once_the_exit_gate_closes_no_call_enters_libfabric(provider, monkeypatch):
+    """After the exit gate closes (atexit), set-up calls are a FabricError (ESHUTDOWN) and close() leaves the
+    object to libfabric's own teardown, counting nobody inside: an fi_close racing fi_fini crashed a child."""
+    import errno
+
+    from raydl.native.pyfi import _lifecycle, _objects
+
+    gate = _lifecycle.Gate()
+    monkeypatch.setattr(_objects, "GATE", gate)
+    _, lib = load()
+    fabric, domain, cq, av, ep = _open_stack(provider)
+    mr = domain.register(bytearray(64), access=lib.FI_REMOTE_READ)
+    assert gate.close(timeout=1.0)
+    with pytest.raises(FabricError) as info:
+        domain.register(bytearray(64), access=lib.FI_REMOTE_READ)
+    assert info.value.code == errno.ESHUTDOWN and "fi_mr_reg" in str(info.value)
+    with pytest.raises(FabricError, match="fi_getinfo"):
+        pyfi.getinfo(provider, node="127.0.0.1", source=True)
+    fabric.close()  # the whole tree, without entering libfabric
+    assert all(obj.closed for obj in (fabric, domain, cq, av, ep, mr)) and gate.close(timeout=0.1)

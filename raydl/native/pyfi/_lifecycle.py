@@ -5,11 +5,13 @@ the process exits. A serving thread still inside fi_cq_sread, or a reader
 inside fi_cq_read, then runs on freed provider state: the Ray worker segfault
 in CoreWorker::HandleExit seen when CheckpointPeer actors were killed. So every
 pyfi wait is bounded (the serving loop waits in 50 ms slices, the client in at
-most 50 ms) and happens inside `GATE.inside()`; at interpreter exit (atexit runs
+most 50 ms), and every call into libfabric (set-up, registration, transfers,
+waits and fi_close) happens inside `GATE.inside()`; at interpreter exit (atexit runs
 before the library destructors) the gate closes: no thread enters again, and
 exit waits up to EXIT_WAIT_S for those inside to leave (and says so on stderr
 when they did not). A thread that would enter afterwards gets a FabricError
-instead.
+instead; a close() after that leaves the object to libfabric's own teardown
+(`GATE.unless_exiting()`): an fi_close racing fi_fini is the crash seen in CI.
 """
 from __future__ import annotations
 
@@ -52,6 +54,23 @@ class Gate:
             with self._cv:
                 self._inside -= 1
                 self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def unless_exiting(self):
+        """Yields True inside the gate, or False (without entering) once the process is exiting."""
+        with self._cv:
+            if self._closed:
+                entered = False
+            else:
+                self._inside += 1
+                entered = True
+        try:
+            yield entered
+        finally:
+            if entered:
+                with self._cv:
+                    self._inside -= 1
+                    self._cv.notify_all()
 
     def close(self, timeout: float = EXIT_WAIT_S) -> bool:
         """Bar new entries; True when every thread left within `timeout` seconds."""

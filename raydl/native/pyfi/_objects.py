@@ -122,7 +122,9 @@ class InfoList(Closeable):
     def close(self) -> None:
         if self._head is not None:
             _, lib = load()
-            lib.fi_freeinfo(self._head)
+            with GATE.unless_exiting() as entered:
+                if entered:
+                    lib.fi_freeinfo(self._head)
             self._head, self._entries = None, []
 
 
@@ -147,6 +149,12 @@ def getinfo(provider: str | None = None, *, node: str | None = None, service: st
     """fi_getinfo with pyfi's hints: RMA caps, an RDM endpoint, the mr_mode and
     mode bits pyfi supports (each overridable). `source=True` passes FI_SOURCE so
     node/service name the local address to listen on."""
+    with GATE.inside("fi_getinfo"):
+        return _getinfo(provider, node, service, source, caps, ep_rdm, mr_mode, mode)
+
+
+def _getinfo(provider: str | None, node: str | None, service: str | None, source: bool, caps: int | None,
+             ep_rdm: bool, mr_mode: int | None, mode: int | None) -> InfoList:
     ffi, lib = load()
     hints = lib.fi_allocinfo()
     if hints == ffi.NULL:
@@ -202,7 +210,9 @@ class _Fid(Closeable):
         for parent in self._parents:
             if self in parent._dependents:
                 parent._dependents.remove(self)
-        check(lib.fi_close(ffi.cast("struct fid *", ptr)), f"fi_close({self.kind})")
+        with GATE.unless_exiting() as entered:
+            if entered:  # else libfabric's fi_fini frees it: an fi_close now could race that
+                check(lib.fi_close(ffi.cast("struct fid *", ptr)), f"fi_close({self.kind})")
         self._after_close()
 
     def _after_close(self) -> None:
@@ -218,7 +228,8 @@ class Fabric(_Fid):
     def __init__(self, entry: Any) -> None:
         ffi, lib = load()
         out = ffi.new("struct fid_fabric **")
-        check(lib.fi_fabric(entry.fabric_attr, out, ffi.NULL), "fi_fabric")
+        with GATE.inside("fi_fabric"):
+            check(lib.fi_fabric(entry.fabric_attr, out, ffi.NULL), "fi_fabric")
         super().__init__(out[0])
 
     def domain(self, entry: Any) -> Domain:
@@ -233,7 +244,8 @@ class Domain(_Fid):
     def __init__(self, fabric: Fabric, entry: Any) -> None:
         ffi, lib = load()
         out = ffi.new("struct fid_domain **")
-        check(lib.fi_domain(fabric.ptr, entry, out, ffi.NULL), "fi_domain")
+        with GATE.inside("fi_domain"):
+            check(lib.fi_domain(fabric.ptr, entry, out, ffi.NULL), "fi_domain")
         super().__init__(out[0], (fabric,))
         self.info = snapshot(entry)
         self.mr_mode = self.info.mr_mode_bits
@@ -283,11 +295,12 @@ class CompletionQueue(_Fid):
         attr.format = lib.FI_CQ_FORMAT_CONTEXT
         attr.wait_obj = lib.FI_WAIT_UNSPEC if wait else lib.FI_WAIT_NONE
         out = ffi.new("struct fid_cq **")
-        rc = lib.fi_cq_open(domain.ptr, attr, out, ffi.NULL)
-        if wait and rc < 0:  # no wait objects here: fall back to a polled queue
-            attr.wait_obj = lib.FI_WAIT_NONE
+        with GATE.inside("fi_cq_open"):
             rc = lib.fi_cq_open(domain.ptr, attr, out, ffi.NULL)
-            wait = False
+            if wait and rc < 0:  # no wait objects here: fall back to a polled queue
+                attr.wait_obj = lib.FI_WAIT_NONE
+                rc = lib.fi_cq_open(domain.ptr, attr, out, ffi.NULL)
+                wait = False
         check(rc, "fi_cq_open")
         super().__init__(out[0], (domain,))
         self.waitable = wait
@@ -359,13 +372,15 @@ class AddressVector(_Fid):
         attr.type = lib.FI_AV_UNSPEC  # the provider's choice; pyfi only keeps the fi_addr_t
         attr.count = count
         out = ffi.new("struct fid_av **")
-        check(lib.fi_av_open(domain.ptr, attr, out, ffi.NULL), "fi_av_open")
+        with GATE.inside("fi_av_open"):
+            check(lib.fi_av_open(domain.ptr, attr, out, ffi.NULL), "fi_av_open")
         super().__init__(out[0], (domain,))
 
     def insert(self, raw: bytes, *, peer: str | None = None) -> int:
         ffi, lib = load()
         addr = ffi.new("fi_addr_t *")
-        rc = lib.fi_av_insert(self.ptr, raw, 1, addr, 0, ffi.NULL)
+        with GATE.inside("fi_av_insert"):
+            rc = lib.fi_av_insert(self.ptr, raw, 1, addr, 0, ffi.NULL)
         check(rc, "fi_av_insert", peer=peer)
         if rc != 1:
             raise FabricError(f"fi_av_insert inserted {rc} of 1 address (peer {peer})",
@@ -381,14 +396,16 @@ class Endpoint(_Fid):
     def __init__(self, domain: Domain, entry: Any, *, cq: CompletionQueue, av: AddressVector) -> None:
         ffi, lib = load()
         out = ffi.new("struct fid_ep **")
-        check(lib.fi_endpoint(domain.ptr, entry, out, ffi.NULL), "fi_endpoint")
+        with GATE.inside("fi_endpoint"):
+            check(lib.fi_endpoint(domain.ptr, entry, out, ffi.NULL), "fi_endpoint")
         # Closing the cq, the av or the domain closes the endpoint first.
         super().__init__(out[0], (domain, cq, av))
         try:
-            check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", av.ptr), 0), "fi_ep_bind(av)")
-            check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", cq.ptr),
-                                 lib.FI_TRANSMIT | lib.FI_RECV), "fi_ep_bind(cq)")
-            check(lib.fi_enable(self.ptr), "fi_enable")
+            with GATE.inside("fi_enable"):
+                check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", av.ptr), 0), "fi_ep_bind(av)")
+                check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", cq.ptr),
+                                     lib.FI_TRANSMIT | lib.FI_RECV), "fi_ep_bind(cq)")
+                check(lib.fi_enable(self.ptr), "fi_enable")
         except BaseException:
             self.close()
             raise
@@ -398,10 +415,11 @@ class Endpoint(_Fid):
         ffi, lib = load()
         size = ffi.new("size_t *", 64)
         buf = ffi.new("char[]", 64)
-        rc = lib.fi_getname(ffi.cast("struct fid *", self.ptr), buf, size)
-        if rc == -lib.FI_ETOOSMALL:
-            buf = ffi.new("char[]", size[0])
+        with GATE.inside("fi_getname"):
             rc = lib.fi_getname(ffi.cast("struct fid *", self.ptr), buf, size)
+            if rc == -lib.FI_ETOOSMALL:
+                buf = ffi.new("char[]", size[0])
+                rc = lib.fi_getname(ffi.cast("struct fid *", self.ptr), buf, size)
         check(rc, "fi_getname")
         return bytes(ffi.buffer(buf, size[0]))
 
@@ -424,9 +442,10 @@ class MemoryRegion(_Fid):
         requested = 0 if prov_key else (domain.random_key() if key is None else key)
         out = ffi.new("struct fid_mr **")
         try:
-            check(lib.fi_mr_reg(domain.ptr, self.span.ptr, self.span.nbytes, access, 0, requested, 0,
-                                out, ffi.NULL), "fi_mr_reg",
-                  detail=f"{self.span.nbytes} bytes" + ("" if prov_key else f", key {requested:#x}"))
+            with GATE.inside("fi_mr_reg"):
+                check(lib.fi_mr_reg(domain.ptr, self.span.ptr, self.span.nbytes, access, 0, requested, 0,
+                                    out, ffi.NULL), "fi_mr_reg",
+                      detail=f"{self.span.nbytes} bytes" + ("" if prov_key else f", key {requested:#x}"))
         except BaseException:
             self._after_close()
             raise
