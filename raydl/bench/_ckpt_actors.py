@@ -160,11 +160,15 @@ class ColdFetcher:
 
     def raw(self, ref, timeout: float, link_gbps: float | None = None, max_inflight: int = 8) -> dict[str, Any]:
         """The raw pyfi read loop from the same holder into this process: one read_into of every
-        byte, with fetch()'s chunk size and reads in flight, into memory already faulted in, on a
-        connection already up; no digest, no tensors. What a warm fetch is measured against."""
+        byte, with fetch()'s chunk size and reads in flight, into memory already faulted in (huge
+        pages, as fetch's), on a connection already up; no digest, no tensors. What a warm fetch is
+        measured against."""
+        from raydl.checkpoint.buffers import fresh, populate
         from raydl.native import pyfi
 
-        dst = np.ones(ref.size, np.uint8)  # faulted in
+        mm = fresh(ref.size)  # the kind of memory a fetch reads into (huge pages), faulted in
+        populate(mm)
+        dst = np.frombuffer(mm, np.uint8)[:ref.size]
         pacer = pyfi.Pacer(link_gbps * 1e9 / 8, burst=ref.chunk_size) if link_gbps else None
         provider, fabric, host = pyfi.Client.key_for(ref.fabric)
         client = pyfi.Client(provider, host=host, fabric_name=fabric)

@@ -321,11 +321,12 @@ class _Target:
         self.buffer = np.frombuffer(self._mm, np.uint8)
 
     def fault_ahead(self) -> None:
-        """Fault fresh memory in on a thread, ahead of the reads (no GIL held), in slices: each holds
-        the process's mmap lock only briefly, which opening the stack meanwhile also needs."""
+        """Fault fresh memory in on a thread (no GIL held), in slices: each holds the process's mmap
+        lock only briefly, which opening the stack meanwhile also needs. From the end: the reads fill
+        (and fault) the buffer from its start, so the two meet in the middle instead of racing."""
         if self._fresh is not None:
-            threading.Thread(target=populate_in_slices, args=(self._fresh,), name="raydl-prefault",
-                             daemon=True).start()
+            threading.Thread(target=populate_in_slices, args=(self._fresh,), kwargs={"from_end": True},
+                             name="raydl-prefault", daemon=True).start()
             self._fresh = None
 
     def commit(self) -> None:

@@ -61,12 +61,15 @@ def populate(mm: mmap.mmap, start: int = 0, length: int | None = None, *, touch:
     return False
 
 
-def populate_in_slices(mm: mmap.mmap, slice_bytes: int = 8 << 20, *, touch: bool = False) -> None:
+def populate_in_slices(mm: mmap.mmap, slice_bytes: int = 8 << 20, *, touch: bool = False,
+                       from_end: bool = False) -> None:
     """populate() all of mm, `slice_bytes` at a time: each slice holds the process's mmap lock only
     briefly, so another thread's mmap (a fetch's buffer, the fabric stack's set-up) is not held up
     for the whole buffer. touch as in populate(); touch=False (reads may be landing in mm): without
-    MADV_POPULATE_WRITE it stops, and the reads fault the pages."""
-    for start in range(0, len(mm), slice_bytes):
+    MADV_POPULATE_WRITE it stops, and the reads fault the pages. from_end: last slice first, for a
+    buffer being filled from its start (the reads fault the front, this the back, on two cores)."""
+    starts = range(0, len(mm), slice_bytes)
+    for start in (reversed(starts) if from_end else starts):
         if not populate(mm, start, min(slice_bytes, len(mm) - start), touch=touch) and not touch:
             return
 
