@@ -13,8 +13,8 @@ no tensors; the warm fetch's goal is measured against it round by round), and
 a first ray.get of the same bytes put by node 0.
 Phases (seconds, medians): probe (libfabric's start-up and the provider
 choice), setup (the client endpoint), connect (the first read to a holder),
-register (the receive buffer), transfer (the reads), verify (digest checks the
-overlap did not hide), build (tensors on the bytes).
+register (the receive buffer), transfer (the reads, with page faults), verify
+(digest checks, between the reads), build (tensors on the bytes).
 """
 from __future__ import annotations
 
@@ -134,5 +134,5 @@ def format_cold(summary: dict, header: str) -> str:
               f"in one process (ceiling): {cell(summary['seconds']['pyfi_raw'])} s", "", "goals (benchmark figures)"]
     for g in summary["goals"]:
         lines.append(f"  {g['name']:<55} {cell(g['value'], '.2f'):>8}  {g['target']}")
-    lines.append("  (phases overlap: verify is what the digest thread did not hide; transfer includes page faults)")
+    lines.append("  (verify: digests checked on the reading thread between the reads; transfer includes page faults)")
     return "\n".join(lines)
