@@ -62,6 +62,14 @@ def ray_address() -> str | None:
     return os.environ.get("RAY_ADDRESS") or None
 
 
+def ray_worker_niceness() -> int:
+    """RAY_worker_niceness: the niceness Ray starts worker processes at (Ray's default: 15)."""
+    try:
+        return int(os.environ.get("RAY_worker_niceness", "15"))
+    except ValueError:
+        return 15
+
+
 def checkpoint_bind() -> str | None:
     """Where checkpoint publishers listen: RAYDL_CHECKPOINT_BIND ("host:port", e.g. "127.0.0.1:0"),
     else this node's Ray address (reachable from the other nodes), else the provider's default."""

@@ -49,7 +49,7 @@ from raydl.actors.coordinator import (
 from raydl._process import process_name
 from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
 from raydl.catalog import Catalog
-from raydl.config import LoaderConfig
+from raydl.config import LoaderConfig, ray_worker_niceness
 from raydl.errors import LoaderError, SampleDecodeError
 from raydl.plan import bucket_batch_count
 from raydl.transforms import SampleProgram
@@ -64,8 +64,7 @@ __all__ = ["Loader"]
 _DEFAULT_BUDGET_FRACTION = 0.25
 _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
 LAUNCH_DELAY_S = 1.0  # how long the launch waits for a first batch to be asked of this process
-ROOM_WAIT_S = 10.0
-WORKER_NICENESS = 15  # Ray's default niceness of worker processes (its worker_niceness setting)  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
+ROOM_WAIT_S = 10.0  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
 
 
 class Loader:
@@ -417,8 +416,9 @@ class _Bootstrap:
             if first:
                 self._on_first()
                 # From the second batch on, the worker processes starting now must not be starved: Ray
-                # starts them at niceness 15, so this process's loader threads take the same from here.
-                _renice([threading.get_native_id(), *self._worker.thread_ids()], WORKER_NICENESS)
+                # starts them at niceness 15 (RAY_worker_niceness), and this process's loader threads
+                # take the same from here.
+                _renice([threading.get_native_id(), *self._worker.thread_ids()], ray_worker_niceness())
         for value in result.batch.values():  # read-only, like the object store's batches
             if isinstance(value, np.ndarray):
                 value.flags.writeable = False

@@ -17,7 +17,8 @@ float32 NCHW) and "buckets" (decode, crop and resize into the nearest of
 datago's aspect-ratio buckets for size 512, multiple 32, ratios 0.5-2.0, uint8
 NHWC, bucket-pure batches). Every run is one epoch of the workload in a fresh subprocess
 (`python -m raydl.bench._runner`), and the peers take turns, A B C A B C ..., so
-that a noisy neighbour or a warming page cache hits them all alike. Each figure
+that a noisy neighbour or a warming page cache hits them all alike (Ray's workers
+run at niceness 0 here, as every other peer's threads, not Ray's default 15). Each figure
 in the table is the median over the rounds:
 
 * images/s: images after the first batch / time from the first batch to the last,
@@ -127,6 +128,9 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
         cmd.append("--no-pin")
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # every Ray peer must start its own local instance, as a child
+    # Ray starts its workers at niceness 15; every other peer's threads run at 0. On a shared
+    # machine, other load would then take CPU from the Ray peers' budget alone.
+    env.setdefault("RAY_worker_niceness", "0")
     here = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     log = logdir / f"{peer}.log"

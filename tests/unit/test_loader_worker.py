@@ -71,13 +71,15 @@ def test_driver_threads_take_the_workers_niceness_and_never_raise_it(image_folde
     import os
     import threading
 
-    from raydl.loader import WORKER_NICENESS, _renice
+    from raydl.loader import _renice
+
+    niceness = 15  # Ray's worker niceness
 
     worker, _ = _worker(image_folder)
     worker.run_batch(_task(range(8)))
     tids = worker.thread_ids()
     assert tids and threading.get_native_id() not in tids  # the pools' threads, not the caller
-    _renice(tids, WORKER_NICENESS)
-    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {WORKER_NICENESS}
+    _renice(tids, niceness)
+    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {niceness}
     _renice(tids, 5)
-    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {WORKER_NICENESS}
+    assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {niceness}
