@@ -7,14 +7,13 @@ the actor exits (__ray_shutdown__) - stops every server before the process goes.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
 import numpy as np
 
 from raydl.checkpoint import api, layout
-from raydl.checkpoint.fabric import FabricClient, holder_watchdog, pull
+from raydl.checkpoint.fabric import FabricClient, pull
 from raydl.checkpoint.held import HeldCopies, HeldCopy, SharedBuffer
 from raydl.checkpoint.ref import CheckpointRef, holder_name
 from raydl.errors import CheckpointError, FabricError
@@ -43,19 +42,21 @@ class CheckpointPeer:
         from raydl.config import checkpoint_bind
         from raydl.native import pyfi
 
-        memory = SharedBuffer.anonymous(ref.size, f"peer-{ref.key}")
-        copy = HeldCopy(ref.key, memory, progress=np.zeros(1, np.int64))  # chunks held, verified
+        # The bytes, then (8-aligned) the progress word: chunks held, verified. One region, one server:
+        # the next peer reads both over one connection.
+        word_at = -(-ref.size // 8) * 8
+        memory = SharedBuffer.anonymous(word_at + 8, f"peer-{ref.key}")
+        copy = HeldCopy(ref.key, memory, progress=memory.array[word_at:word_at + 8].view(np.int64))
         try:
             bind = self._bind if self._bind is not None else checkpoint_bind()
             copy.server = pyfi.serve(memory.array, bind=bind, provider=self._provider)
-            copy.progress_server = pyfi.serve(copy.progress, bind=bind, provider=self._provider)
             self._copies.add(copy)
         except BaseException:
             copy.close()
             raise
         mine = CheckpointRef(key=ref.key, size=ref.size, chunk_size=ref.chunk_size, checksums=ref.checksums,
                              header=ref.header, holder=self._name, fabric=copy.server.address,
-                             location=memory.location, progress=copy.progress_server.address)
+                             location=memory.location, progress_at=word_at)
         self._refs[ref.key] = mine
         return mine
 
@@ -81,10 +82,9 @@ class CheckpointPeer:
         for src in sources:
             done = int(copy.progress[0])
             try:
-                with _UpstreamProgress(src, self._fabric, timeout) as upstream:
-                    pull(self._fabric, src, copy.buffer, start=done, timeout=timeout, chunk_size=src.chunk_size,
-                         max_inflight=8, window_bytes=window_bytes, link_gbps=link_gbps,
-                         upstream_done=upstream.done, on_done=on_done)
+                pull(self._fabric, src, copy.buffer[:src.size], start=done, timeout=timeout,
+                     chunk_size=src.chunk_size, max_inflight=8, window_bytes=window_bytes, link_gbps=link_gbps,
+                     progress_at=src.progress_at, on_done=on_done)
                 return {"holder": self._name, "source": src.holder, "seconds": time.perf_counter() - t0,
                         "retried": len(errors), "cpu_seconds": time.process_time() - cpu0, **seen}
             except (CheckpointError, FabricError) as exc:
@@ -128,39 +128,6 @@ class CheckpointPeer:
     def __ray_shutdown__(self) -> None:
         """Ray calls this when the actor exits gracefully: no server may outlive the process's Python."""
         self.close()
-
-
-class _UpstreamProgress:
-    """How many chunks a source holds: all, for a publisher; read with RMA from a holder's word, over
-    the peer's own client endpoint (the one its data reads use: no second stack per pull)."""
-
-    def __init__(self, src: CheckpointRef, client: FabricClient, timeout: float) -> None:
-        self._src = src
-        self._client = client
-        self._timeout = timeout
-        self._lease = None
-        self._conn = None
-        self._word = np.zeros(1, np.int64)
-        self._lock = threading.Lock()
-        self._watch = holder_watchdog(src)
-
-    def __enter__(self) -> _UpstreamProgress:
-        if self._src.progress is not None:
-            self._lease = self._client.connection(self._src.progress, timeout=self._timeout, watchdog=self._watch)
-            self._conn = self._lease.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._lease is not None:
-            self._lease.__exit__(*exc)
-
-    def done(self) -> int:
-        if self._conn is None:
-            return len(self._src.checksums)
-        with self._lock:
-            self._conn.read_into(self._word, timeout=self._timeout, watchdog=self._watch)
-            n = int(self._word[0])
-        return n
 
 
 def peer_actor(node_id: str | None = None, *, bind: str | None = None, provider: str | None = None):

@@ -1,9 +1,10 @@
 """broadcast(): one checkpoint to many CheckpointPeer actors, over a chain that pipelines.
 
 Peer i reads from peer i-1 what peer i-1 already holds, window by window, while
-peer i-1 is still receiving the rest. Each holder publishes how many chunks it
-holds in a small registered word the next peer reads with RMA, so the chain
-needs no Ray call per chunk: the time for N peers is about one transfer plus N
+peer i-1 is still receiving the rest. Each holder keeps how many chunks it
+holds in a word just after the bytes, in the same served region, and the next
+peer reads it with RMA over the connection its reads use, so the chain needs
+no Ray call per chunk: the time for N peers is about one transfer plus N
 windows. When a holder fails, the peers after it carry on from the publisher
 (then from earlier holders). Without an RMA provider every peer fetches through
 the object store instead.

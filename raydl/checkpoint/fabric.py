@@ -172,12 +172,14 @@ class _Landing:
 
 def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: int = 0, timeout: float,
          chunk_size: int, max_inflight: int, window_bytes: int | None = None, link_gbps: float | None = None,
-         upstream_done: Callable[[], int] | None = None, on_done: Callable[[int], None] | None = None,
+         progress_at: int | None = None, on_done: Callable[[int], None] | None = None,
          phases: dict[str, float] | None = None) -> None:
     """Read chunks [start, end) of the checkpoint from ref.fabric into dst, verifying each as it lands.
 
-    upstream_done() -> chunks the source holds (broadcast: a holder still
-    receiving); on_done(n) hears each verified prefix, once per window.
+    progress_at: where in the source's region its progress word sits (a
+    broadcast holder still receiving: the chunks it holds, read with RMA over
+    the same connection); None: the source holds everything. on_done(n) hears
+    each verified prefix, once per window.
     window_bytes: how much is read between those (default: everything at
     once for a plain fetch, 4 x chunk_size x max_inflight in a chain). link_gbps
     paces the reads (a simulated link, for benchmarks and tests). phases, when
@@ -186,7 +188,7 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
     """
     n = len(ref.checksums)
     c = ref.chunk_size
-    if window_bytes is None and upstream_done is None and on_done is None:
+    if window_bytes is None and progress_at is None and on_done is None:
         window = n   # nobody watches the progress: one pipelined read, no drain between windows
     else:
         window = max(1, (window_bytes or 4 * chunk_size * max_inflight) // c)
@@ -199,13 +201,19 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
         pacer = Pacer(link_gbps * 1e9 / 8, burst=chunk_size)
     landing = _Landing(dst, ref, peer)
     watch = holder_watchdog(ref)
+    word = np.zeros(1, np.int64)
     try:
         with client.connection(ref.fabric, phases, timeout=timeout, watchdog=watch) as conn:
             t1 = time.perf_counter()
             avail = start
             while done < n:
                 if avail <= done:  # look at the upstream's progress only once what it had is read
-                    avail = n if upstream_done is None else upstream_done()
+                    if progress_at is None:
+                        avail = n
+                    else:
+                        conn.read_into(word, offset=progress_at, timeout=timeout, watchdog=watch,
+                                       watch_every=WATCH_EVERY_S)
+                        avail = min(n, int(word[0]))
                 if avail <= done:  # the upstream holder has nothing new yet
                     time.sleep(UPSTREAM_POLL_S)
                     continue

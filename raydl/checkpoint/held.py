@@ -74,8 +74,7 @@ class HeldCopy:
     key: str
     memory: SharedBuffer
     server: Any = None             # pyfi.Server of the bytes, or None
-    progress: np.ndarray | None = None   # chunks held so far (a receiving peer), served to the next peer
-    progress_server: Any = None
+    progress: np.ndarray | None = None   # chunks held so far (a receiving peer), served with the bytes
 
     @property
     def buffer(self) -> np.ndarray:
@@ -83,12 +82,11 @@ class HeldCopy:
 
     def close(self) -> None:
         """Stop serving (fabric threads end, regions revoked) and close the descriptor."""
-        for s in (self.server, self.progress_server):
-            if s is not None:
-                try:
-                    s.close()
-                except Exception as exc:  # noqa: BLE001 - go on closing the rest, say what failed
-                    logger.warning("raydl: closing the server of checkpoint %s: %s", self.key[:8], exc)
+        if self.server is not None:
+            try:
+                self.server.close()
+            except Exception as exc:  # noqa: BLE001 - go on closing the memory, say what failed
+                logger.warning("raydl: closing the server of checkpoint %s: %s", self.key[:8], exc)
         self.memory.close()
 
 

@@ -83,7 +83,9 @@ class CheckpointRef:
     holder: str  # who serves these bytes: host:pid
     fabric: Any = None  # pyfi.FabricAddress, or None without an RMA provider
     location: HolderLocation | None = field(default=None, compare=False)  # for the object store and liveness
-    progress: Any = field(default=None, compare=False)  # FabricAddress of a holder's progress word (broadcast)
+    # where in `fabric`'s region a holder still receiving (a broadcast peer) keeps its progress word:
+    # an int64, the chunks it holds, verified; None: it holds them all
+    progress_at: int | None = field(default=None, compare=False)
     object_store: bool = True  # may be served through the object store (when its holder has Ray)
 
     @property
