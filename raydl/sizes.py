@@ -21,6 +21,8 @@ from raydl.errors import DataSourceError
 
 __all__ = ["HeaderSizes", "header_sizes"]
 
+_CHUNK = 64  # keys per pool task
+
 # read(item, length) -> the first `length` bytes of the object (all of it when it is shorter, or for None)
 ReadPrefix = Callable[[Any, "int | None"], bytes]
 
@@ -51,8 +53,13 @@ def header_sizes(read: ReadPrefix, keys: Sequence[Any], *, threads: int = 16) ->
     errors: dict[int, str] = {}
     if not keys:
         return HeaderSizes(widths, heights, errors)
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(keys)))) as pool:
-        for i, got in enumerate(pool.map(lambda k: _one(read, k), keys, chunksize=64)):
+    # One task per run of keys: a task (future, lock, queue entry) per file cost more than the
+    # read itself for files in the page cache (ThreadPoolExecutor.map ignores chunksize).
+    chunk = max(1, min(_CHUNK, -(-len(keys) // threads)))
+    runs = [keys[i:i + chunk] for i in range(0, len(keys), chunk)]
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(runs)))) as pool:
+        results = pool.map(lambda run: [_one(read, k) for k in run], runs)
+        for i, got in enumerate(got for run in results for got in run):
             if isinstance(got, str):
                 errors[i] = got
             else:

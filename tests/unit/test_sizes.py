@@ -51,6 +51,18 @@ def test_formats_and_a_header_past_the_first_read():
     assert "header" in sizes.errors[len(keys) - 2]
 
 
+def test_sizes_keep_their_rows_across_many_reads_per_task():
+    """Hundreds of files, read many per pool task: each size and each error lands on its own row."""
+    files, expect = {}, {}
+    for i in range(300):
+        w, h = 8 + i % 17, 8 + i % 11
+        files[f"{i}.png"] = b"broken" if i % 37 == 5 else _encode(Image.new("RGB", (w, h)), "PNG")
+        expect[i] = (-1, -1) if i % 37 == 5 else (w, h)
+    sizes = header_sizes(_read_from(files), list(files), threads=4)
+    assert [(int(w), int(h)) for w, h in zip(sizes.widths, sizes.heights)] == [expect[i] for i in range(300)]
+    assert set(sizes.errors) == {i for i in range(300) if i % 37 == 5}
+
+
 @pytest.mark.shared_data
 def test_header_sizes_match_decoded_sizes_on_pillow_images(shared_data):
     """On Pillow's test images, every file that decodes has the header size its decode has."""
