@@ -403,7 +403,7 @@ def main(args: argparse.Namespace) -> int:
             else:
                 os.environ[k] = v
 
-    summary = summarize(methods, args.peers, runs)
+    summary = summarize(methods, args.peers, runs, paced=bool(args.link_gbps))
     print(format_table(summary, header=(
         f"raydl bench checkpoint: {_human(args.size)} checkpoint (float32 + bfloat16 tensors), "
         f"{args.nodes} simulated node(s), provider {provider}, chunks {_human(args.chunk_size)}, "
