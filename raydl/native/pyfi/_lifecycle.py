@@ -11,7 +11,7 @@ before the library destructors) the gate closes: no thread enters again, and
 exit waits up to EXIT_WAIT_S for those inside to leave (and says so on stderr
 when they did not). A thread that would enter afterwards gets a FabricError
 instead; a close() after that leaves the object to libfabric's own teardown
-(`GATE.unless_exiting()`): an fi_close racing fi_fini is the crash seen in CI.
+(`GATE.unless_exiting()`): an fi_close racing fi_fini crashed a child of the exit-safety test.
 """
 from __future__ import annotations
 
