@@ -11,6 +11,8 @@ from PIL import Image
 import raydl
 from raydl.errors import SampleDecodeError
 
+from loader_util import first_batch_ids
+
 pytestmark = pytest.mark.timeout(180)
 
 BUCKETS = {(80, 48), (64, 64), (48, 80)}  # size 64, multiple 16, ratios 0.5-2
@@ -56,9 +58,7 @@ def test_determinism_and_exact_and_elastic_resume(ray_local, image_folder):
         ita = a.iterator(0)
         e0a, e1a = _epoch(ita), _epoch(ita)
         it = a.iterator(0)
-        for i, _ in enumerate(it.iter_batches()):
-            if i == 2:
-                break
+        first_batch_ids([it], 3)
         state = json.loads(json.dumps(it.state_dict()))
     with _pipeline(image_folder, crop="random").loader(batch_size=4, seed=9, num_workers=2,
                                                        threads_per_worker=1) as b:
@@ -79,12 +79,7 @@ def test_determinism_and_exact_and_elastic_resume(ray_local, image_folder):
 
     with _pipeline(image_folder).loader(batch_size=4, world_size=2, seed=2, drop_last=True) as loader:
         its = [loader.iterator(r) for r in range(2)]
-        seen = []
-        for it in its:
-            for i, b in enumerate(it.iter_batches()):
-                seen.append(b["id"])
-                if i == 1:
-                    break
+        seen = first_batch_ids(its, 2)
         state = its[0].state_dict()
         total = 2 * len(its[0])
     with _pipeline(image_folder).loader(batch_size=4, world_size=3, seed=2, drop_last=True) as loader3:

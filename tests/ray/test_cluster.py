@@ -12,6 +12,8 @@ from ray.cluster_utils import Cluster
 import raydl
 from raydl.errors import BatchTimeoutError
 
+from loader_util import first_batch_ids
+
 pytestmark = pytest.mark.timeout(240)
 
 N = 61  # images in the shared image_folder fixture
@@ -179,12 +181,7 @@ def test_exact_resume_and_elastic_two_to_three_on_the_cluster(cluster, image_fol
     with _loader(image_folder, batch_size=4, world_size=2, seed=12, drop_last=True) as loader:
         ref = [list(loader.iterator(r).iter_batches()) for r in range(2)]
         its = [loader.iterator(r) for r in range(2)]
-        head = []
-        for it in its:
-            for i, b in enumerate(it.iter_batches()):
-                head.append(b["id"])
-                if i == 1:
-                    break
+        head = first_batch_ids(its, 2)
         state = json.loads(json.dumps(its[0].state_dict()))
     with _loader(image_folder, batch_size=4, world_size=2, seed=12, drop_last=True, num_workers=2) as same:
         for r in range(2):

@@ -12,6 +12,8 @@ import ray
 import raydl
 from raydl.errors import DataSourceError, LoaderError, SampleDecodeError
 
+from loader_util import first_batch_ids
+
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -135,11 +137,7 @@ def test_break_continues_the_same_epoch(ray_local, image_folder):
     with _pipeline(image_folder).loader(batch_size=8, seed=1) as loader:
         full = np.concatenate([b["id"] for b in _epoch(loader.iterator(0))])
         it = loader.iterator(0)
-        first = []
-        for i, b in enumerate(it.iter_batches()):
-            first.append(b["id"])
-            if i == 2:
-                break
+        first = first_batch_ids([it], 3)
         rest = [b["id"] for b in it.iter_batches()]
     np.testing.assert_array_equal(np.concatenate(first + rest), full)
     assert it.stats().epoch == 1
@@ -265,9 +263,7 @@ def test_state_dict_resumes_the_epoch_exactly(ray_local, image_folder):
         ref_it = loader.iterator(0)
         _epoch(ref_it)
         reference = _epoch(ref_it)  # epoch 1, uninterrupted
-        for i, _ in enumerate(it.iter_batches()):
-            if i == 2:
-                break
+        first_batch_ids([it], 3)
         state = json.loads(json.dumps(it.state_dict()))
     with _pipeline(image_folder).loader(batch_size=8, seed=11) as loader2:
         resumed = loader2.iterator(0)
@@ -284,12 +280,7 @@ def test_elastic_resume_two_to_three_ranks(ray_local, image_folder):
     """A state taken at 2 ranks and loaded at 3: together the epoch has every sample, none repeated but pad rows."""
     with _pipeline(image_folder).loader(batch_size=4, world_size=2, seed=2, drop_last=True) as loader:
         its = [loader.iterator(r) for r in range(2)]
-        seen = []
-        for it in its:
-            for i, b in enumerate(it.iter_batches()):
-                seen.append(b["id"])
-                if i == 2:
-                    break
+        seen = first_batch_ids(its, 3)
         state = its[0].state_dict()
     with _pipeline(image_folder).loader(batch_size=4, world_size=3, seed=2, drop_last=True) as loader3:
         its3 = [loader3.iterator(r) for r in range(3)]
