@@ -1,11 +1,12 @@
 """The catalog: an Arrow table with one row per sample, and the table of shards (objects) they live in.
 
-    table:   shard | offset | length | row | label | key  [| extra columns, e.g. width, height]
-
-Image folders add width and height (int32) read from each file's header at
-listing (raydl/sizes.py): -1 where the header is unreadable, the reason in
-`size_errors` by sample id.
+    table:   shard | offset | length | row | label | key  [| extra columns] [| width | height]
     shards:  uri | size | etag
+
+Image sizes are read only when a stage needs them (aspect buckets):
+`with_sizes()` reads each image's header (raydl/sizes.py) into int32 width and
+height columns, -1 where the header is unreadable, the reason in `size_errors`
+by sample id. Listing reads no image bytes.
 
 The sample id is the row number, 0..N-1. A sample is `length` bytes at
 `offset` of shard `shard` (a row of `shards`): the whole file for an image
@@ -15,14 +16,18 @@ columns after the core ones (`extra`).
 
 Two fingerprints:
 - `samples_fingerprint` covers every column of the sample table (keys, labels,
-  where each sample sits). The shuffle is seeded by it, so the same files give
-  the same order wherever they are stored (a local copy and its S3 upload).
+  where each sample sits) but the sizes, which follow from the bytes listed and
+  may or may not have been read: a catalog gives the same fingerprints, the same
+  order and the same resume states with and without them. The shuffle is seeded
+  by it, so the same files give the same order wherever they are stored (a local
+  copy and its S3 upload).
 - `fingerprint` covers that and each shard's path relative to `root`, size and
   etag. Resume states carry it, so a state cannot be loaded against changed
   data (a copy of the same files elsewhere in the same store keeps it).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,9 +41,10 @@ from raydl.storage.base import ObjectInfo, Storage
 if TYPE_CHECKING:
     from raydl.sources.base import Source
 
-__all__ = ["CORE_COLUMNS", "Catalog", "make_catalog"]
+__all__ = ["CORE_COLUMNS", "SIZE_COLUMNS", "Catalog", "make_catalog"]
 
 CORE_COLUMNS = ("shard", "offset", "length", "row", "label", "key")
+SIZE_COLUMNS = ("width", "height")  # derived from the samples' bytes: outside both fingerprints
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,27 @@ class Catalog:
         shard = self.table.column("shard")[sample_id].as_py()
         return self.shards.column("uri")[shard].as_py()
 
+    @property
+    def has_sizes(self) -> bool:
+        """Whether the width and height columns are there (see `with_sizes`)."""
+        return all(c in self.table.column_names for c in SIZE_COLUMNS)
+
+    def with_sizes(self) -> Catalog:
+        """This catalog with each image's width and height, read from its header now (once: a catalog
+        that has them returns itself). The fingerprints stay as they are.
+
+        Only sources whose sample is its image file's bytes (image folders) have sizes;
+        any other is a ValueError.
+        """
+        if self.has_sizes:
+            return self
+        from raydl.sizes import catalog_sizes
+
+        dims = catalog_sizes(self)
+        table = (self.table.append_column("width", pa.array(dims.widths, pa.int32()))
+                 .append_column("height", pa.array(dims.heights, pa.int32())))
+        return dataclasses.replace(self, table=table, size_errors=dict(dims.errors))
+
 
 def _relative(uri: str, root: str) -> str:
     return uri[len(root):].lstrip("/") if uri.startswith(root) else uri
@@ -70,6 +97,7 @@ def _relative(uri: str, root: str) -> str:
 
 def _fingerprint(table: pa.Table, shards: pa.Table | None, root: str) -> str:
     h = hashlib.sha256()
+    table = table.drop_columns([c for c in SIZE_COLUMNS if c in table.column_names])
 
     def add_table(t: pa.Table) -> None:
         for name in t.column_names:
@@ -107,7 +135,8 @@ def make_catalog(
     extra: Mapping[str, pa.Array] | None = None,
     size_errors: Mapping[int, str] | None = None,
 ) -> Catalog:
-    """Build the two tables and the fingerprint. `extra` columns come after the core ones, in the given order."""
+    """Build the two tables and the fingerprint. `extra` columns come after the core ones, in the given order
+    (width and height, when given, enter neither fingerprint)."""
     n = len(key)
     columns = {
         "shard": pa.array(np.asarray(shard, dtype=np.int64)),

@@ -152,12 +152,14 @@ class Dataset:
         "random" offset) and resized with antialiasing. Batches are
         bucket-pure: batch["image"] is (B, H_b, W_b, 3), batch["bucket"] is
         (H_b, W_b); a bucket's last batch is shorter (dropped with drop_last).
-        Replaces random_resized_crop/resize/center_crop.
+        Replaces random_resized_crop/resize/center_crop. Reads every image's
+        size from its header here, once (image folders only: else ValueError).
         """
-        return self._with(AspectBuckets(size, multiple, min_ratio, max_ratio, crop))
+        stage = AspectBuckets(size, multiple, min_ratio, max_ratio, crop)
+        return Dataset(self.catalog.with_sizes(), self.stages + (stage,))
 
     def bucket_counts(self) -> dict[tuple[int, int], int]:
-        """How many images go to each bucket (H, W), from the sizes read at listing, in bucket order."""
+        """How many images go to each bucket (H, W), from the images' sizes, in bucket order."""
         stage = next((st for st in self.stages if isinstance(st, AspectBuckets)), None)
         if stage is None:
             raise ValueError("bucket_counts() needs .aspect_buckets(...) in the pipeline")

@@ -367,9 +367,7 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
     """
     if program.buckets is None:
         return None, None, (), len(catalog)
-    names = catalog.table.column_names
-    if "width" not in names or "height" not in names:
-        raise ValueError("aspect_buckets() needs image sizes in the catalog (width and height columns)")
+    catalog = catalog.with_sizes()  # read here when the catalog came without them (a ValueError where none exist)
     buckets = program.buckets.buckets
     bucket_of = program.buckets.assign(catalog.table.column("width").to_numpy(),
                                        catalog.table.column("height").to_numpy())

@@ -46,6 +46,7 @@ class TreeSampler:
         self._max: dict[psutil.Process, float] = {}
         self._overhead = 0.0  # CPU the sampling itself cost, inside the window
         self.peak_pss = 0
+        self.peak_by_kind: dict[str, int] = {}  # PSS per kind of process (see process_kind) at the peak
         self.cpu_at_first: float | None = None
         self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
         self._thread.start()
@@ -64,12 +65,16 @@ class TreeSampler:
             except psutil.Error:
                 procs = [self._root]
             pss = 0
+            by_kind: dict[str, int] = {}
             for proc in procs:
                 try:
                     with proc.oneshot():
                         times = proc.cpu_times()
                         if memory:
-                            pss += _pss(proc)
+                            used = _pss(proc)
+                            pss += used
+                            kind = "this process" if proc is self._root else process_kind(proc.cmdline())
+                            by_kind[kind] = by_kind.get(kind, 0) + used
                 except psutil.Error:  # exited between listing and reading
                     continue
                 cpu = times.user + times.system
@@ -77,8 +82,8 @@ class TreeSampler:
                     self._max[proc] = cpu
                 if self._state == "before":
                     self._base[proc] = cpu
-            if self._state == "open":
-                self.peak_pss = max(self.peak_pss, pss)
+            if self._state == "open" and pss > self.peak_pss:
+                self.peak_pss, self.peak_by_kind = pss, by_kind
                 self._overhead += time.thread_time() - t0
 
     def open_window(self) -> None:
@@ -114,6 +119,27 @@ class TreeSampler:
         return len(self._max)
 
 
+def process_kind(cmdline: list[str]) -> str:
+    """What a process of the tree is, from its command line: a Ray actor or worker by its title
+    ("ray::LoaderWorker", "ray::IDLE"), a Ray service by its program (raylet, gcs_server,
+    dashboard agent, ...), else the program's file name."""
+    if not cmdline:
+        return "?"
+    head = cmdline[0]
+    if head.startswith("ray::"):  # Ray workers set their title to the actor class or task
+        return head.split()[0].split(".")[0]
+    for arg in cmdline[:4]:
+        name = os.path.basename(arg)
+        if name in ("raylet", "gcs_server"):
+            return name
+        if arg.endswith(".py"):
+            parent = os.path.basename(os.path.dirname(arg))
+            if name in ("agent.py", "main.py") and parent:
+                return f"{parent}/{name}"  # dashboard/agent.py, runtime_env/agent/main.py
+            return name
+    return os.path.basename(head)
+
+
 def _pss(proc: psutil.Process) -> int:
     try:
         return proc.memory_full_info().pss
@@ -142,6 +168,8 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         # Start-up included: what a short job sees, and what prefetch cannot flatter.
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
         "peak_pss_mib": sampler.peak_pss / _MIB, "cpu_s": cpu,
+        "peak_pss_by_process_mib": {k: round(v / _MIB, 1) for k, v in
+                                    sorted(sampler.peak_by_kind.items(), key=lambda kv: -kv[1])},
         "cpu_s_per_image": cpu / m.images if m.images else None,
         # After the first batch: the per-image cost without start-up, what a long epoch pays.
         "steady_cpu_s_per_image": ((cpu - sampler.cpu_at_first) / m.steady_images

@@ -25,7 +25,8 @@ in the table is the median over the rounds:
   in brackets and without a ratio when that window is under 1 s or 3 batches;
 * first batch: seconds from listing the data and building the loader (after `ray.init`) to batch one;
 * from start: seconds from the run's process start (imports, `ray.init`, loader) to batch one;
-* peak PSS: the process tree's largest summed PSS while the epoch ran;
+* peak PSS: the process tree's largest summed PSS while the epoch ran (Ray's own processes
+  included; a note splits raydl's by process);
 * CPU ms/img: user+system CPU of the whole tree during the epoch, per image;
 * steady CPU ms/img: the same from the first batch on (start-up left out), per image after it:
   on a loaded machine the fairest measure of work per image;
@@ -201,6 +202,13 @@ def _memory_note(mem: dict) -> str:
             f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)")
 
 
+def _process_note(run: dict) -> str:
+    """raydl's peak PSS split by process (the runner's kinds: this process is the driver)."""
+    parts = ", ".join(f"{kind.removeprefix('ray::')} {mib:.0f}"
+                      for kind, mib in run["peak_pss_by_process_mib"].items())
+    return f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver): {parts}"
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the rounds, print the table, write --json/--plot. 0 when every peer ran at least once."""
     if importlib.util.find_spec("psutil") is None:  # the runner samples memory and CPU with it
@@ -270,6 +278,9 @@ def main(args: argparse.Namespace) -> int:
     mem = next((r["memory"] for r in runs if r["peer"] == "raydl" and r.get("memory")), None)
     if mem:
         notes.append(_memory_note(mem))
+    by_process = next((r for r in runs if r["peer"] == "raydl" and r.get("peak_pss_by_process_mib")), None)
+    if by_process:
+        notes.append(_process_note(by_process))
     driver = [(r["driver_batches"], r["steady_batches"] + 1) for r in runs
               if r["peer"] == "raydl" and r.get("ok") and "driver_batches" in r]
     if driver:

@@ -1,13 +1,10 @@
 """Image folders: every image file under a root is a sample, labelled by its top-level folder."""
 from __future__ import annotations
 
-import pyarrow as pa
-
 from raydl.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
-from raydl.sizes import header_sizes
 from raydl.sources.base import WholeRanges
-from raydl.storage.base import ObjectInfo, Storage, split_scheme
+from raydl.storage.base import Storage, split_scheme
 
 __all__ = ["IMAGE_EXTENSIONS", "list_image_folder"]
 
@@ -21,8 +18,8 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     under root among all such folders in sorted order (torchvision's
     ImageFolder); images directly in root are an error then, since they have
     no class. labels=None: every label is -1. Keys are paths under root with
-    '/' separators, in sorted order. Each image's width and height are read
-    from its header (the first 16 KiB, in parallel) into the catalog.
+    '/' separators, in sorted order. No image is read: sizes come later, from
+    the headers, when a stage needs them (`Catalog.with_sizes`).
     """
     if labels not in ("folder", None):
         raise ValueError(f"labels must be 'folder' or None, got {labels!r}")
@@ -60,18 +57,8 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
         label_values = [-1] * len(keys)
     n = len(entries)
     objects = [obj for _, obj in entries]
-    dims = header_sizes(lambda obj, length: _read_head(storage, obj, length), objects,
-                        threads=max(8, getattr(storage, "default_io_concurrency", 8)))
     return make_catalog(
         root=root, storage=storage, source=WholeRanges(), shards=objects,
         shard=range(n), offset=[0] * n, length=[obj.size for _, obj in entries], label=label_values,
         key=keys, classes=classes,
-        extra={"width": pa.array(dims.widths, pa.int32()), "height": pa.array(dims.heights, pa.int32())},
-        size_errors=dims.errors,
     )
-
-
-def _read_head(storage: Storage, obj: ObjectInfo, length: int | None) -> bytes:
-    """The first `length` bytes of an image (a ranged GET on S3), or all of it."""
-    n = obj.size if length is None else min(length, obj.size)
-    return storage.read_range(obj.uri, 0, n, etag=obj.etag or None) if n > 0 else b""

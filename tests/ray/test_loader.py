@@ -254,7 +254,8 @@ def test_a_killed_actor_is_replaced_and_its_batches_rerun(ray_local, image_folde
 
 
 def test_state_dict_resumes_the_epoch_exactly(ray_local, image_folder):
-    """A fresh iterator loaded with a mid-epoch state yields the same batches (ids and pixels) as an uninterrupted run."""
+    """A fresh iterator loaded with a mid-epoch state yields the same batches (ids and pixels) as an uninterrupted run,
+    also when the resuming loader's catalog has the image sizes read (with_sizes) and the first one's had not."""
     import json
 
     with _pipeline(image_folder).loader(batch_size=8, seed=11) as loader:
@@ -265,7 +266,10 @@ def test_state_dict_resumes_the_epoch_exactly(ray_local, image_folder):
         reference = _epoch(ref_it)  # epoch 1, uninterrupted
         first_batch_ids([it], 3)
         state = json.loads(json.dumps(it.state_dict()))
-    with _pipeline(image_folder).loader(batch_size=8, seed=11) as loader2:
+    first = _pipeline(image_folder)
+    assert not first.catalog.has_sizes  # listing reads no header
+    sized = raydl.Dataset(first.catalog.with_sizes(), first.stages)
+    with sized.loader(batch_size=8, seed=11) as loader2:
         resumed = loader2.iterator(0)
         resumed.load_state_dict(state)
         rest = _epoch(resumed)

@@ -51,6 +51,8 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
     else:
         assert rows["raydl"]["ratio_to_raydl"] == pytest.approx(1.0)
     assert all(r["first_batch_from_start_s"] > r["first_batch_s"] > 0 for r in raydl_runs)
+    assert all(r["peak_pss_by_process_mib"]["this process"] > 0 for r in raydl_runs)
+    assert any(note.startswith("raydl peak PSS by process") for note in report["notes"])
     assert all(r["images"] == 40 for r in report["runs"] if r["ok"]), report["runs"]
     assert rc == 0
 
@@ -121,3 +123,18 @@ def test_a_short_measurement_window_is_greyed_and_gets_no_ratio():
     assert "(210123.0)" in table and "0.00" not in table and "not comparable" in table
     rows = summarize(["raydl", "torch"], [{"peer": "raydl", **slow}, {"peer": "torch", **fast}])
     assert rows[0]["ratio_to_raydl"] == 1.0 and rows[1]["ratio_to_raydl"] is None
+
+
+@pytest.mark.timeout(10)
+def test_processes_are_named_by_ray_title_or_program():
+    """The per-process PSS split names Ray actors by title and Ray services by program, never by 'python'."""
+    from raydl.bench._runner import process_kind
+
+    py = "/venv/bin/python3.11"
+    assert process_kind(["ray::LoaderWorker.run_batch", ""]) == "ray::LoaderWorker"
+    assert process_kind(["ray::IDLE"]) == "ray::IDLE"
+    assert process_kind(["/venv/lib/ray/core/src/ray/raylet/raylet", "--node-id=x"]) == "raylet"
+    assert process_kind(["/venv/lib/ray/core/src/ray/gcs/gcs_server", "--x"]) == "gcs_server"
+    assert process_kind([py, "-u", "/venv/lib/ray/dashboard/agent.py", "--x"]) == "dashboard/agent.py"
+    assert process_kind([py, "/venv/lib/ray/_private/log_monitor.py", "--x"]) == "log_monitor.py"
+    assert process_kind([]) == "?"

@@ -47,7 +47,7 @@ def test_keys_labels_and_sizes(tree):
     assert labels == [0, 1, 1, 2, 2]
     assert sizes == [4, 2, 3, 1, 5]
     assert len(ds) == len(ds.catalog) == 5
-    assert ds.catalog.table.column_names == ["shard", "offset", "length", "row", "label", "key", "width", "height"]
+    assert ds.catalog.table.column_names == ["shard", "offset", "length", "row", "label", "key"]  # no header read
     assert ds.catalog.table.column("shard").to_pylist() == [0, 1, 2, 3, 4]  # one object per image
     assert set(ds.catalog.table.column("offset").to_pylist()) == {0}
 
@@ -146,10 +146,44 @@ def test_etags_enter_the_fingerprint_but_not_the_shuffle_seed(tree):
     args = dict(root=cat.root, storage=cat.storage, source=cat.source,
                 shard=range(n), offset=[0] * n, length=cat.table.column("length").to_pylist(),
                 label=cat.table.column("label").to_pylist(), key=cat.table.column("key").to_pylist(),
-                classes=cat.classes, extra={c: cat.table.column(c).combine_chunks() for c in ("width", "height")})
+                classes=cat.classes)
     infos = [ObjectInfo(u, s) for u, s in zip(cat.shards.column("uri").to_pylist(), cat.shards.column("size").to_pylist())]
     same = make_catalog(shards=infos, **args)
     tagged = make_catalog(shards=[dataclasses.replace(o, etag=f"e{i}") for i, o in enumerate(infos)], **args)
     assert same.fingerprint == cat.fingerprint
     assert tagged.fingerprint != cat.fingerprint
     assert tagged.samples_fingerprint == cat.samples_fingerprint
+
+
+def test_sizes_are_read_on_demand_and_change_no_fingerprint(tmp_path):
+    """with_sizes() reads each header into width/height (-1 and a reason where unreadable); both fingerprints,
+    hence the shuffle order and resume states, are the same with and without the sizes."""
+    from PIL import Image
+
+    (tmp_path / "a").mkdir()
+    Image.new("RGB", (40, 30)).save(tmp_path / "a" / "wide.jpg")
+    Image.new("RGB", (20, 50)).save(tmp_path / "a" / "tall.png")
+    touch(tmp_path / "a" / "zbroken.jpg", b"not an image")
+    cat = read_images(str(tmp_path)).catalog
+    assert not cat.has_sizes and not cat.size_errors
+    sized = cat.with_sizes()
+    assert sized.has_sizes and sized.with_sizes() is sized
+    assert sized.table.column("width").to_pylist() == [20, 40, -1]  # tall.png, wide.jpg, zbroken.jpg
+    assert sized.table.column("height").to_pylist() == [50, 30, -1]
+    assert list(sized.size_errors) == [2] and "header" in sized.size_errors[2]
+    assert (sized.fingerprint, sized.samples_fingerprint) == (cat.fingerprint, cat.samples_fingerprint)
+    ds = read_images(str(tmp_path)).decode().aspect_buckets(64, multiple=16)  # the stage that needs them
+    assert ds.catalog.has_sizes and ds.catalog.fingerprint == cat.fingerprint
+
+
+def test_sizes_of_a_source_without_image_files_are_a_value_error(tmp_path):
+    """Only image folders have sizes: asking a catalog of another source is a ValueError naming the source."""
+    import dataclasses
+
+    from raydl.sources.base import WholeRanges
+
+    (tmp_path / "a").mkdir()
+    touch(tmp_path / "a" / "x.jpg")
+    cat = dataclasses.replace(read_images(str(tmp_path)).catalog, source=WholeRanges(name="webdataset"))
+    with pytest.raises(ValueError, match="webdataset"):
+        cat.with_sizes()
