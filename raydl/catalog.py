@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from raydl._arrow import int_array, string_array
 from raydl.storage.base import ObjectInfo, Storage
 
 if TYPE_CHECKING:
@@ -86,8 +87,8 @@ class Catalog:
         from raydl.sizes import catalog_sizes
 
         dims = catalog_sizes(self)
-        table = (self.table.append_column("width", pa.array(dims.widths, pa.int32()))
-                 .append_column("height", pa.array(dims.heights, pa.int32())))
+        table = (self.table.append_column("width", int_array(dims.widths, np.int32))
+                 .append_column("height", int_array(dims.heights, np.int32)))
         return dataclasses.replace(self, table=table, size_errors=dict(dims.errors))
 
 
@@ -111,7 +112,7 @@ def _fingerprint(table: pa.Table, shards: pa.Table | None, root: str) -> str:
     if shards is None:
         return h.hexdigest()[:32]
     rel = pa.table({
-        "path": pa.array([_relative(u, root) for u in shards.column("uri").to_pylist()], pa.string()),
+        "path": string_array([_relative(u, root) for u in shards.column("uri").to_pylist()]),
         "size": shards.column("size"),
         "etag": shards.column("etag"),
     })
@@ -139,12 +140,13 @@ def make_catalog(
     (width and height, when given, enter neither fingerprint)."""
     n = len(key)
     columns = {
-        "shard": pa.array(np.asarray(shard, dtype=np.int64)),
-        "offset": pa.array(np.asarray(offset, dtype=np.int64)),
-        "length": pa.array(np.asarray(length, dtype=np.int64)),
-        "row": pa.array(np.full(n, -1, np.int64) if row is None else np.asarray(row, dtype=np.int64)),
-        "label": pa.array(np.asarray(label, dtype=np.int64)),
-        "key": pa.array(list(key), pa.string()),
+        # Built from buffers: pa.array would import pandas (see raydl/_arrow.py), a second of start-up.
+        "shard": int_array(shard),
+        "offset": int_array(offset),
+        "length": int_array(length),
+        "row": int_array(np.full(n, -1, np.int64) if row is None else row),
+        "label": int_array(label),
+        "key": string_array(list(key)),
     }
     for name, values in (extra or {}).items():
         if name in columns:
@@ -155,9 +157,9 @@ def make_catalog(
         raise ValueError(f"catalog columns must all have {n} rows; got {bad}")
     table = pa.table(columns)
     shard_table = pa.table({
-        "uri": pa.array([s.uri for s in shards], pa.string()),
-        "size": pa.array([s.size for s in shards], pa.int64()),
-        "etag": pa.array([s.etag for s in shards], pa.string()),
+        "uri": string_array([s.uri for s in shards]),
+        "size": int_array([s.size for s in shards]),
+        "etag": string_array([s.etag for s in shards]),
     })
     return Catalog(root=root, storage=storage, source=source, shards=shard_table, table=table,
                    classes=tuple(classes), fingerprint=_fingerprint(table, shard_table, root),

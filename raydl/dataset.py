@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from raydl._arrow import int_column
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig, S3Options
 from raydl.loader import Loader
@@ -164,7 +165,7 @@ class Dataset:
         if stage is None:
             raise ValueError("bucket_counts() needs .aspect_buckets(...) in the pipeline")
         t = self.catalog.table
-        idx = stage.assign(t.column("width").to_numpy(), t.column("height").to_numpy())
+        idx = stage.assign(int_column(t.column("width")), int_column(t.column("height")))
         counts = np.bincount(idx[idx >= 0], minlength=len(stage.buckets))
         return {b: int(c) for b, c in zip(stage.buckets, counts)}
 

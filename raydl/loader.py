@@ -46,6 +46,7 @@ from raydl.actors.coordinator import (
     no_room_message,
     remote_class,
 )
+from raydl._arrow import int_column
 from raydl._process import process_name
 from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
 from raydl.catalog import Catalog
@@ -369,8 +370,8 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
         return None, None, (), len(catalog)
     catalog = catalog.with_sizes()  # read here when the catalog came without them (a ValueError where none exist)
     buckets = program.buckets.buckets
-    bucket_of = program.buckets.assign(catalog.table.column("width").to_numpy(),
-                                       catalog.table.column("height").to_numpy())
+    bucket_of = program.buckets.assign(int_column(catalog.table.column("width")),
+                                       int_column(catalog.table.column("height")))
     unlisted = tuple(
         (int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog"))
         for i in np.flatnonzero(bucket_of < 0)

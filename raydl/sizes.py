@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from raydl.decode import HEADER_BYTES, NeedMoreBytes, header_size
+from raydl._arrow import int_column
 from raydl.errors import DataSourceError
 from raydl.storage.base import ObjectInfo
 
@@ -86,7 +87,7 @@ def catalog_sizes(catalog: Catalog) -> HeaderSizes:
                          f"not for a {catalog.source.name} source ({catalog.root!r})")
     storage, shards = catalog.storage, catalog.shards.to_pydict()
     objects = [ObjectInfo(u, s, e) for u, s, e in zip(shards["uri"], shards["size"], shards["etag"])]
-    shard_of = catalog.table.column("shard").to_numpy()
+    shard_of = int_column(catalog.table.column("shard"))
 
     def read(shard: int, length: int | None) -> bytes:
         obj = objects[shard]

@@ -29,8 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
+from raydl._arrow import StringColumn, int_column
 from raydl._process import process_name
 from raydl.catalog import Catalog
 from raydl.errors import (
@@ -120,10 +120,12 @@ class LoaderWorker:
         self._reuse = reuse_buffers
         self._source, self._storage = catalog.source, catalog.storage
         t = catalog.table
-        self._where = np.stack([t.column(c).to_numpy() for c in ("shard", "offset", "length", "row")], axis=1)
-        self._keys = t.column("key")
-        self._labels = t.column("label").to_numpy()
-        self._shards = catalog.shards
+        self._where = np.stack([int_column(t.column(c)) for c in ("shard", "offset", "length", "row")], axis=1)
+        self._keys = StringColumn(t.column("key"))  # read through numpy: Arrow's take would import pandas
+        self._labels = int_column(t.column("label"))
+        self._shard_uris = StringColumn(catalog.shards.column("uri"))
+        self._shard_etags = StringColumn(catalog.shards.column("etag"))
+        self._shard_sizes = int_column(catalog.shards.column("size"))
         threads = threads or spec.threads or len(os.sched_getaffinity(0))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
         self._io = IOPool(spec.io_concurrency or catalog.storage.default_io_concurrency)
@@ -143,7 +145,7 @@ class LoaderWorker:
 
         return {"name": self._name, "node_id": ray.get_runtime_context().get_node_id(),
                 "threads": self._pool._max_workers, "io_concurrency": self._io.concurrency,
-                "torch_imported": "torch" in sys.modules}
+                "torch_imported": "torch" in sys.modules, "pandas_imported": "pandas" in sys.modules}
 
     def memory(self) -> dict:
         """Bytes this worker holds between batches: its reused batch buffers (one per batch call in flight)
@@ -176,7 +178,7 @@ class LoaderWorker:
     def _run(self, task: BatchTask, images: np.ndarray) -> BatchResult:
         n = len(task.ids)
         ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
-        keys = self._keys.take(pa.array(ids)).to_pylist()
+        keys = self._keys.take(ids)
         where = self._where[ids]
         shard_ids = np.unique(where[:, 0])
         shards = dict(zip(shard_ids.tolist(), self._shard_infos(shard_ids)))
@@ -188,7 +190,7 @@ class LoaderWorker:
             if failure is not None and replace and not failure.fatal:
                 sid, seed = int(task.ids[i]), int(task.seeds[i])
                 ids[i] = self._substitute(failure, seed, images[i])
-                keys[i] = self._keys[int(ids[i])].as_py()
+                keys[i] = self._keys[int(ids[i])]
                 replaced.append(Replaced(sid, failure.uri, failure.reason, int(ids[i])))
             else:
                 failed[i] = failure
@@ -240,15 +242,15 @@ class LoaderWorker:
                            replaced=sorted(replaced, key=lambda r: r.sample_id), membership=self._membership)
 
     def _shard_infos(self, shard_ids: np.ndarray) -> list[ObjectInfo]:
-        rows = self._shards.take(pa.array(shard_ids)).to_pydict()
-        return [ObjectInfo(u, s, e) for u, s, e in zip(rows["uri"], rows["size"], rows["etag"])]
+        return [ObjectInfo(self._shard_uris[i], int(self._shard_sizes[i]), self._shard_etags[i])
+                for i in shard_ids.tolist()]
 
     def _read(self, sid: int) -> tuple[str, bytes]:
         """One sample's URI (as errors name it) and image bytes, read on its own (substitutes)."""
         shard, offset, length, row = (int(v) for v in self._where[sid])
         (info,) = self._shard_infos(np.array([shard]))
         data = self._source.read_block(self._storage, info, offset, length)
-        return self._source.sample_uri(info.uri, self._keys[sid].as_py()), self._source.cut(shard, offset, length, row, data)
+        return self._source.sample_uri(info.uri, self._keys[sid]), self._source.cut(shard, offset, length, row, data)
 
     def _sample(self, sid: int, seed: int, out: np.ndarray) -> Skipped | None:
         """Read and decode one sample into `out`; a Skipped when its bytes are at fault, else None."""

@@ -74,6 +74,8 @@ def test_first_batches_made_in_the_driver_match_the_workers(ray_local, image_fol
         assert late.bootstrap() is None
         it = late.iterator(0)
         later = _epoch(it)
+        infos = ray.get([w.handle.ready.remote() for w in late.workers()])
+    assert not any(i["pandas_imported"] for i in infos)  # after making batches: a fast start (raydl/_arrow.py)
     assert it.stats().driver_batches == 0 and len(first) == len(later)
     for x, y in zip(first, later):
         np.testing.assert_array_equal(x["id"], y["id"])

@@ -1,0 +1,74 @@
+"""Arrow arrays built and read without `pa.array`, which imports pandas.
+
+`pa.array(...)` (and `pa.table` of Python lists, `Array.take` of numpy
+indices) asks pyarrow's pandas shim whether the input is a pandas object, and
+the shim imports pandas to answer: about 0.5-1 s of CPU and 50+ MiB in every
+process that lists a catalog or makes a batch, none of which uses pandas. The
+catalog's columns are int64 and strings, so they are built from their buffers
+here, and the worker reads keys and shard rows through numpy views.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["StringColumn", "int_array", "int_column", "string_array"]
+
+
+def int_array(values, dtype=np.int64) -> pa.Array:
+    """An int64 (or int32: `dtype`) Arrow array holding `values`, without a null bitmap."""
+    a = np.ascontiguousarray(np.asarray(values, dtype=dtype))
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
+
+
+def int_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The values of an integer column without nulls as numpy (a view of a single chunk; `to_numpy` would
+    import pandas)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    dtype = column.type.to_pandas_dtype()
+    parts = []
+    for chunk in chunks:
+        if chunk.null_count:
+            raise ValueError("an integer column with nulls")
+        parts.append(np.frombuffer(chunk.buffers()[1], dtype)[chunk.offset:chunk.offset + len(chunk)])
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def string_array(values: Sequence[str]) -> pa.Array:
+    """A string Arrow array of `values` (no nulls; int64 offsets when the text passes 2 GiB)."""
+    data = [v.encode() for v in values]
+    ends = np.cumsum([len(b) for b in data], dtype=np.int64)
+    large = len(ends) > 0 and ends[-1] >= 2**31
+    offsets = np.zeros(len(data) + 1, np.int64 if large else np.int32)
+    offsets[1:] = ends
+    return pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(data),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+
+
+class StringColumn:
+    """A string column's values by row number, read through numpy views of its buffers."""
+
+    def __init__(self, column: pa.Array | pa.ChunkedArray) -> None:
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if column.null_count:
+            raise ValueError("a string column with nulls")
+        _validity, offsets, data = column.buffers()
+        wide = pa.types.is_large_string(column.type)
+        self._offsets = np.frombuffer(offsets, np.int64 if wide else np.int32)[column.offset:column.offset + len(column) + 1]
+        self._data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        self._len = len(column)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> str:
+        start, end = int(self._offsets[i]), int(self._offsets[i + 1])
+        return self._data[start:end].tobytes().decode()
+
+    def take(self, rows) -> list[str]:
+        return [self[int(i)] for i in rows]
