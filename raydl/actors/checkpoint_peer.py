@@ -1,12 +1,15 @@
 """CheckpointPeer: a process that receives a checkpoint and serves it on (see raydl.checkpoint.chain).
 
 A plain class; peer_actor() applies ray.remote. The peer owns the copies it
-holds (a HeldCopies) and its fabric client; close() - also called by Ray when
-the actor exits (__ray_shutdown__) - stops every server before the process goes.
+holds (a HeldCopies), the one server endpoint it serves them all from (so the
+next peer's connection to it, too, is made once), and its fabric client;
+close() - also called by Ray when the actor exits (__ray_shutdown__) - stops
+every server before the process goes.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -31,6 +34,8 @@ class CheckpointPeer:
         self._name = holder_name()
         self._copies = HeldCopies()
         self._fabric = FabricClient()
+        self._lock = threading.Lock()
+        self._endpoint = None   # pyfi.ServerEndpoint every copy is served from (one stack, one thread)
         self._refs: dict[str, CheckpointRef] = {}
         self._state: dict[str, Any] | None = None
 
@@ -48,8 +53,12 @@ class CheckpointPeer:
         memory = SharedBuffer.anonymous(word_at + 8, f"peer-{ref.key}")
         copy = HeldCopy(ref.key, memory, progress=memory.array[word_at:word_at + 8].view(np.int64))
         try:
-            bind = self._bind if self._bind is not None else checkpoint_bind()
-            copy.server = pyfi.serve(memory.array, bind=bind, provider=self._provider)
+            with self._lock:  # calls run on up to 4 threads
+                if self._endpoint is None or self._endpoint.closed:
+                    bind = self._bind if self._bind is not None else checkpoint_bind()
+                    self._endpoint = pyfi.ServerEndpoint(self._provider, bind=bind)
+                endpoint = self._endpoint
+            copy.server = endpoint.serve(memory.array)
             self._copies.add(copy)
         except BaseException:
             copy.close()
@@ -123,6 +132,10 @@ class CheckpointPeer:
         """Stop serving every copy (their threads end) and close connections. Idempotent."""
         self._refs.clear()
         self._copies.close_all()
+        with self._lock:
+            endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.close()
         self._fabric.close()
 
     def __ray_shutdown__(self) -> None:

@@ -63,6 +63,7 @@ def summarize(methods: list[str], peers: list[int], runs: list[dict], *, paced: 
         row = {"peers": p, "rounds": len(mine), "rounds_ok": len(ok),
                "seconds": _median(r.get("seconds") for r in ok),
                "slowest_peer_seconds": _median(r.get("slowest_peer_seconds") for r in ok),
+               "fill_seconds": _median(r.get("fill_seconds") for r in ok),
                "peer_cpu_seconds": _median(_mean(r.get("peer_cpu_seconds")) for r in ok)}
         row["x_single"] = _ratio(row["seconds"], single)
         errors = [r["error"].splitlines()[0] for r in mine if not r.get("ok") and r.get("error")]
@@ -119,9 +120,10 @@ def format_table(summary: dict, *, header: str) -> str:
     single = summary["single_fetch_seconds"]
     lines += ["", f"broadcast from the publisher (single-peer fabric fetch: {_cell(single, '.3f')} s)"]
     body = [(f"{c['peers']} peer{'s' if c['peers'] != 1 else ''}", _cell(c["seconds"], ".3f"),
-             _cell(c["slowest_peer_seconds"], ".3f"), _cell(c.get("peer_cpu_seconds"), ".3f"),
-             _cell(c["x_single"], ".2f"), f"{c['rounds_ok']}/{c['rounds']}") for c in summary["broadcast"]]
-    lines += _grid(("peers", "seconds", "slowest pull s", "CPU s per peer", "x single", "ok"), body)
+             _cell(c["slowest_peer_seconds"], ".3f"), _cell(c.get("fill_seconds"), ".3f"),
+             _cell(c.get("peer_cpu_seconds"), ".3f"), _cell(c["x_single"], ".2f"),
+             f"{c['rounds_ok']}/{c['rounds']}") for c in summary["broadcast"]]
+    lines += _grid(("peers", "seconds", "slowest pull s", "fill s", "CPU s per peer", "x single", "ok"), body)
     lines += ["", "targets (benchmark figures, not asserts)"]
     body = [(t["name"], _cell(t["value"], ".2f"), t["target"], _verdict(t)) for t in summary["targets"]]
     lines += _grid(("figure", "value", "target", ""), body)

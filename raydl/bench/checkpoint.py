@@ -266,11 +266,14 @@ class _Bench:
             ref = ray.get(self.source.publish.remote("full", ("fabric",), self.args.chunk_size),
                           timeout=self.timeout)
             keys.append(ref.key)
-            t0 = time.perf_counter()
+            t0, wall0 = time.perf_counter(), time.time()
             results = checkpoint.broadcast(ref, peers, timeout=self.timeout, link_gbps=self.args.link_gbps,
                                            window_bytes=self.args.window)
             seconds = time.perf_counter() - t0
+            firsts = [r.get("first_window_at") for r in results]
             return {"seconds": seconds, "bytes": ref.size, "peers": n,
+                    # the chain's fill: from the call until the last peer has its first verified chunk
+                    "fill_seconds": max(firsts) - wall0 if None not in firsts else None,
                     "slowest_peer_seconds": max(r["seconds"] for r in results),
                     "peer_cpu_seconds": [r.get("cpu_seconds") for r in results],
                     "sources": [r["source"] for r in results], "retried": sum(r["retried"] for r in results)}
@@ -307,7 +310,8 @@ def _progress(rounds: int, row: dict) -> None:
     elif row["step"] == "broadcast":
         cpu = [c for c in row.get("peer_cpu_seconds") or () if c is not None]
         cpu_text = f"   CPU per peer {sum(cpu) / len(cpu):.3f} s (max {max(cpu):.3f})" if cpu else ""
-        _log(f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s{cpu_text}"
+        fill = f"   fill {row['fill_seconds']:.3f} s" if row.get("fill_seconds") is not None else ""
+        _log(f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s{fill}{cpu_text}"
              f"  ({row['wall_s']:.0f} s)")
     else:
         _log(f"{head} {row['gbps']:8.2f} GB/s  {row['seconds']:7.3f} s  ({row['wall_s']:.0f} s)")
@@ -411,7 +415,8 @@ def main(args: argparse.Namespace) -> int:
     notes.append("GB/s = 1e9 bytes/s. raydl fetches include connecting, an XXH3-64 digest of every chunk and building "
                  "the tensors; the raw pyfi read does none of that and reads into memory already faulted in")
     notes.append("broadcast seconds: from the driver's broadcast() call to every peer holding a verified copy "
-                 "(peers started and warmed beforehand); x single = over the single-peer fabric fetch")
+                 "(peers started and warmed beforehand); fill: from that call until the last peer has its first "
+                 "verified chunk; x single = over the single-peer fabric fetch")
     cores = len(os.sched_getaffinity(0))
     notes.append(f"all {args.nodes} simulated nodes share this machine's {cores} core(s) and its loopback: a "
                  "P-peer broadcast moves P copies through the same cores, so x single grows with P here; the "

@@ -45,6 +45,7 @@ class _Process:
         self.published = HeldCopies()
         self.buffers = BufferPool(max_free=1)
         self._fabric: FabricClient | None = None
+        self._endpoints: dict[tuple[str | None, str | None], Any] = {}   # (bind, provider) -> ServerEndpoint
         self._preparing: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -66,8 +67,9 @@ class _Process:
         """In a forked child: the parent's endpoint and threads are not this process's. Dropped, not
         closed (closing would act on the parent's libfabric state); the next fetch opens its own."""
         self._lock = threading.Lock()
-        self._leftovers = (self._fabric, self._preparing)  # never closed here, never collected
+        self._leftovers = (self._fabric, self._preparing, self._endpoints)  # never closed here, never collected
         self._fabric = None
+        self._endpoints = {}
         self._preparing = None
 
     @property
@@ -77,10 +79,25 @@ class _Process:
                 self._fabric = FabricClient()
             return self._fabric
 
+    def server_endpoint(self, bind: str | None, provider: str | None):
+        """The endpoint this process serves its published copies from, per (bind, provider): one
+        stack and serving thread for every checkpoint it publishes, and a fetcher that read an
+        earlier one reuses its connection."""
+        from raydl.native import pyfi
+
+        with self._lock:
+            endpoint = self._endpoints.get((bind, provider))
+            if endpoint is None or endpoint.closed:
+                endpoint = self._endpoints[(bind, provider)] = pyfi.ServerEndpoint(provider, bind=bind)
+            return endpoint
+
     def close(self) -> None:
         self.published.close_all()
         with self._lock:
             client, self._fabric = self._fabric, None
+            endpoints, self._endpoints = list(self._endpoints.values()), {}
+        for endpoint in endpoints:
+            endpoint.close()
         if client is not None:
             client.close()
 
@@ -197,7 +214,8 @@ def publish(
             layout.pack_into(state, alloc)
         buf = memory.array
         header, _start = layout.parse_header(buf)
-        server = pyfi.serve(buf, bind=_bind(bind), provider=provider) if "fabric" in transports else None
+        server = (_PROCESS.server_endpoint(_bind(bind), pyfi.choose_provider(provider)).serve(buf)
+                  if "fabric" in transports else None)
     except BaseException:
         if memory is not None:
             memory.close()

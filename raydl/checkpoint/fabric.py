@@ -23,10 +23,11 @@ from raydl.checkpoint.object_store import DEAD, UNPUBLISHED, holder_status
 from raydl.checkpoint.ref import CheckpointRef
 from raydl.errors import CheckpointError, FabricError
 
-__all__ = ["FabricClient", "pull", "verify"]
+__all__ = ["FabricClient", "UpstreamPace", "pull", "verify"]
 
 WATCH_EVERY_S = 1.0       # no completion for this long: ask whether the holder is still there
-UPSTREAM_POLL_S = 0.003   # a broadcast peer's look at its upstream's progress word, when it is behind
+UPSTREAM_POLL_S = 0.003   # a broadcast peer's next look at its upstream's progress word, before it knows its pace
+UPSTREAM_POLL_RANGE_S = (0.001, 0.02)   # ... and once it does: about one upstream chunk, within this range
 
 
 class FabricClient:
@@ -144,20 +145,59 @@ def holder_watchdog(ref: CheckpointRef) -> Callable[[], None]:
     return watch
 
 
+class UpstreamPace:
+    """When a chain peer that has read all its upstream holds looks at its progress word again:
+    about when the upstream's next chunk is due, from how fast that word has grown (a moving
+    average of seconds per chunk), within UPSTREAM_POLL_RANGE_S. Each look is a read that also
+    wakes the upstream's serving thread; at a fixed 3 ms a peer looked ~3 times per 1 MiB chunk
+    of a 1 Gbit/s link, and on a starved CPU those looks took the cycles the upstream needed.
+    Pure: the caller passes the times."""
+
+    def __init__(self, first_s: float = UPSTREAM_POLL_S,
+                 range_s: tuple[float, float] = UPSTREAM_POLL_RANGE_S) -> None:
+        self._first, (self._lo, self._hi) = first_s, range_s
+        self._t: float | None = None
+        self._n = -1
+        self._per_chunk: float | None = None
+
+    def saw(self, t: float, n: int) -> None:
+        """The upstream held n chunks at time t."""
+        if n <= self._n:
+            return
+        if self._t is not None:
+            per = (t - self._t) / (n - self._n)
+            self._per_chunk = per if self._per_chunk is None else 0.5 * (self._per_chunk + per)
+        self._t, self._n = t, n
+
+    def wait_s(self) -> float:
+        """Seconds to wait before the next look, having found nothing new."""
+        if self._per_chunk is None:
+            return self._first
+        return min(self._hi, max(self._lo, self._per_chunk))
+
+
 class _Landing:
     """Checks each digest chunk of a pull as soon as all of its bytes have landed (reads and digest
     chunks need not line up), on the reading thread while the next reads are in flight: the bytes
-    are still in cache, so XXH3-64 runs several times faster than over a window read earlier."""
+    are still in cache, so XXH3-64 runs several times faster than over a window read earlier.
+    on_prefix(n) hears each time the verified prefix grows to n chunks (reads complete out of
+    order, so a chunk past a gap waits for it): a chain peer publishes that to the next one at
+    once, chunk by chunk, not window by window."""
 
-    def __init__(self, dst: np.ndarray, ref: CheckpointRef, peer: str) -> None:
+    def __init__(self, dst: np.ndarray, ref: CheckpointRef, peer: str, start: int = 0,
+                 on_prefix: Callable[[int], None] | None = None) -> None:
         self._dst, self._ref, self._peer = dst, ref, peer
         self._have: dict[int, int] = {}   # digest chunk -> bytes landed so far
+        self._ahead: set[int] = set()     # verified chunks past the prefix
+        self.prefix = start
+        self._on_prefix = on_prefix
         self.seconds = 0.0
 
     def landed(self, start: int, length: int) -> None:
         c, size = self._ref.chunk_size, self._ref.size
         end = start + length
         i = start // c
+        grew = False
         while i * c < end:
             lo, hi = i * c, min((i + 1) * c, size)
             got = self._have.pop(i, 0) + min(end, hi) - max(start, lo)
@@ -167,7 +207,17 @@ class _Landing:
                 t = time.perf_counter()
                 verify(self._dst, self._ref, i, i + 1, self._peer)
                 self.seconds += time.perf_counter() - t
+                if i == self.prefix:
+                    self.prefix += 1
+                    grew = True
+                    while self.prefix in self._ahead:
+                        self._ahead.remove(self.prefix)
+                        self.prefix += 1
+                else:
+                    self._ahead.add(i)
             i += 1
+        if grew and self._on_prefix is not None:
+            self._on_prefix(self.prefix)
 
 
 def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: int = 0, timeout: float,
@@ -179,9 +229,10 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
     progress_at: where in the source's region its progress word sits (a
     broadcast holder still receiving: the chunks it holds, read with RMA over
     the same connection); None: the source holds everything. on_done(n) hears
-    each verified prefix, once per window.
-    window_bytes: how much is read between those (default: everything at
-    once for a plain fetch, 4 x chunk_size x max_inflight in a chain). link_gbps
+    the verified prefix (n chunks) each time it grows, on the reading thread.
+    window_bytes: the most read in one read_into between looks at the source's
+    progress (default: everything at once for a plain fetch, 4 x chunk_size x
+    max_inflight in a chain). link_gbps
     paces the reads (a simulated link, for benchmarks and tests). phases, when
     given, gets "setup" and "connect" (a new connection), "transfer" and
     "verify" (digests, checked between the reads) seconds added.
@@ -199,13 +250,14 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
         from raydl.native.pyfi import Pacer
 
         pacer = Pacer(link_gbps * 1e9 / 8, burst=chunk_size)
-    landing = _Landing(dst, ref, peer)
+    landing = _Landing(dst, ref, peer, start, on_done)
     watch = holder_watchdog(ref)
     word = np.zeros(1, np.int64)
     try:
         with client.connection(ref.fabric, phases, timeout=timeout, watchdog=watch) as conn:
             t1 = time.perf_counter()
             avail = start
+            pace = UpstreamPace()
             while done < n:
                 if avail <= done:  # look at the upstream's progress only once what it had is read
                     if progress_at is None:
@@ -214,19 +266,22 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
                         conn.read_into(word, offset=progress_at, timeout=timeout, watchdog=watch,
                                        watch_every=WATCH_EVERY_S)
                         avail = min(n, int(word[0]))
+                        pace.saw(time.monotonic(), avail)
                 if avail <= done:  # the upstream holder has nothing new yet
-                    time.sleep(UPSTREAM_POLL_S)
+                    time.sleep(pace.wait_s())
                     continue
                 end = min(avail, done + window)
                 lo, hi = done * c, min(end * c, ref.size)
                 conn.read_into(dst[lo:hi], offset=lo, chunk_size=chunk_size, max_inflight=max_inflight,
                                timeout=timeout, watchdog=watch, watch_every=WATCH_EVERY_S, pacer=pacer,
                                on_chunk=lambda pos, length, lo=lo: landing.landed(lo + pos, length))
-                done = end  # every chunk of the window landed, so every one was checked
-                if on_done is not None:
-                    on_done(done)
+                done = end  # every chunk of the window landed, so every one was checked (and on_done heard)
             t2 = time.perf_counter()
     except FabricError as exc:
+        try:  # a region revoked on a live endpoint fails the read at once: say why when the holder can tell
+            watch()
+        except CheckpointError as why:
+            raise why from exc
         raise CheckpointError(
             f"checkpoint {ref.key[:8]}: transfer from {ref.holder} ({peer}) failed at chunk {done}: "
             f"{exc}") from exc

@@ -10,7 +10,8 @@ def _runs() -> list[dict]:
     runs = [{"step": m, "ok": True, "gbps": g, "seconds": 0.064 / g}
             for m, g in zip(METHODS, [0.12, 0.34, 0.37, 2.19])]
     return runs + [{"step": "broadcast", "ok": True, "peers": p, "seconds": 0.6 + 0.1 * p,
-                    "slowest_peer_seconds": 0.5 + 0.1 * p, "peer_cpu_seconds": [0.1] * p} for p in (1, 4, 8)]
+                    "slowest_peer_seconds": 0.5 + 0.1 * p, "peer_cpu_seconds": [0.1] * p,
+                    "fill_seconds": 0.05 * p} for p in (1, 4, 8)]
 
 
 def test_paced_links_leave_the_fetch_ratios_out_of_the_goals():
@@ -24,3 +25,11 @@ def test_paced_links_leave_the_fetch_ratios_out_of_the_goals():
     assert [t["name"] for t in plain["targets"]][:2] == ["fabric fetch / pyfi raw read",
                                                          "fabric fetch / cross-node ray.get"]
     assert plain["targets"][0]["met"] is False and len(plain["targets"]) == 4
+
+
+def test_broadcast_rows_show_the_chain_fill():
+    """Each width's row carries the median fill (call until the last peer's first verified chunk), in a column."""
+    summary = summarize(METHODS, [1, 4, 8], _runs(), paced=True)
+    assert [c["fill_seconds"] for c in summary["broadcast"]] == [0.05, 0.2, 0.4]
+    table = format_table(summary, header="h")
+    assert "fill s" in table and "0.400" in table

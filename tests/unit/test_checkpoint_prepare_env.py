@@ -1,5 +1,7 @@
-"""RAYDL_CHECKPOINT_PREPARE parsing and the cold bench's warm-vs-raw figure (pure, no Ray)."""
+"""RAYDL_CHECKPOINT_PREPARE parsing, the cold bench's warm-vs-raw figure, pyfi's libfabric defaults (pure, no Ray)."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -36,3 +38,16 @@ def test_warm_vs_raw_is_the_median_of_each_rounds_own_ratio():
             {"warm": out(0.5), "raw": out(0.5)}]
     goal = next(g for g in summarize_cold(runs, None)["goals"] if g["name"].startswith("warm fetch"))
     assert goal["value"] == pytest.approx(0.9)
+
+
+def test_pyfi_names_rxm_queue_size_unless_the_user_did(monkeypatch):
+    """pyfi sets FI_OFI_RXM_MSG_RX_SIZE before libfabric starts (its default queue faulted in ~68 MiB per
+    endpoint), and leaves a value the user set alone."""
+    from raydl.native.pyfi._env import PROVIDER_DEFAULTS, apply_provider_defaults
+
+    monkeypatch.delenv("FI_OFI_RXM_MSG_RX_SIZE", raising=False)
+    apply_provider_defaults()
+    assert os.environ["FI_OFI_RXM_MSG_RX_SIZE"] == PROVIDER_DEFAULTS["FI_OFI_RXM_MSG_RX_SIZE"]
+    monkeypatch.setenv("FI_OFI_RXM_MSG_RX_SIZE", "4096")
+    apply_provider_defaults()
+    assert os.environ["FI_OFI_RXM_MSG_RX_SIZE"] == "4096"

@@ -12,7 +12,7 @@ Layers, bottom up (see README.md beside this file):
     _objects  Fabric, Domain, CompletionQueue, AddressVector, Endpoint, MemoryRegion
     _probe    info(), diagnose(), the provider choice
     _stack    FabricAddress and the stack both ends open
-    _server   serve() / Server: register a region, serve it from a thread
+    _server   serve() / Server / ServerEndpoint: register regions, serve them from a thread
     _client   connect() / Connection: pipelined reads (and writes)
     _bench    raw_read_rate()
 
@@ -28,7 +28,7 @@ from raydl.native.pyfi._lib import version_string
 from raydl.native.pyfi._objects import (AddressVector, CompletionQueue, Domain, Endpoint, Fabric,
                                         MemoryRegion, ProviderInfo, getinfo)
 from raydl.native.pyfi._probe import KNOWN_PROVIDERS, ProviderFit, choose_provider, diagnose, info
-from raydl.native.pyfi._server import Server, serve
+from raydl.native.pyfi._server import Server, ServerEndpoint, serve
 from raydl.native.pyfi._stack import FabricAddress
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "ProviderFit",
     "ProviderInfo",
     "Server",
+    "ServerEndpoint",
     "available",
     "choose_provider",
     "connect",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raydl.native.pyfi._lib import load
+from raydl.native.pyfi._lib import loaded
 
 
 class Span:
@@ -21,13 +21,13 @@ class Span:
 
     @property
     def address(self) -> int:
-        ffi, _ = load()
+        ffi, _ = loaded()
         return int(ffi.cast("uintptr_t", self.ptr))
 
     def release(self) -> None:
         """Drop the buffer export (idempotent); the span must not be used afterwards."""
         if self._export is not None:
-            ffi, _ = load()
+            ffi, _ = loaded()
             ffi.release(self._export)
             self._export = None
         self.owner = None
@@ -36,7 +36,7 @@ class Span:
 def as_span(obj: Any, *, writable: bool) -> Span:
     """Borrow obj's memory. Torch tensors must be CPU and contiguous; anything
     else must export a C-contiguous buffer (writable when `writable`)."""
-    ffi, _ = load()
+    ffi, _ = loaded()
     if _is_torch_tensor(obj):
         if obj.device.type != "cpu":
             raise TypeError(f"pyfi moves host memory only; got a tensor on {obj.device} "

@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 from raydl.errors import FabricError
 from raydl.native.pyfi._buffers import Span, as_span
-from raydl.native.pyfi._lib import check, fabric_error, load
+from raydl.native.pyfi._lib import check, fabric_error, loaded
 from raydl.native.pyfi._lifecycle import GATE
 from raydl.native.pyfi._objects import Closeable, CompletionError, MemoryRegion
+from raydl.native.pyfi._regcache import RegistrationCache
 from raydl.native.pyfi._stack import FabricAddress, Stack, is_loopback
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class Connection(Closeable):
         try:
             with self._lock:
                 self._stack = self._client.live_stack(self.peer)
-                self._fi_addr = self._stack.av.insert(address.raw, peer=self.peer)
+                self._fi_addr = self._client.peer_address(address.raw, self.peer)
         except BaseException:
             self.close()
             raise
@@ -124,7 +125,7 @@ class Connection(Closeable):
                 size = span.nbytes if size is None else size
                 self._check_request("read_into", offset, size, span.nbytes, chunk_size, max_inflight)
                 return self._transfer("fi_read", span, offset, size, chunk_size, max_inflight,
-                                      timeout, progress, watchdog, watch_every, pacer, on_chunk)
+                                      timeout, progress, watchdog, watch_every, pacer, on_chunk, owner=dst)
             finally:
                 span.release()
 
@@ -181,23 +182,29 @@ class Connection(Closeable):
     def _transfer(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
                   max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
                   watchdog: Callable[[], None] | None = None, watch_every: float = 1.0,
-                  pacer: Pacer | None = None, on_chunk: Callable[[int, int], None] | None = None) -> int:
-        """Run one pipelined read or write: post chunks while slots are free, reap completions."""
+                  pacer: Pacer | None = None, on_chunk: Callable[[int, int], None] | None = None,
+                  owner: Any = None) -> int:
+        """Run one pipelined read or write: post chunks while slots are free, reap completions.
+        owner: the caller's object for span (reads: its registration is cached, see _regcache)."""
         if size == 0:
             return 0
         with GATE.inside(call):  # at exit, the poll below raises and the transfer ends (see _lifecycle)
             return self._transfer_inside(call, span, offset, size, chunk_size, max_inflight, timeout, progress,
-                                         watchdog, watch_every, pacer, on_chunk)
+                                         watchdog, watch_every, pacer, on_chunk, owner)
 
     def _transfer_inside(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
                          max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
                          watchdog: Callable[[], None] | None, watch_every: float,
-                         pacer: Pacer | None, on_chunk: Callable[[int, int], None] | None = None) -> int:
+                         pacer: Pacer | None, on_chunk: Callable[[int, int], None] | None = None,
+                         owner: Any = None) -> int:
         stack = self._live_stack()
-        ffi, lib = load()
+        ffi, lib = loaded()
         access = lib.FI_READ if call == "fi_read" else lib.FI_WRITE
         chunk_size = min(chunk_size, stack.domain.info.max_msg_size)
-        local = stack.domain.register(span, access=access)
+        if owner is not None:
+            local, local_base, owned = self._client.registrations.region(span, owner, access)
+        else:
+            local, local_base, owned = stack.domain.register(span, access=access), 0, True
         slots = ffi.new("struct fi_context2[]", max_inflight)
         slot_base, slot_size = int(ffi.cast("uintptr_t", slots)), ffi.sizeof("struct fi_context2")
         free = list(range(max_inflight - 1, -1, -1))
@@ -216,7 +223,7 @@ class Connection(Closeable):
                     if paced > 0:
                         break
                     slot = free[-1]
-                    rc = self._post(call, stack, local, pos, offset + pos, length, slots + slot)
+                    rc = self._post(call, stack, local, local_base + pos, offset + pos, length, slots + slot)
                     busy = rc == -lib.FI_EAGAIN
                     if busy:   # queue full, or rxm still connecting: progress, then retry
                         eagain += 1
@@ -281,12 +288,13 @@ class Connection(Closeable):
                 logger.warning("pyfi: closing the connection to %s after a failure: %s", self.peer, exc)
             raise
         finally:
-            local.close()
+            if owned:
+                local.close()
         return done
 
     def _post(self, call: str, stack: Stack, local: MemoryRegion, local_pos: int, remote_pos: int,
               length: int, context: Any) -> int:
-        ffi, lib = load()
+        ffi, lib = loaded()
         buf = local.span.ptr + local_pos
         remote = self.address.base + remote_pos
         if call == "fi_read":
@@ -344,6 +352,10 @@ class Client(Closeable):
         self._stack: Stack | None = Stack(provider, host=host, service=None, fabric_name=fabric_name,
                                           wait=False)  # polled only while reads are in flight
         self.fabric_name = self._stack.fabric_name
+        # Server endpoint address -> its fi_addr_t here: regions served from one endpoint
+        # (ServerEndpoint) share one AV entry, so rxm's connection to it is made once.
+        self._peers: dict[bytes, int] = {}
+        self.registrations = RegistrationCache(self._stack.domain)
 
     @staticmethod
     def key_for(address: FabricAddress) -> tuple[str, str, str | None]:
@@ -356,6 +368,14 @@ class Client(Closeable):
             raise TypeError(f"connect() takes a FabricAddress (Server.address), got {type(address).__name__}")
         return Connection(address, client=self)
 
+    def peer_address(self, raw: bytes, peer: str) -> int:
+        """The fi_addr_t of the server endpoint `raw` (inserted into the AV on first use)."""
+        with self.lock:
+            addr = self._peers.get(raw)
+            if addr is None:
+                addr = self._peers[raw] = self.live_stack(peer).av.insert(raw, peer=peer)
+            return addr
+
     def live_stack(self, peer: str) -> Stack:
         if self._stack is None:
             raise FabricError(f"the client endpoint for {peer} is closed", call="connection",
@@ -365,7 +385,9 @@ class Client(Closeable):
     def close(self) -> None:
         with self.lock:
             stack, self._stack = self._stack, None
+            self._peers = {}
         if stack is not None:
+            self.registrations.close()
             stack.close()
 
     @property

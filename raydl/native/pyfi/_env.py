@@ -8,11 +8,29 @@ disabled) without importing the rest of raydl.
   (e.g. "tcp;ofi_rxm").
 - RAYDL_DISABLE_FABRIC=1: behave as if libfabric were absent (available() is
   False, with this as the reason); the Ray object-store path is then used.
+
+It also gives libfabric defaults for settings it reads from the environment
+(PROVIDER_DEFAULTS), before libfabric starts; a value already set wins.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+
+# ofi_rxm (libfabric 1.17) left to itself gives each endpoint's message receive queue 4096 entries
+# of 16 KiB ("128, 4096 with srx", fi_info -e): every pyfi endpoint, a server's or a client's, then
+# faulted in ~68 MiB of receive buffers (17,400 page faults, ~50 ms of CPU, measured on tcp;ofi_rxm
+# here) that it never uses: pyfi moves bytes with one-sided reads and writes only. Naming the size
+# (its documented 128; 16 costs the same) brings that to ~5,000 faults and ~15-20 ms. A chain
+# broadcast opens one server per peer, so this was a fifth of a peer's CPU.
+PROVIDER_DEFAULTS = {"FI_OFI_RXM_MSG_RX_SIZE": "128"}
+
+
+def apply_provider_defaults() -> None:
+    """Set PROVIDER_DEFAULTS where the environment has no value (libfabric reads them when it starts)."""
+    for name, value in PROVIDER_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 @dataclass(frozen=True)

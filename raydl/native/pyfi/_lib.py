@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from raydl.errors import FabricError
-from raydl.native.pyfi._env import fabric_env
+from raydl.native.pyfi._env import apply_provider_defaults, fabric_env
 
 # libfabric's own codes past the errno range (rdma/fi_errno.h; part of its ABI).
 _FI_CODES = {
@@ -25,6 +25,7 @@ _FI_CODES = {
 @functools.lru_cache(maxsize=1)
 def _import() -> tuple[Any, Any, str | None]:
     """(ffi, lib, None), or (None, None, why) when the module cannot be loaded."""
+    apply_provider_defaults()  # before any libfabric call: its providers read them at start-up
     try:
         from raydl.native.pyfi import _pyfi  # type: ignore[attr-defined]
     except ImportError as exc:
@@ -49,6 +50,16 @@ def load() -> tuple[Any, Any]:
     if reason is not None:
         raise FabricError(f"libfabric bindings unavailable: {reason}", call="load")
     ffi, lib, _ = _import()
+    return ffi, lib
+
+
+def loaded() -> tuple[Any, Any]:
+    """(ffi, lib) for code working on pyfi objects that exist (load() succeeded when they were
+    made): the per-read and per-poll paths. It skips load()'s environment check, which is
+    what RAYDL_DISABLE_FABRIC gates (making new stacks), and cost microseconds per call."""
+    ffi, lib, reason = _import()
+    if reason is not None:
+        raise FabricError(f"libfabric bindings unavailable: {reason}", call="load")
     return ffi, lib
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from raydl.errors import FabricError
 from raydl.native.pyfi._buffers import Span, as_span
-from raydl.native.pyfi._lib import api_version, check, load
+from raydl.native.pyfi._lib import api_version, check, load, loaded
 from raydl.native.pyfi._lifecycle import GATE
 
 # Every wait inside libfabric is bounded by this, so a thread is never stuck in there (see _lifecycle).
@@ -205,7 +205,7 @@ class _Fid(Closeable):
             return
         for child in reversed(list(self._dependents)):
             child.close()
-        ffi, lib = load()
+        ffi, lib = loaded()
         ptr, self._ptr = self._ptr, None
         for parent in self._parents:
             if self in parent._dependents:
@@ -313,7 +313,7 @@ class CompletionQueue(_Fid):
         Waits up to timeout_s for the first one (polling in C, GIL released),
         sleeping sleep_us between polls after `spin` back-to-back polls; polling
         is also what drives a manual-progress provider's transfers."""
-        _, lib = load()
+        _, lib = loaded()
         with GATE.inside("fi_cq_read"):
             rc = lib.pyfi_cq_wait(self.ptr, self._entries, len(self._entries),
                                   int(min(timeout_s, MAX_WAIT_S) * 1e6), spin, sleep_us)
@@ -322,11 +322,11 @@ class CompletionQueue(_Fid):
     def wait(self, timeout_s: float) -> tuple[list[int], list[CompletionError]]:
         """Like poll(), blocking in fi_cq_sread (a waitable queue only); a
         provider that turns out not to support it makes the queue polled."""
-        _, lib = load()
+        _, lib = loaded()
         if not self.waitable:
             return self.poll(timeout_s=timeout_s, sleep_us=50)
         with GATE.inside("fi_cq_sread"):
-            rc = lib.fi_cq_sread(self.ptr, self._entries, len(self._entries), load()[0].NULL,
+            rc = lib.fi_cq_sread(self.ptr, self._entries, len(self._entries), loaded()[0].NULL,
                                  max(1, int(min(timeout_s, MAX_WAIT_S) * 1000)))
             if rc in (-lib.FI_ENOSYS, -lib.FI_EOPNOTSUPP):
                 self.waitable = False
@@ -336,7 +336,7 @@ class CompletionQueue(_Fid):
             return self._completions(rc, "fi_cq_sread")
 
     def _completions(self, rc: int, call: str) -> tuple[list[int], list[CompletionError]]:
-        ffi, lib = load()
+        ffi, lib = loaded()
         if rc == -lib.FI_EAGAIN:
             return [], []
         if rc == -lib.FI_EAVAIL:
@@ -345,7 +345,7 @@ class CompletionQueue(_Fid):
         return [int(ffi.cast("uintptr_t", self._entries[i].op_context)) for i in range(rc)], []
 
     def _read_errors(self) -> list[CompletionError]:
-        ffi, lib = load()
+        ffi, lib = loaded()
         errors = []
         for _ in range(64):
             err = ffi.new("struct fi_cq_err_entry *")
@@ -377,7 +377,7 @@ class AddressVector(_Fid):
         super().__init__(out[0], (domain,))
 
     def insert(self, raw: bytes, *, peer: str | None = None) -> int:
-        ffi, lib = load()
+        ffi, lib = loaded()
         addr = ffi.new("fi_addr_t *")
         with GATE.inside("fi_av_insert"):
             rc = lib.fi_av_insert(self.ptr, raw, 1, addr, 0, ffi.NULL)
@@ -412,7 +412,7 @@ class Endpoint(_Fid):
 
     def name(self) -> bytes:
         """fi_getname: the raw address peers insert into their AV."""
-        ffi, lib = load()
+        ffi, lib = loaded()
         size = ffi.new("size_t *", 64)
         buf = ffi.new("char[]", 64)
         with GATE.inside("fi_getname"):
@@ -434,7 +434,7 @@ class MemoryRegion(_Fid):
     kind = "mr"
 
     def __init__(self, domain: Domain, buf: Any, *, access: int, key: int | None = None) -> None:
-        ffi, lib = load()
+        ffi, lib = loaded()
         writable = bool(access & (lib.FI_READ | lib.FI_REMOTE_WRITE | lib.FI_RECV))
         self._owns_span = not isinstance(buf, Span)
         self.span: Span = as_span(buf, writable=writable) if self._owns_span else buf

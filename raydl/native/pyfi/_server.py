@@ -4,6 +4,9 @@
         send(server.address)                # picklable; any channel (Ray) carries it
     # close() revoked the region: later reads fail at the server's MR
 
+    endpoint = ServerEndpoint(provider, bind=...)   # one endpoint and thread, many regions
+    server = endpoint.serve(buf)                    # close() revokes this region only
+
 The serving thread matters: manual-progress providers (tcp;ofi_rxm) move a
 read's bytes only while the *target* reads its CQ. It blocks in fi_cq_sread,
 which wakes on socket activity (an idle server costs ~0.3% of a core, against
@@ -11,11 +14,13 @@ which wakes on socket activity (an idle server costs ~0.3% of a core, against
 """
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
 import stat
 import threading
+import weakref
 from typing import Any, Callable
 
 from raydl.errors import CheckpointError, FabricError
@@ -24,54 +29,118 @@ from raydl.native.pyfi._lib import load
 from raydl.native.pyfi._lifecycle import GATE
 from raydl.native.pyfi._objects import Closeable, CompletionQueue
 from raydl.native.pyfi._probe import choose_provider
-from raydl.native.pyfi._stack import FabricAddress, Stack, parse_bind
+from raydl.native.pyfi._stack import FabricAddress, Stack, describe_peer, parse_bind
 
 logger = logging.getLogger(__name__)
 
 _SERVE_SLICE_S = 0.05          # how often the serving thread checks for close()
 
 
-class Server(Closeable):
-    """A registered region served from a background thread until close()."""
+class ServerEndpoint(Closeable):
+    """One serving endpoint (stack + serving thread) for any number of regions: serve() registers
+    each on it. A process that serves one region after another (a broadcast peer, a publisher of
+    every checkpoint) opens the stack once (tens of ms, and a client's connection to it, tens of
+    ms more on both sides), instead of once per region."""
 
-    def __init__(self, span: Span, *, provider: str, bind: str | None, writable: bool,
-                 on_close: Callable[[], None]) -> None:
-        _, lib = load()
-        self._closed = True           # until serving: a half-built Server's __del__ does nothing
+    def __init__(self, provider: str | None = None, *, bind: str | None = "127.0.0.1:0") -> None:
+        self._closed = True           # until serving: a half-built endpoint's __del__ does nothing
         self._lock = threading.Lock()
-        host, service = parse_bind(bind)
-        self._on_close = on_close
-        self._stack = Stack(provider, host=host, service=service, wait=True)
+        self.host, service = parse_bind(bind)
+        self._stack = Stack(choose_provider(provider), host=self.host, service=service, wait=True)
+        self._servers: weakref.WeakSet[Server] = weakref.WeakSet()   # weak: a forgotten Server is collected
         try:
-            access = lib.FI_REMOTE_READ | (lib.FI_REMOTE_WRITE if writable else 0)
-            self._mr = self._stack.domain.register(span, access=access)
-            self.address = FabricAddress(
-                provider=self._stack.provider, fabric=self._stack.fabric_name,
-                raw=self._stack.ep.name(), key=self._mr.key, base=self._mr.base,
-                size=span.nbytes, writable=writable, host=host)
+            self.raw = self._stack.ep.name()
         except BaseException:
             self._stack.close()
             raise
         self._stop = threading.Event()
-        # The thread gets only what it polls, not the Server, so a Server
-        # nobody closed can still be collected (and __del__ closes it).
-        self._thread = threading.Thread(target=_serve_loop, name=f"pyfi-serve {self.address.peer}", daemon=True,
-                                        args=(self._stack.cq, self._stop, self.address.peer))
+        # The thread gets only what it polls, not the endpoint, so one nobody closed can still be
+        # collected (and __del__ closes it).
+        self.peer = describe_peer(self._stack.provider, self.raw)
+        self._thread = threading.Thread(target=_serve_loop, name=f"pyfi-serve {self.peer}", daemon=True,
+                                        args=(self._stack.cq, self._stop, self.peer))
         self._thread.start()
         self._closed = False
 
+    @property
+    def provider(self) -> str:
+        return self._stack.provider
+
+    def serve(self, buffer_or_path: Any, *, writable: bool = False) -> Server:
+        """Register a buffer (or a regular file, mapped with mmap) on this endpoint and serve it
+        until the returned Server is closed (or this endpoint is)."""
+        span, cleanup = _span_of(buffer_or_path, writable)
+        try:
+            with self._lock:
+                if self._closed:
+                    raise FabricError(f"the server endpoint {self.peer} is closed", call="serve",
+                                      code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
+                server = Server(self, span, writable=writable, on_close=cleanup)
+                self._servers.add(server)
+            return server
+        except BaseException:
+            cleanup()
+            raise
+
+    def _forget(self, server: Server) -> None:
+        with self._lock:
+            self._servers.discard(server)
+
     def close(self) -> None:
-        """Stop serving and revoke the region (idempotent)."""
+        """Stop serving every region, then the thread, then the endpoint (idempotent)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            servers = list(self._servers)
+            self._servers.clear()
+        for server in servers:
+            server.close()
         self._stop.set()
         self._thread.join(timeout=10)
+        self._stack.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __reduce__(self):
+        raise TypeError("a pyfi ServerEndpoint is bound to this process; send a Server's .address")
+
+
+class Server(Closeable):
+    """A registered region served by a ServerEndpoint until close(). From serve(), it owns its
+    endpoint (closed with it); from ServerEndpoint.serve(), it shares the endpoint."""
+
+    def __init__(self, endpoint: ServerEndpoint, span: Span, *, writable: bool,
+                 on_close: Callable[[], None], owns_endpoint: bool = False) -> None:
+        _, lib = load()
+        self._closed = True
+        self._lock = threading.Lock()
+        self._endpoint = endpoint
+        self._owns_endpoint = owns_endpoint
+        self._on_close = on_close
+        access = lib.FI_REMOTE_READ | (lib.FI_REMOTE_WRITE if writable else 0)
+        stack = endpoint._stack
+        self._mr = stack.domain.register(span, access=access)
+        self.address = FabricAddress(
+            provider=stack.provider, fabric=stack.fabric_name, raw=endpoint.raw, key=self._mr.key,
+            base=self._mr.base, size=span.nbytes, writable=writable, host=endpoint.host)
+        self._closed = False
+
+    def close(self) -> None:
+        """Revoke the region (later reads of it fail at the server's MR); a Server from serve()
+        also stops its endpoint (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         try:
             self._mr.close()      # revoke first: no read can land after this
         finally:
-            self._stack.close()
+            self._endpoint._forget(self)
+            if self._owns_endpoint:
+                self._endpoint.close()
             self._on_close()
 
     @property
@@ -96,13 +165,29 @@ def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str) -> None:
 
 def serve(buffer_or_path: Any, *, bind: str | None = "127.0.0.1:0", provider: str | None = None,
           writable: bool = False) -> Server:
-    """Register a buffer (or a regular file, mapped with mmap) and serve it.
+    """Register a buffer (or a regular file, mapped with mmap) and serve it on an endpoint of its own.
 
     The region is read-only for peers unless writable=True. `bind` is the local
     host:port to listen on ("127.0.0.1:0": loopback only, any port; None: the
     provider's default). Provider: the argument, else RAYDL_FABRIC_PROVIDER,
-    else the first that fits of efa, verbs;ofi_rxm, tcp;ofi_rxm, sockets."""
+    else the first that fits of efa, verbs;ofi_rxm, tcp;ofi_rxm, sockets.
+    To serve many regions from one endpoint, see ServerEndpoint."""
     provider = choose_provider(provider)
+    span, cleanup = _span_of(buffer_or_path, writable)
+    try:
+        endpoint = ServerEndpoint(provider, bind=bind)
+    except BaseException:
+        cleanup()
+        raise
+    try:
+        return Server(endpoint, span, writable=writable, on_close=cleanup, owns_endpoint=True)
+    except BaseException:
+        cleanup()
+        endpoint.close()
+        raise
+
+
+def _span_of(buffer_or_path: Any, writable: bool) -> tuple[Span, Callable[[], None]]:
     if isinstance(buffer_or_path, (str, os.PathLike)):
         span, cleanup = _map_file(os.fspath(buffer_or_path), writable=writable)
     else:
@@ -111,11 +196,7 @@ def serve(buffer_or_path: Any, *, bind: str | None = "127.0.0.1:0", provider: st
     if span.nbytes == 0:
         cleanup()
         raise ValueError("nothing to serve: the region is empty")
-    try:
-        return Server(span, provider=provider, bind=bind, writable=writable, on_close=cleanup)
-    except BaseException:
-        cleanup()
-        raise
+    return span, cleanup
 
 
 def _map_file(path: str, *, writable: bool) -> tuple[Span, Callable[[], None]]:

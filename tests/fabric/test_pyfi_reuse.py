@@ -1,0 +1,79 @@
+"""pyfi reuse: one server endpoint for many regions (one AV entry and connection per client), and
+the client's registration cache (a buffer registered once, dropped when the buffer goes)."""
+from __future__ import annotations
+
+import gc
+import mmap
+
+import numpy as np
+import pytest
+
+from raydl.errors import FabricError
+from raydl.native import pyfi
+
+if not pyfi.available():
+    pytest.skip(f"libfabric unavailable: {pyfi.unavailable_reason()}", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _bytes(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def test_one_endpoint_serves_many_regions_over_one_connection(provider):
+    """Two regions on one ServerEndpoint share its address; a client reads both through one AV entry,
+    and closing one region revokes it alone."""
+    a, b = _bytes(1 << 18, 1), _bytes(3 << 16, 2)
+    with pyfi.ServerEndpoint(provider, bind="127.0.0.1:0") as endpoint:
+        sa, sb = endpoint.serve(a), endpoint.serve(b)
+        assert sa.address.raw == sb.address.raw and sa.address.key != sb.address.key
+        client = pyfi.Client(sa.address.provider, host="127.0.0.1", fabric_name=sa.address.fabric)
+        try:
+            ca, cb = client.connect(sa.address), client.connect(sb.address)
+            got_a, got_b = np.zeros_like(a), np.zeros_like(b)
+            ca.read_into(got_a, chunk_size=1 << 16)
+            cb.read_into(got_b, chunk_size=1 << 16)
+            assert np.array_equal(got_a, a) and np.array_equal(got_b, b)
+            assert len(client._peers) == 1   # one fi_addr (and rxm connection) for both regions
+            sb.close()
+            with pytest.raises(FabricError):
+                cb.read_into(got_b, timeout=5)
+            # the failure closed the client endpoint (that cancels reads in flight); the endpoint
+            # still serves region a to a new client
+        finally:
+            client.close()
+        with pyfi.connect(sa.address) as conn:
+            got_a[:] = 0
+            conn.read_into(got_a)
+            assert np.array_equal(got_a, a)
+    assert sa.closed and endpoint.closed
+
+
+def test_registration_cache_registers_a_buffer_once_and_drops_it_with_the_buffer(provider):
+    """Reads into slices of one mmap (as a chain peer's windows, or fetches into a pooled buffer) reuse
+    one registration of the whole mmap; it is closed when the mmap goes; a bytearray is not cached."""
+    src = _bytes(1 << 20, 3)
+    with pyfi.serve(src, provider=provider) as server:
+        client = pyfi.Client(server.address.provider, host="127.0.0.1", fabric_name=server.address.fabric)
+        try:
+            conn = client.connect(server.address)
+            cache = client.registrations
+            mm = mmap.mmap(-1, 1 << 20)
+            dst = np.frombuffer(mm, np.uint8)
+            for lo in range(0, 1 << 20, 1 << 18):
+                conn.read_into(dst[lo:lo + (1 << 18)], offset=lo, chunk_size=1 << 16)
+            again = np.frombuffer(mm, np.uint8)      # another view of the same memory, later
+            conn.read_into(again[:4096], offset=0)
+            assert np.array_equal(dst, src)
+            assert (cache.misses, cache.hits, len(cache)) == (1, 4, 1)
+            del dst, again
+            mm.close()
+            del mm
+            gc.collect()
+            assert len(cache) == 0                   # the registration went with the memory
+            plain = bytearray(4096)                  # no weakref: registered per read, as before
+            conn.read_into(plain, offset=0)
+            assert bytes(plain) == src[:4096].tobytes() and len(cache) == 0
+        finally:
+            client.close()
