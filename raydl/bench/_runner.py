@@ -9,7 +9,8 @@ GCS and Ray workers. A thread samples that tree every 0.25 s:
 
 * peak memory is the largest sum of PSS (proportional set size, so pages shared
   between processes, such as plasma's or forked workers', count once) seen
-  while the epoch runs;
+  while the epoch runs, kept per kind of process at that peak (`process_kind`)
+  with each kind's share of shared-memory pages (the object store's);
 * CPU is, per process, the largest user+system time seen minus its value when
   the epoch started, summed over the tree, less the sampler's own CPU.
 
@@ -46,7 +47,10 @@ class TreeSampler:
         self._max: dict[psutil.Process, float] = {}
         self._overhead = 0.0  # CPU the sampling itself cost, inside the window
         self.peak_pss = 0
-        self.peak_by_kind: dict[str, int] = {}  # PSS per kind of process (see process_kind) at the peak
+        # PSS per kind of process (see process_kind) at the peak, and the part of it in shared memory
+        # (the object store's pages, for Ray's processes)
+        self.peak_by_kind: dict[str, int] = {}
+        self.peak_shmem_by_kind: dict[str, int] = {}
         self.cpu_at_first: float | None = None
         self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
         self._thread.start()
@@ -66,15 +70,17 @@ class TreeSampler:
                 procs = [self._root]
             pss = 0
             by_kind: dict[str, int] = {}
+            shmem_by_kind: dict[str, int] = {}
             for proc in procs:
                 try:
                     with proc.oneshot():
                         times = proc.cpu_times()
                         if memory:
-                            used = _pss(proc)
+                            used, shmem = _pss(proc)
                             pss += used
                             kind = "this process" if proc is self._root else process_kind(proc.cmdline())
                             by_kind[kind] = by_kind.get(kind, 0) + used
+                            shmem_by_kind[kind] = shmem_by_kind.get(kind, 0) + shmem
                 except psutil.Error:  # exited between listing and reading
                     continue
                 cpu = times.user + times.system
@@ -83,7 +89,7 @@ class TreeSampler:
                 if self._state == "before":
                     self._base[proc] = cpu
             if self._state == "open" and pss > self.peak_pss:
-                self.peak_pss, self.peak_by_kind = pss, by_kind
+                self.peak_pss, self.peak_by_kind, self.peak_shmem_by_kind = pss, by_kind, shmem_by_kind
                 self._overhead += time.thread_time() - t0
 
     def open_window(self) -> None:
@@ -140,7 +146,20 @@ def process_kind(cmdline: list[str]) -> str:
     return os.path.basename(head)
 
 
-def _pss(proc: psutil.Process) -> int:
+def _pss(proc: psutil.Process) -> tuple[int, int]:
+    """(PSS, the part of it in shared memory such as the object store's /dev/shm pages), in bytes.
+
+    From /proc/PID/smaps_rollup (one short read) where the kernel has it, else psutil's smaps walk.
+    """
+    try:
+        with open(f"/proc/{proc.pid}/smaps_rollup", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines()[1:] if b":" in line)
+        return int(fields[b"Pss"].split()[0]) * 1024, int(fields.get(b"Pss_Shmem", b"0 kB").split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return _pss_psutil(proc), 0
+
+
+def _pss_psutil(proc: psutil.Process) -> int:
     try:
         return proc.memory_full_info().pss
     except (AttributeError, psutil.AccessDenied):  # no smaps here: RSS over-counts shared pages
@@ -170,6 +189,8 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "peak_pss_mib": sampler.peak_pss / _MIB, "cpu_s": cpu,
         "peak_pss_by_process_mib": {k: round(v / _MIB, 1) for k, v in
                                     sorted(sampler.peak_by_kind.items(), key=lambda kv: -kv[1])},
+        "peak_shmem_by_process_mib": {k: round(v / _MIB, 1) for k, v in sampler.peak_shmem_by_kind.items()
+                                      if v >= _MIB},
         "cpu_s_per_image": cpu / m.images if m.images else None,
         # After the first batch: the per-image cost without start-up, what a long epoch pays.
         "steady_cpu_s_per_image": ((cpu - sampler.cpu_at_first) / m.steady_images

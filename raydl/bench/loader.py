@@ -204,9 +204,12 @@ def _memory_note(mem: dict) -> str:
 
 def _process_note(run: dict) -> str:
     """raydl's peak PSS split by process (the runner's kinds: this process is the driver)."""
+    shmem = run.get("peak_shmem_by_process_mib", {})
     parts = ", ".join(f"{kind.removeprefix('ray::')} {mib:.0f}"
+                      + (f" ({shmem[kind]:.0f} shared)" if kind in shmem else "")
                       for kind, mib in run["peak_pss_by_process_mib"].items())
-    return f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver): {parts}"
+    return (f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver; "
+            f"'shared': its share of shared-memory pages, i.e. the object store's batches): {parts}")
 
 
 def main(args: argparse.Namespace) -> int:

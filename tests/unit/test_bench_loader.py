@@ -52,6 +52,7 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
         assert rows["raydl"]["ratio_to_raydl"] == pytest.approx(1.0)
     assert all(r["first_batch_from_start_s"] > r["first_batch_s"] > 0 for r in raydl_runs)
     assert all(r["peak_pss_by_process_mib"]["this process"] > 0 for r in raydl_runs)
+    assert all(isinstance(r["peak_shmem_by_process_mib"], dict) for r in raydl_runs)
     assert any(note.startswith("raydl peak PSS by process") for note in report["notes"])
     assert all(r["images"] == 40 for r in report["runs"] if r["ok"]), report["runs"]
     assert rc == 0
@@ -138,3 +139,19 @@ def test_processes_are_named_by_ray_title_or_program():
     assert process_kind([py, "-u", "/venv/lib/ray/dashboard/agent.py", "--x"]) == "dashboard/agent.py"
     assert process_kind([py, "/venv/lib/ray/_private/log_monitor.py", "--x"]) == "log_monitor.py"
     assert process_kind([]) == "?"
+
+
+@pytest.mark.timeout(10)
+def test_pss_splits_out_shared_memory():
+    """A process's PSS, and the part of it in shared memory (the object store's pages), both in bytes."""
+    import mmap
+
+    import psutil
+
+    from raydl.bench._runner import _pss
+
+    shm = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)  # shmem, like /dev/shm
+    shm.write(b"x" * (8 << 20))
+    pss, shmem = _pss(psutil.Process())
+    assert pss > shmem >= 4 << 20
+    shm.close()
