@@ -132,14 +132,15 @@ class Loader:
                 self._launch.set_result(None)
                 return
             catalog_ref = ray.put(catalog)
+            spec_ref = ray.put(spec)  # the coordinator passes it on without unpickling it
             started = [(h, node) for node, k in placement.items()
-                       for h in launch_workers(spec, catalog_ref, self.config, node, k, node_cpus=cpus[node],
+                       for h in launch_workers(spec_ref, catalog_ref, self.config, node, k, node_cpus=cpus[node],
                                                soft=False)]
             coordinator = remote_class(LoaderCoordinator).options(
                 num_cpus=0, max_concurrency=16, max_restarts=0,
                 # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
                 scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-            ).remote(spec, [catalog_ref], self.config, started)
+            ).remote([spec_ref], [catalog_ref], self.config, started)
             with self._lock:
                 self._starting = {h.ready.remote(): h for h, _node in started}
                 self._coordinator = coordinator

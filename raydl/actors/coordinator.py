@@ -27,9 +27,13 @@ from dataclasses import dataclass
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from typing import TYPE_CHECKING
+
 from raydl import scheduling
-from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
 from raydl.config import LoaderConfig
+
+if TYPE_CHECKING:
+    from raydl.actors.loader_worker import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +78,14 @@ def remote_class(cls: type):
     return ray.remote(cls)
 
 
-def launch_workers(spec: WorkerSpec, catalog_ref, config: LoaderConfig, node_id: str, count: int, *,
+def launch_workers(spec: WorkerSpec | ray.ObjectRef, catalog_ref, config: LoaderConfig, node_id: str, count: int, *,
                    node_cpus: float, soft: bool) -> list:
-    """Start `count` workers pinned to `node_id` (they come up asynchronously; call `ready` to wait)."""
+    """Start `count` workers pinned to `node_id` (they come up asynchronously; call `ready` to wait).
+
+    `spec` may be the WorkerSpec's ObjectRef (Ray hands the workers the spec itself).
+    """
+    from raydl.actors.loader_worker import LoaderWorker  # here, not at the top: see LoaderCoordinator
+
     threads = scheduling.decode_threads(config.threads_per_worker, cpus_per_worker=config.cpus_per_worker,
                                         node_cpus=node_cpus)
     cls = remote_class(LoaderWorker).options(
@@ -123,10 +132,16 @@ def _actors_by_node(nodes: set[str]) -> dict[str, Counter]:
 
 
 class LoaderCoordinator:
-    """Keeps `num_workers` workers on each eligible node and replaces dead ones (once)."""
+    """Keeps `num_workers` workers on each eligible node and replaces dead ones (once).
 
-    def __init__(self, spec: WorkerSpec, catalog_ref: list, config: LoaderConfig, started: list | None = None) -> None:
-        self._spec = spec
+    It holds the worker spec and the catalog as ObjectRefs (each wrapped in a one-item
+    list, so that Ray passes the reference rather than the value) and never unpickles
+    them: its process imports ray and this module's few dependencies, not numpy,
+    pyarrow or the decoders, and so starts in a fraction of the CPU a worker needs.
+    """
+
+    def __init__(self, spec_ref: list, catalog_ref: list, config: LoaderConfig, started: list | None = None) -> None:
+        self._spec = spec_ref[0]  # the WorkerSpec's ObjectRef, handed on to the workers it starts
         self._catalog_ref = catalog_ref[0]  # wrapped in a list so Ray passes the reference, not the catalog
         self._config = config
         self._lock = threading.Lock()

@@ -227,6 +227,7 @@ def test_train_and_val_loaders_side_by_side_with_default_settings(cluster, image
         assert len(train.workers()) == 3 and len(val.workers()) == 3  # one per node each, no CPU reserved
         infos = ray.get([w.handle.ready.remote() for w in train.workers() + val.workers()])
         assert not any(i["torch_imported"] for i in infos)  # workers start without torch (a fast start)
+        assert not any(i["pandas_imported"] for i in infos)  # nor pandas (pyarrow's to_numpy imports it)
         train_it, val_it = train.iterator(0), val.iterator(0)
         out: dict = {}
 

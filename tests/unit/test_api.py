@@ -31,6 +31,26 @@ def test_every_exported_name_exists():
     assert errors.__all__ == sorted(errors.__all__)
 
 
+def test_public_names_and_submodules_load_on_first_use():
+    """`import raydl` is lazy: public names and submodules (raydl.config, ...) resolve on use; others raise."""
+    assert raydl.Loader.__module__ == "raydl.loader" and raydl.read_images.__module__ == "raydl.dataset"
+    assert raydl.config.LoaderConfig is LoaderConfig and "errors" in dir(raydl)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        raydl.no_such_name  # noqa: B018
+
+
+def test_the_coordinator_imports_none_of_the_workers_dependencies():
+    """The coordinator actor's module loads without the worker, the decoders, pyarrow or the Dataset API."""
+    import subprocess
+    import sys
+
+    heavy = ["raydl.actors.loader_worker", "raydl.transforms", "raydl.dataset", "PIL", "pyarrow", "pandas"]
+    code = ("import sys, raydl.actors.coordinator, raydl.config; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 # --------------------------------------------------------- LoaderConfig ----
 
 
