@@ -3,6 +3,11 @@
 A peer calls `clock.start()` just before it constructs its loader and
 `clock.batch(images)` for each batch in hand; the runner hooks its CPU and
 memory sampler onto the start and the end of that window.
+
+With `PeerSpec.epochs` = N > 1 a peer that can (`MULTI_EPOCH` in peers.py) runs N
+epochs of the same loader. Every figure of the first epoch keeps its meaning; the
+epochs after it are timed apart (`Measurement.later_images`, `later_s`), so that the
+per-epoch cost of a long run shows without the one-off start-up.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class PeerSpec:
     image_column: str = "image"  # parquet
     label_column: str | None = "label"  # parquet
     nodes: int = 1  # raydl only: > 1 runs it on a local ray.cluster_utils.Cluster of this many nodes
+    epochs: int = 1  # epochs of the same loader; the first is the one measured, the rest are timed apart
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class Measurement:
     batch_dtype: str
     batches: int = 0
     first_batch_at: float = 0.0  # wall-clock time (time.time()) of the first batch, to compare with process start
+    later_images: int = 0  # with epochs > 1: images of the epochs after the first
+    later_s: float = 0.0  # ... from the first epoch's last batch to the last epoch's last batch
 
     @property
     def images_per_s(self) -> float:
@@ -57,9 +65,14 @@ class EpochClock:
     """Times one epoch. The hooks let the runner sample CPU exactly at the start and end."""
 
     def __init__(self, expected: int, on_start: Callable[[], None], on_finish: Callable[[], None],
-                 on_first: Callable[[], None] | None = None):
+                 on_first: Callable[[], None] | None = None, *, epochs: int = 1,
+                 on_first_epoch: Callable[[], None] | None = None):
         self._expected = expected
+        self._epochs = epochs
         self._on_start, self._on_finish, self._on_first = on_start, on_finish, on_first
+        self._on_first_epoch = on_first_epoch  # called at the first epoch's last batch (epochs > 1)
+        self._epoch1: Measurement | None = None
+        self._epoch1_last = 0.0
         self._t0 = self._first = self._last = None
         self._n = self._n_first = self._batches = 0
         self._first_wall = 0.0
@@ -84,9 +97,13 @@ class EpochClock:
             self._dtype = str(images.dtype).removeprefix("torch.")
         self._n += n
         self._last = now
+        if self._epoch1 is None and self._n >= self._expected:
+            self._epoch1 = self._measure()
+            if self._epochs > 1 and self._on_first_epoch is not None:
+                self._on_first_epoch()
         # Close at the last expected batch, before the peer tears anything down:
         # torch's workers exit as soon as the iterator runs dry, taking their CPU times.
-        if self._n >= self._expected:
+        if self._n >= self._expected * self._epochs:
             self.finish()
 
     def finish(self) -> None:
@@ -95,9 +112,21 @@ class EpochClock:
             self._on_finish()
 
     def result(self) -> Measurement:
+        """The first epoch's figures (with the later epochs' images and time when there were more)."""
         self.finish()
         if self._first is None:
             raise RuntimeError("the peer delivered no batch")
+        if self._epochs == 1 or self._epoch1 is None:  # one epoch, or fewer images than expected
+            return self._measure()
+        later = self._n - self._epoch1.images
+        if later <= 0:
+            return self._epoch1
+        from dataclasses import replace
+
+        return replace(self._epoch1, later_images=later, later_s=self._last - self._epoch1_last)
+
+    def _measure(self) -> Measurement:
+        self._epoch1_last = self._last
         return Measurement(
             images=self._n,
             first_batch_s=self._first - self._t0,

@@ -14,6 +14,9 @@ GCS and Ray workers. A thread samples that tree every 0.25 s:
 * CPU is, per process, the largest user+system time seen minus its value when
   the epoch started, summed over the tree, less the sampler's own CPU.
 
+With `--epochs N` the peer runs N epochs; both figures stay the first epoch's, and
+the CPU of the epochs after it is reported apart (`later_cpu_s_per_image`).
+
 Everything a library prints on stdout is sent to stderr, so stdout carries the
 JSON line alone.
 """
@@ -52,6 +55,7 @@ class TreeSampler:
         self.peak_by_kind: dict[str, int] = {}
         self.peak_shmem_by_kind: dict[str, int] = {}
         self.cpu_at_first: float | None = None
+        self.first_epoch: tuple | None = None  # (CPU s, peak PSS, its split, its shared part) at epoch 1's end
         self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
         self._thread.start()
 
@@ -112,6 +116,11 @@ class TreeSampler:
         """CPU used so far: what start-up (Ray, imports, listing) cost, so the steady state can be told apart."""
         self._sample(memory=False)
         self.cpu_at_first = self.cpu_seconds()
+
+    def mark_first_epoch(self) -> None:
+        """With several epochs: the first epoch's CPU and peak memory, kept apart from the later epochs'."""
+        self._sample(memory=True)
+        self.first_epoch = (self.cpu_seconds(), self.peak_pss, dict(self.peak_by_kind), dict(self.peak_shmem_by_kind))
 
     def cpu_seconds(self) -> float:
         with self._lock:
@@ -177,7 +186,10 @@ def _pin(cpus: int) -> list[int]:
 
 def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wall: float) -> dict:
     m = clock.result()
-    cpu = sampler.cpu_seconds()
+    cpu_all = sampler.cpu_seconds()
+    cpu, peak, by_kind, shmem_by_kind = (
+        sampler.first_epoch if sampler.first_epoch is not None
+        else (cpu_all, sampler.peak_pss, sampler.peak_by_kind, sampler.peak_shmem_by_kind))
     row = {
         "peer": peer, "ok": True, "images": m.images,
         "images_per_s": m.images_per_s, "first_batch_s": m.first_batch_s,
@@ -186,11 +198,9 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "steady_images": m.steady_images, "steady_s": m.steady_s, "steady_batches": max(0, m.batches - 1),
         # Start-up included: what a short job sees, and what prefetch cannot flatter.
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
-        "peak_pss_mib": sampler.peak_pss / _MIB, "cpu_s": cpu,
-        "peak_pss_by_process_mib": {k: round(v / _MIB, 1) for k, v in
-                                    sorted(sampler.peak_by_kind.items(), key=lambda kv: -kv[1])},
-        "peak_shmem_by_process_mib": {k: round(v / _MIB, 1) for k, v in sampler.peak_shmem_by_kind.items()
-                                      if v >= _MIB},
+        "peak_pss_mib": peak / _MIB, "cpu_s": cpu,
+        "peak_pss_by_process_mib": {k: round(v / _MIB, 1) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "peak_shmem_by_process_mib": {k: round(v / _MIB, 1) for k, v in shmem_by_kind.items() if v >= _MIB},
         "cpu_s_per_image": cpu / m.images if m.images else None,
         # After the first batch: the per-image cost without start-up, what a long epoch pays.
         "steady_cpu_s_per_image": ((cpu - sampler.cpu_at_first) / m.steady_images
@@ -198,6 +208,11 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "batch_shape": list(m.batch_shape), "batch_dtype": m.batch_dtype,
         "processes": sampler.processes(), "sampler_cpu_s": sampler.overhead(), "wall_s": wall,
     }
+    if m.later_images:  # --epochs N: the epochs after the first, start-up long done
+        row.update(epochs=spec.epochs, later_images=m.later_images, later_s=m.later_s,
+                   later_images_per_s=m.later_images / m.later_s if m.later_s > 0 else None,
+                   later_cpu_s_per_image=(cpu_all - cpu) / m.later_images,
+                   later_peak_pss_mib=sampler.peak_pss / _MIB)
     row.update(clock.extra)
     # A peer that returns the wrong tensors is not doing the workload; say so loudly.
     if peer in ("ceiling", "floor"):
@@ -229,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-column", default="image")
     p.add_argument("--label-column", default="label")
     p.add_argument("--nodes", type=int, default=1, help="raydl only: simulated nodes (ray.cluster_utils)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs of the same loader (peers in MULTI_EPOCH)")
     args = p.parse_args(argv)
 
     cores = list(range(os.cpu_count() or 1)) if args.no_pin else _pin(args.cpus)
@@ -241,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = PeerSpec(data=args.data, cpus=args.cpus, batch_size=args.batch_size,
                     seed=args.seed, expected=args.expected, workload=args.workload, source=args.source,
                     endpoint_url=args.endpoint_url, image_column=args.image_column, label_column=args.label_column,
-                    nodes=args.nodes)
+                    nodes=args.nodes, epochs=args.epochs)
     sampler = TreeSampler()
     clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window,
-                       on_first=sampler.mark_first_batch)
+                       on_first=sampler.mark_first_batch, epochs=args.epochs,
+                       on_first_epoch=sampler.mark_first_epoch)
     t0 = time.perf_counter()
     try:
         PEERS[args.peer](spec, clock)

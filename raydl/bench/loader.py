@@ -31,6 +31,14 @@ in the table is the median over the rounds:
 * steady CPU ms/img: the same from the first batch on (start-up left out), per image after it:
   on a loaded machine the fairest measure of work per image;
 * x raydl: the peer's images/s over raydl's.
+
+With `--epochs N` (N > 1) each run goes on for N epochs of the same loader (for the
+peers that can: raydl, torch, dataio, ceiling, floor) and two more columns show the
+epochs after the first: "later img/s" (their images / the time from the first
+epoch's last batch to the last one) and "later CPU ms/img" (the tree's CPU over that
+time, per image). They leave out the one-off start-up (Ray, actor processes, the
+first batches), which a long run pays once. Every other column keeps its meaning:
+it is the first epoch's, as without --epochs.
 """
 from __future__ import annotations
 
@@ -46,7 +54,7 @@ import time
 from pathlib import Path
 
 from raydl.bench._transform import list_images
-from raydl.bench.peers import BUCKET_NOTES, NOTES, PEERS, REQUIRES, WORKLOADS
+from raydl.bench.peers import BUCKET_NOTES, MULTI_EPOCH, NOTES, PEERS, REQUIRES, WORKLOADS
 from raydl.bench.report import format_table, peer_versions, summarize, write_plot
 
 __all__ = ["add_parser", "main"]
@@ -79,6 +87,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="run the raydl rows on a local ray.cluster_utils.Cluster of N nodes sharing --cpus "
                         "(each max(1, cpus // N) CPUs, default threads); the other peers are unaffected")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=1,
+                   help="epochs of the same loader per run; > 1 adds the later epochs' img/s and CPU (default: 1)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--limit", type=int, help="use only the first N images (sorted by path)")
     p.add_argument("--seed", type=int, default=0)
@@ -125,6 +135,8 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
         cmd += ["--endpoint-url", args.endpoint_url]
     if args.nodes > 1 and peer.startswith("raydl"):
         cmd += ["--nodes", str(args.nodes)]
+    if args.epochs > 1 and peer in MULTI_EPOCH:
+        cmd += ["--epochs", str(args.epochs)]
     if args.no_pin:
         cmd.append("--no-pin")
     env = dict(os.environ)
@@ -220,8 +232,8 @@ def main(args: argparse.Namespace) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         _log("error: --plot needs matplotlib: pip install 'raydl[bench]'")
         return 2
-    if args.cpus < 1 or args.rounds < 1 or args.batch_size < 1 or args.nodes < 1:
-        _log("error: --cpus, --rounds, --batch-size and --nodes must be positive")
+    if args.cpus < 1 or args.rounds < 1 or args.batch_size < 1 or args.nodes < 1 or args.epochs < 1:
+        _log("error: --cpus, --rounds, --batch-size, --nodes and --epochs must be positive")
         return 2
     wanted = [p.strip() for p in args.compare.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in _COMPARABLE]
@@ -292,6 +304,10 @@ def main(args: argparse.Namespace) -> int:
     if args.nodes > 1:
         notes.append(f"raydl rows ran on a local {args.nodes}-node ray.cluster_utils.Cluster sharing the "
                      f"{args.cpus} CPUs ({max(1, args.cpus // args.nodes)} per node); the other peers on one")
+    if args.epochs > 1:
+        notes.append(f"later img/s, later CPU ms/img: epochs 2-{args.epochs} of the same loader, after its "
+                     "start-up (the other columns are epoch 1's)"
+                     + "".join(f"; {p} runs one epoch only" for p in peers if p not in MULTI_EPOCH))
     if len(files) < 8 * args.batch_size:
         # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.
         notes.append(f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "
@@ -305,7 +321,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         report = {
             "workload": args.workload, "data": args.data, "images": len(files),
-            "batch_size": args.batch_size, "cpus": args.cpus, "rounds": args.rounds,
+            "batch_size": args.batch_size, "cpus": args.cpus, "rounds": args.rounds, "epochs": args.epochs,
             "pinned": not args.no_pin, "peers": peers, "versions": peer_versions(),
             "summary": summary, "runs": runs, "skipped": skipped, "notes": notes,
         }

@@ -31,7 +31,7 @@ from raydl.bench._transform import (
     train_transform,
 )
 
-__all__ = ["BUCKET_NOTES", "NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
+__all__ = ["BUCKET_NOTES", "MULTI_EPOCH", "NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
 
 
 def _ray_init(cpus: int, tries: int = 3) -> None:
@@ -104,10 +104,11 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
                            threads_per_worker=spec.cpus if spec.nodes <= 1 else None)
         try:
             it = loader.iterator(0)
-            for batch in it.iter_batches():
-                if len(batch["id"]) != batch["image"].shape[0]:
-                    raise RuntimeError("raydl batch: len(id) != len(image)")
-                clock.batch(batch["image"])
+            for _epoch in range(spec.epochs):
+                for batch in it.iter_batches():
+                    if len(batch["id"]) != batch["image"].shape[0]:
+                        raise RuntimeError("raydl batch: len(id) != len(image)")
+                    clock.batch(batch["image"])
             result = clock.result()
             clock.extra["memory"] = loader.memory()
             clock.extra["driver_batches"] = it.stats().driver_batches
@@ -161,12 +162,13 @@ def run_torch(spec: PeerSpec, clock: EpochClock) -> Measurement:
         generator=torch.Generator().manual_seed(spec.seed),
         collate_fn=_bucket_collate if buckets else None,
     )
-    for images in loader:
-        if buckets:
-            for batch in images:
-                clock.batch(batch)
-        else:
-            clock.batch(images)
+    for _epoch in range(spec.epochs):  # each epoch starts its worker processes again (torch's default)
+        for images in loader:
+            if buckets:
+                for batch in images:
+                    clock.batch(batch)
+            else:
+                clock.batch(images)
     return clock.result()
 
 
@@ -220,10 +222,11 @@ def run_dataio(spec: PeerSpec, clock: EpochClock) -> Measurement:
         dataio.batch(spec.batch_size, drop_last=False, prefetch=LoaderConfig.prefetch_batches),
     )
     bound = pipe.bind(dataio.records(records).shuffle(seed=spec.seed))
-    with bound.run("numpy", seed=spec.seed) as loader:
-        for batch in loader:
-            clock.batch(batch["image"])
-        return clock.result()
+    for epoch in range(spec.epochs):
+        with bound.run("numpy", seed=spec.seed + epoch) as loader:
+            for batch in loader:
+                clock.batch(batch["image"])
+    return clock.result()
 
 
 def _datago_transform(sample, rng: random.Random, out: np.ndarray) -> None:
@@ -319,9 +322,10 @@ def run_ceiling(spec: PeerSpec, clock: EpochClock) -> Measurement:
             blobs.append(f.read())
     clock.start()
     with ThreadPoolExecutor(spec.cpus) as pool:  # simplejpeg releases the GIL
-        for i in range(0, len(blobs), spec.batch_size):
-            decoded = list(pool.map(decode, blobs[i:i + spec.batch_size]))
-            clock.batch(np.empty((len(decoded), 0), dtype=np.uint8))  # only the count matters
+        for _epoch in range(spec.epochs):
+            for i in range(0, len(blobs), spec.batch_size):
+                decoded = list(pool.map(decode, blobs[i:i + spec.batch_size]))
+                clock.batch(np.empty((len(decoded), 0), dtype=np.uint8))  # only the count matters
     return clock.result()
 
 
@@ -330,6 +334,9 @@ PEERS: dict[str, Callable[[PeerSpec, EpochClock], Measurement]] = {
     "dataio": run_dataio, "datago": run_datago, "dali": run_dali, "spdl": run_spdl,
     "ceiling": run_ceiling, "floor": run_floor,
 }
+
+# The peers that run `--epochs N` epochs of one loader; the others run one and have no later-epoch figures.
+MULTI_EPOCH = frozenset({"raydl", "raydl-base", "raydl-fast", "torch", "dataio", "ceiling", "floor"})
 
 # The workloads each peer can run (the others are skipped with a note).
 WORKLOADS: dict[str, tuple[str, ...]] = {

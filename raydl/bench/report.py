@@ -7,7 +7,7 @@ from importlib import metadata
 __all__ = ["format_table", "peer_versions", "summarize", "write_plot"]
 
 _FIGURES = ("images_per_s", "first_batch_s", "first_batch_from_start_s", "peak_pss_mib", "cpu_s_per_image",
-            "steady_cpu_s_per_image")
+            "steady_cpu_s_per_image", "later_images_per_s", "later_cpu_s_per_image")
 # A steady-state window shorter than this (or with fewer batches after the first) says more about
 # prefetch and timer resolution than about throughput: its images/s is shown greyed, with no ratio.
 MIN_WINDOW_S = 1.0
@@ -50,8 +50,9 @@ def _cell(value, fmt: str) -> str:
 
 
 def format_table(summary: list[dict], *, header: str) -> str:
+    later = any(row.get("later_images_per_s") is not None for row in summary)  # --epochs N
     cols = ("peer", "images/s", "x raydl", "first batch s", "from start s", "peak PSS MiB", "CPU ms/img",
-            "steady CPU ms/img", "ok")
+            "steady CPU ms/img", *(("later img/s", "later CPU ms/img") if later else ()), "ok")
     lines = [header, ""]
     body = []
     for row in summary:
@@ -68,6 +69,9 @@ def format_table(summary: list[dict], *, header: str) -> str:
             _cell(first, ".2f"), _cell(from_start, ".2f"), _cell(row["peak_pss_mib"], ".0f"),
             _cell(None if cpu is None else 1000 * cpu, ".2f"),
             _cell(None if steady is None else 1000 * steady, ".2f"),
+            *((_cell(row.get("later_images_per_s"), ".1f"),
+               _cell(None if row.get("later_cpu_s_per_image") is None else 1000 * row["later_cpu_s_per_image"],
+                     ".2f")) if later else ()),
             f"{row['rounds_ok']}/{row['rounds']}",
         ))
     widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]

@@ -34,11 +34,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 @pytest.mark.timeout(300)
 def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
-    """raydl and torch each run one epoch of 40 images and get a JSON row with images/s > 0."""
+    """raydl and torch each run two epochs of 40 images: a JSON row of the first with images/s > 0, and the second's figures apart."""
     data = _tiny_folder(tmp_path / "data")
     out = tmp_path / "bench.json"
     args = _parse(["--data", str(data), "--compare", "torch", "--rounds", "1", "--cpus", "1",
-                   "--batch-size", "8", "--json", str(out)])
+                   "--batch-size", "8", "--epochs", "2", "--json", str(out)])
     rc = loader.main(args)
     report = json.loads(out.read_text())
     rows = {row["peer"]: row for row in report["summary"]}
@@ -55,6 +55,8 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
     assert all(isinstance(r["peak_shmem_by_process_mib"], dict) for r in raydl_runs)
     assert any(note.startswith("raydl peak PSS by process") for note in report["notes"])
     assert all(r["images"] == 40 for r in report["runs"] if r["ok"]), report["runs"]
+    for run in (r for r in report["runs"] if r["ok"] and r["peer"] in ("raydl", "torch")):  # --epochs 2
+        assert run["later_images"] == 40 and run["later_images_per_s"] > 0 and run["later_cpu_s_per_image"] > 0, run
     assert rc == 0
 
 
@@ -155,3 +157,45 @@ def test_pss_splits_out_shared_memory():
     pss, shmem = _pss(psutil.Process())
     assert pss > shmem >= 4 << 20
     shm.close()
+
+
+@pytest.mark.timeout(10)
+def test_epoch_clock_keeps_the_first_epoch_and_times_the_later_ones_apart():
+    """EpochClock(epochs=3): the measurement is epoch 1's; epochs 2-3 are counted apart; the hooks fire once, in order."""
+    from raydl.bench._clock import EpochClock, stand_in
+
+    calls = []
+    clock = EpochClock(20, on_start=lambda: calls.append("start"), on_finish=lambda: calls.append("finish"),
+                       on_first=lambda: calls.append("first"), epochs=3,
+                       on_first_epoch=lambda: calls.append("epoch1"))
+    clock.start()
+    for _ in range(3 * 2):
+        clock.batch(stand_in(10, (3,)))
+    m = clock.result()
+    assert calls == ["start", "first", "epoch1", "finish"]
+    assert (m.images, m.steady_images, m.batches, m.later_images) == (20, 10, 2, 40)
+    assert m.later_s >= 0 and m.steady_s >= 0
+    one = EpochClock(20, on_start=lambda: None, on_finish=lambda: None)
+    one.start()
+    for _ in range(2):
+        one.batch(stand_in(10, (3,)))
+    assert one.result().later_images == 0  # one epoch: nothing apart, as before
+
+
+@pytest.mark.timeout(10)
+def test_later_epoch_columns_show_only_with_several_epochs():
+    """The table gets 'later img/s' and 'later CPU ms/img' columns when a row has them, '-' for peers without."""
+    runs = [
+        {"peer": "raydl", "ok": True, "images_per_s": 100.0, "first_batch_s": 1.0, "peak_pss_mib": 10.0,
+         "cpu_s_per_image": 0.002, "steady_cpu_s_per_image": 0.0018, "later_images_per_s": 150.0,
+         "later_cpu_s_per_image": 0.0015},
+        {"peer": "datago", "ok": True, "images_per_s": 80.0, "first_batch_s": 1.0, "peak_pss_mib": 10.0,
+         "cpu_s_per_image": 0.003, "steady_cpu_s_per_image": 0.003},
+    ]
+    table = format_table(summarize(["raydl", "datago"], runs), header="h")
+    assert "later img/s" in table and "later CPU ms/img" in table
+    raydl_line = next(line for line in table.splitlines() if line.startswith("raydl"))
+    assert "150.0" in raydl_line and "1.50" in raydl_line
+    for run in runs:
+        run.pop("later_images_per_s", None), run.pop("later_cpu_s_per_image", None)
+    assert "later" not in format_table(summarize(["raydl", "datago"], runs), header="h")
