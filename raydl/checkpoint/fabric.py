@@ -158,15 +158,18 @@ class UpstreamPace:
         self._first, (self._lo, self._hi) = first_s, range_s
         self._t: float | None = None
         self._n = -1
+        self._moving = False   # seen it grow once: later growths measure its pace
         self._per_chunk: float | None = None
 
     def saw(self, t: float, n: int) -> None:
-        """The upstream held n chunks at time t."""
+        """The upstream held n chunks at time t. The first growth only starts the clock: the time
+        before it is the upstream's own start (its set-up, the chain's fill ahead of it), not its pace."""
         if n <= self._n:
             return
-        if self._t is not None:
+        if self._moving:
             per = (t - self._t) / (n - self._n)
             self._per_chunk = per if self._per_chunk is None else 0.5 * (self._per_chunk + per)
+        self._moving = self._t is not None
         self._t, self._n = t, n
 
     def wait_s(self) -> float:

@@ -54,12 +54,13 @@ def test_upstream_pace_follows_the_upstream_rate_within_its_range():
     assert pace.wait_s() == UPSTREAM_POLL_S
     pace.saw(10.0, 0)
     pace.saw(10.0, 0)           # no growth: nothing learnt
+    pace.saw(10.5, 1)           # the first growth: the upstream's start-up, not its pace
     assert pace.wait_s() == UPSTREAM_POLL_S
-    pace.saw(10.016, 2)         # 8 ms per chunk (1 MiB at 1 Gbit/s)
+    pace.saw(10.516, 3)         # 8 ms per chunk (1 MiB at 1 Gbit/s)
     assert pace.wait_s() == pytest.approx(0.008)
-    pace.saw(10.020, 4)         # 2 ms per chunk: the average moves halfway
+    pace.saw(10.520, 5)         # 2 ms per chunk: the average moves halfway
     assert pace.wait_s() == pytest.approx(0.005)
     fast, slow = UpstreamPace(), UpstreamPace()
-    fast.saw(0.0, 0), fast.saw(0.001, 100)
-    slow.saw(0.0, 0), slow.saw(5.0, 1)
+    fast.saw(0.0, 0), fast.saw(0.1, 1), fast.saw(0.101, 100)
+    slow.saw(0.0, 0), slow.saw(0.1, 1), slow.saw(5.1, 2)
     assert (fast.wait_s(), slow.wait_s()) == (lo, hi)
