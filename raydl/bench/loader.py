@@ -23,7 +23,8 @@ in the table is the median over the rounds:
 
 * images/s: images after the first batch / time from the first batch to the last,
   in brackets and without a ratio when that window is under 1 s or 3 batches;
-* first batch: seconds from listing the data and building the loader (after `ray.init`) to batch one;
+* first batch: seconds from listing the data and building the loader (after `ray.init`) to batch one
+  (a note splits raydl's into listing, `loader()` and the batch);
 * from start: seconds from the run's process start (imports, `ray.init`, loader) to batch one;
 * peak PSS: the process tree's largest summed PSS while the epoch ran (Ray's own processes
   included; a note splits raydl's by process);
@@ -296,6 +297,10 @@ def main(args: argparse.Namespace) -> int:
     by_process = next((r for r in runs if r["peer"] == "raydl" and r.get("peak_pss_by_process_mib")), None)
     if by_process:
         notes.append(_process_note(by_process))
+    phases = [r["first_batch_phases_s"] for r in runs if r["peer"] == "raydl" and r.get("first_batch_phases_s")]
+    if phases:
+        notes.append("raydl first batch, per round: " + "; ".join(
+            ", ".join(f"{name} {s:.2f} s" for name, s in p.items()) for p in phases))
     driver = [(r["driver_batches"], r["steady_batches"] + 1) for r in runs
               if r["peer"] == "raydl" and r.get("ok") and "driver_batches" in r]
     if driver:

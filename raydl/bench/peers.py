@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import random
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -94,20 +95,26 @@ def raydl_source(spec: PeerSpec):
 def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
     with _raydl_ray(spec):
         clock.start()
+        t0 = time.perf_counter()
         ds = raydl_source(spec).decode(fast=fast)
         if spec.workload == "buckets":
-            ds = ds.aspect_buckets(**BUCKET_CONFIG)
+            ds = ds.aspect_buckets(**BUCKET_CONFIG)  # reads the image sizes
         else:
             ds = ds.random_resized_crop(CROP).random_hflip().normalize("imagenet")
+        t1 = time.perf_counter()
         # On simulated nodes, the default threads: one per CPU of a node, all cores for the first batches.
         loader = ds.loader(batch_size=spec.batch_size, seed=spec.seed, num_workers=1,
                            threads_per_worker=spec.cpus if spec.nodes <= 1 else None)
+        t2 = time.perf_counter()
         try:
             it = loader.iterator(0)
             for _epoch in range(spec.epochs):
                 for batch in it.iter_batches():
                     if len(batch["id"]) != batch["image"].shape[0]:
                         raise RuntimeError("raydl batch: len(id) != len(image)")
+                    if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
+                        clock.extra["first_batch_phases_s"] = {
+                            "listing": t1 - t0, "loader()": t2 - t1, "batch": time.perf_counter() - t2}
                     clock.batch(batch["image"])
             result = clock.result()
             clock.extra["memory"] = loader.memory()

@@ -53,6 +53,8 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
     assert all(r["first_batch_from_start_s"] > r["first_batch_s"] > 0 for r in raydl_runs)
     assert all(r["peak_pss_by_process_mib"]["this process"] > 0 for r in raydl_runs)
     assert all(isinstance(r["peak_shmem_by_process_mib"], dict) for r in raydl_runs)
+    assert all(set(r["first_batch_phases_s"]) == {"listing", "loader()", "batch"} for r in raydl_runs)
+    assert any(note.startswith("raydl first batch, per round") for note in report["notes"])
     assert any(note.startswith("raydl peak PSS by process") for note in report["notes"])
     assert all(r["images"] == 40 for r in report["runs"] if r["ok"]), report["runs"]
     for run in (r for r in report["runs"] if r["ok"] and r["peer"] in ("raydl", "torch")):  # --epochs 2
