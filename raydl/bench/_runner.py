@@ -56,6 +56,8 @@ class TreeSampler:
         self.peak_shmem_by_kind: dict[str, int] = {}
         self.cpu_at_first: float | None = None
         self.first_epoch: tuple | None = None  # (CPU s, peak PSS, its split, its shared part) at epoch 1's end
+        self.first_cpu_by_kind: dict[str, float] = {}  # CPU seconds per kind from the window's start to batch one
+        self._kind: dict[psutil.Process, str] = {}
         self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
         self._thread.start()
 
@@ -79,10 +81,11 @@ class TreeSampler:
                 try:
                     with proc.oneshot():
                         times = proc.cpu_times()
+                        kind = "this process" if proc is self._root else process_kind(proc.cmdline())
+                        self._kind[proc] = kind
                         if memory:
                             used, shmem = _pss(proc)
                             pss += used
-                            kind = "this process" if proc is self._root else process_kind(proc.cmdline())
                             by_kind[kind] = by_kind.get(kind, 0) + used
                             shmem_by_kind[kind] = shmem_by_kind.get(kind, 0) + shmem
                 except psutil.Error:  # exited between listing and reading
@@ -92,8 +95,9 @@ class TreeSampler:
                     self._max[proc] = cpu
                 if self._state == "before":
                     self._base[proc] = cpu
-            if self._state == "open" and pss > self.peak_pss:
-                self.peak_pss, self.peak_by_kind, self.peak_shmem_by_kind = pss, by_kind, shmem_by_kind
+            if self._state == "open":
+                if pss > self.peak_pss:
+                    self.peak_pss, self.peak_by_kind, self.peak_shmem_by_kind = pss, by_kind, shmem_by_kind
                 self._overhead += time.thread_time() - t0
 
     def open_window(self) -> None:
@@ -116,6 +120,10 @@ class TreeSampler:
         """CPU used so far: what start-up (Ray, imports, listing) cost, so the steady state can be told apart."""
         self._sample(memory=False)
         self.cpu_at_first = self.cpu_seconds()
+        with self._lock:
+            for proc, peak in self._max.items():
+                kind = self._kind.get(proc, "?")
+                self.first_cpu_by_kind[kind] = self.first_cpu_by_kind.get(kind, 0.0) + peak - self._base.get(proc, 0.0)
 
     def mark_first_epoch(self) -> None:
         """With several epochs: the first epoch's CPU and peak memory, kept apart from the later epochs'."""
@@ -201,6 +209,9 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "peak_pss_mib": peak / _MIB, "cpu_s": cpu,
         "peak_pss_by_process_mib": {k: round(v / _MIB, 1) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
         "peak_shmem_by_process_mib": {k: round(v / _MIB, 1) for k, v in shmem_by_kind.items() if v >= _MIB},
+        # Who used the CPU while the first batch was made (this process: listing, loader(), the batch).
+        "first_batch_cpu_s_by_process": {k: round(v, 2) for k, v in sorted(sampler.first_cpu_by_kind.items(),
+                                                                             key=lambda kv: -kv[1]) if v >= 0.01},
         "cpu_s_per_image": cpu / m.images if m.images else None,
         # After the first batch: the per-image cost without start-up, what a long epoch pays.
         "steady_cpu_s_per_image": ((cpu - sampler.cpu_at_first) / m.steady_images

@@ -297,10 +297,13 @@ def main(args: argparse.Namespace) -> int:
     by_process = next((r for r in runs if r["peer"] == "raydl" and r.get("peak_pss_by_process_mib")), None)
     if by_process:
         notes.append(_process_note(by_process))
-    phases = [r["first_batch_phases_s"] for r in runs if r["peer"] == "raydl" and r.get("first_batch_phases_s")]
-    if phases:
+    phased = [r for r in runs if r["peer"] == "raydl" and r.get("first_batch_phases_s")]
+    if phased:
         notes.append("raydl first batch, per round: " + "; ".join(
-            ", ".join(f"{name} {s:.2f} s" for name, s in p.items()) for p in phases))
+            ", ".join(f"{name} {s:.2f} s" for name, s in r["first_batch_phases_s"].items())
+            + " (CPU meanwhile: " + ", ".join(f"{kind.removeprefix('ray::')} {s:.2f} s" for kind, s
+                                              in r.get("first_batch_cpu_s_by_process", {}).items()) + ")"
+            for r in phased))
     driver = [(r["driver_batches"], r["steady_batches"] + 1) for r in runs
               if r["peer"] == "raydl" and r.get("ok") and "driver_batches" in r]
     if driver:
