@@ -57,6 +57,7 @@ class TreeSampler:
         self.cpu_at_first: float | None = None
         self.first_epoch: tuple | None = None  # (CPU s, peak PSS, its split, its shared part) at epoch 1's end
         self.first_cpu_by_kind: dict[str, float] = {}  # CPU seconds per kind from the window's start to batch one
+        self.first_epoch_cpu_by_kind: dict[str, float] | None = None  # ... to the first epoch's end (epochs > 1)
         self._kind: dict[psutil.Process, str] = {}
         self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
         self._thread.start()
@@ -120,15 +121,22 @@ class TreeSampler:
         """CPU used so far: what start-up (Ray, imports, listing) cost, so the steady state can be told apart."""
         self._sample(memory=False)
         self.cpu_at_first = self.cpu_seconds()
-        with self._lock:
-            for proc, peak in self._max.items():
-                kind = self._kind.get(proc, "?")
-                self.first_cpu_by_kind[kind] = self.first_cpu_by_kind.get(kind, 0.0) + peak - self._base.get(proc, 0.0)
+        self.first_cpu_by_kind = self.cpu_by_kind()
 
     def mark_first_epoch(self) -> None:
         """With several epochs: the first epoch's CPU and peak memory, kept apart from the later epochs'."""
         self._sample(memory=True)
         self.first_epoch = (self.cpu_seconds(), self.peak_pss, dict(self.peak_by_kind), dict(self.peak_shmem_by_kind))
+        self.first_epoch_cpu_by_kind = self.cpu_by_kind()
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        """CPU seconds per kind of process (`process_kind`) since the window opened (the sampler's own left in)."""
+        out: dict[str, float] = {}
+        with self._lock:
+            for proc, peak in self._max.items():
+                kind = self._kind.get(proc, "?")
+                out[kind] = out.get(kind, 0.0) + peak - self._base.get(proc, 0.0)
+        return out
 
     def cpu_seconds(self) -> float:
         with self._lock:
@@ -192,6 +200,12 @@ def _pin(cpus: int) -> list[int]:
     return allowed
 
 
+def _per_image(before: dict[str, float], after: dict[str, float], images: int) -> dict[str, float]:
+    """CPU ms per image of each kind of process between two `cpu_by_kind` snapshots, largest first."""
+    ms = {k: 1000 * (v - before.get(k, 0.0)) / images for k, v in after.items()}
+    return {k: round(v, 3) for k, v in sorted(ms.items(), key=lambda kv: -kv[1]) if v >= 0.005}
+
+
 def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wall: float) -> dict:
     m = clock.result()
     cpu_all = sampler.cpu_seconds()
@@ -219,11 +233,18 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "batch_shape": list(m.batch_shape), "batch_dtype": m.batch_dtype,
         "processes": sampler.processes(), "sampler_cpu_s": sampler.overhead(), "wall_s": wall,
     }
+    # Where the steady CPU went: per kind of process, ms per image after the first batch (epoch 1).
+    end_by_kind = sampler.cpu_by_kind()
+    epoch1_by_kind = sampler.first_epoch_cpu_by_kind or end_by_kind
+    if m.steady_images:
+        row["steady_cpu_ms_per_image_by_process"] = _per_image(sampler.first_cpu_by_kind, epoch1_by_kind,
+                                                               m.steady_images)
     if m.later_images:  # --epochs N: the epochs after the first, start-up long done
         row.update(epochs=spec.epochs, later_images=m.later_images, later_s=m.later_s,
                    later_images_per_s=m.later_images / m.later_s if m.later_s > 0 else None,
                    later_cpu_s_per_image=(cpu_all - cpu) / m.later_images,
-                   later_peak_pss_mib=sampler.peak_pss / _MIB)
+                   later_peak_pss_mib=sampler.peak_pss / _MIB,
+                   later_cpu_ms_per_image_by_process=_per_image(epoch1_by_kind, end_by_kind, m.later_images))
     row.update(clock.extra)
     # A peer that returns the wrong tensors is not doing the workload; say so loudly.
     if peer in ("ceiling", "floor"):

@@ -204,6 +204,10 @@ def _progress(i: int, rounds: int, row: dict, took: float) -> None:
             _log("    " + row["stderr_tail"].replace("\n", "\n    "))
 
 
+def _by_process(ms: dict[str, float]) -> str:
+    return ", ".join(f"{kind.removeprefix('ray::')} {v:.2f}" for kind, v in ms.items())
+
+
 def _memory_note(mem: dict) -> str:
     """Where raydl's memory went in its first round (Loader.memory())."""
     mib = 1 << 20
@@ -304,6 +308,15 @@ def main(args: argparse.Namespace) -> int:
             + " (CPU meanwhile: " + ", ".join(f"{kind.removeprefix('ray::')} {s:.2f} s" for kind, s
                                               in r.get("first_batch_cpu_s_by_process", {}).items()) + ")"
             for r in phased))
+    steady = [r for r in runs if r["peer"] == "raydl" and r.get("steady_cpu_ms_per_image_by_process")]
+    if steady:
+        notes.append("raydl steady CPU by process, ms/img (epoch 1 after its first batch; the sampler's own CPU "
+                     "is in 'this process'), per round: " + "; ".join(_by_process(r["steady_cpu_ms_per_image_by_process"])
+                                                                    for r in steady))
+    later = [r for r in runs if r["peer"] == "raydl" and r.get("later_cpu_ms_per_image_by_process")]
+    if later:
+        notes.append(f"raydl later CPU by process, ms/img (epochs 2-{args.epochs}), per round: "
+                     + "; ".join(_by_process(r["later_cpu_ms_per_image_by_process"]) for r in later))
     driver = [(r["driver_batches"], r["steady_batches"] + 1) for r in runs
               if r["peer"] == "raydl" and r.get("ok") and "driver_batches" in r]
     if driver:

@@ -34,7 +34,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 @pytest.mark.timeout(300)
 def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
-    """raydl and torch each run two epochs of 40 images: a JSON row of the first with images/s > 0, and the second's figures apart."""
+    """raydl and torch each run two epochs of 40 images: a JSON row of the first with images/s > 0, the second's
+    figures apart, and raydl's CPU split by process."""
     data = _tiny_folder(tmp_path / "data")
     out = tmp_path / "bench.json"
     args = _parse(["--data", str(data), "--compare", "torch", "--rounds", "1", "--cpus", "1",
@@ -59,6 +60,10 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
     assert all(r["images"] == 40 for r in report["runs"] if r["ok"]), report["runs"]
     for run in (r for r in report["runs"] if r["ok"] and r["peer"] in ("raydl", "torch")):  # --epochs 2
         assert run["later_images"] == 40 and run["later_images_per_s"] > 0 and run["later_cpu_s_per_image"] > 0, run
+    for run in raydl_runs:  # where the CPU went, per kind of process, after the first batch and in epoch 2
+        for key in ("steady_cpu_ms_per_image_by_process", "later_cpu_ms_per_image_by_process"):
+            assert run[key] and all(v >= 0 for v in run[key].values()), (key, run)
+    assert any(note.startswith("raydl later CPU by process") for note in report["notes"]), report["notes"]
     assert rc == 0
 
 
