@@ -219,14 +219,20 @@ def _memory_note(mem: dict) -> str:
             f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)")
 
 
+_RAYDL_PROCESSES = ("this process", "ray::LoaderWorker", "ray::LoaderCoordinator")
+
+
 def _process_note(run: dict) -> str:
     """raydl's peak PSS split by process (the runner's kinds: this process is the driver)."""
     shmem = run.get("peak_shmem_by_process_mib", {})
     parts = ", ".join(f"{kind.removeprefix('ray::')} {mib:.0f}"
                       + (f" ({shmem[kind]:.0f} shared)" if kind in shmem else "")
                       for kind, mib in run["peak_pss_by_process_mib"].items())
+    by = run["peak_pss_by_process_mib"]
+    ours = sum(mib for kind, mib in by.items() if kind in _RAYDL_PROCESSES)
     return (f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver; "
-            f"'shared': its share of shared-memory pages, i.e. the object store's batches): {parts}")
+            f"'shared': its share of shared-memory pages, i.e. the object store's batches): {parts}; "
+            f"raydl's processes {ours:.0f}, Ray's own {sum(by.values()) - ours:.0f}")
 
 
 def main(args: argparse.Namespace) -> int:

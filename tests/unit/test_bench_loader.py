@@ -151,6 +151,17 @@ def test_processes_are_named_by_ray_title_or_program():
 
 
 @pytest.mark.timeout(10)
+def test_process_note_splits_raydl_from_ray():
+    """The note sums the driver, the workers and the coordinator apart from Ray's own processes."""
+    run = {"round": 1, "peak_pss_by_process_mib": {"ray::LoaderWorker": 600.0, "this process": 150.0,
+                                                   "raylet": 20.0, "ray::LoaderCoordinator": 60.0,
+                                                   "ray::DashboardAgent": 80.0},
+           "peak_shmem_by_process_mib": {"ray::LoaderWorker": 290.0}}
+    note = loader._process_note(run)
+    assert "LoaderWorker 600 (290 shared)" in note and note.endswith("raydl's processes 810, Ray's own 100")
+
+
+@pytest.mark.timeout(10)
 def test_pss_splits_out_shared_memory():
     """A process's PSS, and the part of it in shared memory (the object store's pages), both in bytes."""
     import mmap
