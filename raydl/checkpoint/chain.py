@@ -1,13 +1,14 @@
 """broadcast(): one checkpoint to many CheckpointPeer actors, over a chain that pipelines.
 
-Peer i reads from peer i-1 what peer i-1 already holds, window by window, while
-peer i-1 is still receiving the rest. Each holder keeps how many chunks it
-holds in a word just after the bytes, in the same served region, and the next
-peer reads it with RMA over the connection its reads use, so the chain needs
-no Ray call per chunk: the time for N peers is about one transfer plus N
-windows. When a holder fails, the peers after it carry on from the publisher
-(then from earlier holders). Without an RMA provider every peer fetches through
-the object store instead.
+Peer i reads from peer i-1 what peer i-1 already holds (at most a window per
+read), while peer i-1 is still receiving the rest. Each holder keeps how many
+chunks it holds, verified, in a word just after the bytes, in the same served
+region, advanced chunk by chunk; the next peer reads it with RMA over the
+connection its reads use, so the chain needs no Ray call per chunk: the time
+for N peers is about one transfer plus N chunks (each hop: a chunk's transfer
+and a look at the word, about a chunk's time apart). When a holder fails, the
+peers after it carry on from the publisher (then from earlier holders).
+Without an RMA provider every peer fetches through the object store instead.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from raydl.errors import CheckpointError
 
 __all__ = ["broadcast", "chain_sources"]
 
-DEFAULT_WINDOW = 8 << 20   # bytes a peer reads between looks at its upstream's progress
+DEFAULT_WINDOW = 8 << 20   # the most a peer reads in one go before it looks at its upstream's progress again
 
 
 def chain_sources(publisher: CheckpointRef, peers: list[CheckpointRef]) -> list[list[CheckpointRef]]:
