@@ -77,3 +77,31 @@ def test_registration_cache_registers_a_buffer_once_and_drops_it_with_the_buffer
             assert bytes(plain) == src[:4096].tobytes() and len(cache) == 0
         finally:
             client.close()
+
+
+def test_regions_come_and_go_beside_the_serving_thread_on_a_domain_that_is_not_thread_safe(provider, monkeypatch):
+    """On a domain that is not FI_THREAD_SAFE (efa, verbs may be), registering and revoking regions takes
+    turns with the serving thread's waits, and reads of every region still succeed."""
+    from raydl.native.pyfi import _objects
+
+    real = _objects.Domain.__init__
+
+    def not_thread_safe(self, *a, **kw):
+        real(self, *a, **kw)
+        self.thread_safe = False
+    monkeypatch.setattr(_objects.Domain, "__init__", not_thread_safe)
+    with pyfi.ServerEndpoint(provider, bind="127.0.0.1:0") as endpoint:
+        assert endpoint._domain_turn is not None
+        monkeypatch.undo()
+        regions = [_bytes(1 << 16, seed) for seed in range(4)]
+        servers = [endpoint.serve(r) for r in regions]      # each waits for a gap between serving slices
+        with pyfi.connect(servers[0].address) as conn0:
+            for server, want in zip(servers, regions):
+                with pyfi.connect(server.address) as conn:
+                    got = np.zeros_like(want)
+                    conn.read_into(got)
+                    assert np.array_equal(got, want)
+            servers[1].close()
+            got = np.zeros_like(regions[0])
+            conn0.read_into(got)
+            assert np.array_equal(got, regions[0])

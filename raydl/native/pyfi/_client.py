@@ -355,7 +355,7 @@ class Client(Closeable):
         # Server endpoint address -> its fi_addr_t here: regions served from one endpoint
         # (ServerEndpoint) share one AV entry, so rxm's connection to it is made once.
         self._peers: dict[bytes, int] = {}
-        self.registrations = RegistrationCache(self._stack.domain)
+        self.registrations = RegistrationCache(self._stack.domain, domain_lock=self.lock)
 
     @staticmethod
     def key_for(address: FabricAddress) -> tuple[str, str, str | None]:

@@ -249,6 +249,9 @@ class Domain(_Fid):
         super().__init__(out[0], (fabric,))
         self.info = snapshot(entry)
         self.mr_mode = self.info.mr_mode_bits
+        # FI_THREAD_SAFE (tcp;ofi_rxm, sockets): any thread may use the domain's objects at once;
+        # otherwise (FI_THREAD_DOMAIN ...) the application serializes access to them.
+        self.thread_safe = int(entry.domain_attr.threading) == int(lib.FI_THREAD_SAFE)
 
     def cq(self, size: int = 0, *, wait: bool = False) -> CompletionQueue:
         return CompletionQueue(self, size, wait=wait)

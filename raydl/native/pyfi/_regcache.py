@@ -70,8 +70,11 @@ class _Entry:
 class RegistrationCache:
     """Registrations of whole buffers on one domain, by owner; close() drops them all."""
 
-    def __init__(self, domain: Domain, max_entries: int = 64) -> None:
+    def __init__(self, domain: Domain, max_entries: int = 64, domain_lock: Any = None) -> None:
         self._domain = domain
+        # a finalizer runs on whichever thread drops the buffer: on a domain that is not
+        # FI_THREAD_SAFE it closes the region under the lock the client's transfers hold
+        self._domain_lock = None if domain.thread_safe else domain_lock
         self._max = max_entries
         self._entries: dict[tuple[int, int], _Entry] = {}   # (id(owner), access) -> entry
         self._lock = threading.RLock()
@@ -129,7 +132,11 @@ class RegistrationCache:
             entry = self._entries.get(key)
             if entry is not None and entry.mr is mr:
                 del self._entries[key]
-        mr.close()
+        if self._domain_lock is None:
+            mr.close()
+        else:
+            with self._domain_lock:
+                mr.close()
 
     def __len__(self) -> int:
         with self._lock:

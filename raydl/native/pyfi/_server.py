@@ -14,12 +14,14 @@ which wakes on socket activity (an idle server costs ~0.3% of a core, against
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
 import os
 import stat
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -57,14 +59,21 @@ class ServerEndpoint(Closeable):
         # The thread gets only what it polls, not the endpoint, so one nobody closed can still be
         # collected (and __del__ closes it).
         self.peer = describe_peer(self._stack.provider, self.raw)
+        # A region is registered (and revoked) while the thread serves others: on a domain that is
+        # not FI_THREAD_SAFE the two take turns (a registration waits at most one serving slice).
+        self._domain_turn = None if self._stack.domain.thread_safe else _Turn()
         self._thread = threading.Thread(target=_serve_loop, name=f"pyfi-serve {self.peer}", daemon=True,
-                                        args=(self._stack.cq, self._stop, self.peer))
+                                        args=(self._stack.cq, self._stop, self.peer, self._domain_turn))
         self._thread.start()
         self._closed = False
 
     @property
     def provider(self) -> str:
         return self._stack.provider
+
+    def _turn(self):
+        """Hold while using the domain beside the serving thread (a no-op on FI_THREAD_SAFE domains)."""
+        return self._domain_turn if self._domain_turn is not None else contextlib.nullcontext()
 
     def serve(self, buffer_or_path: Any, *, writable: bool = False) -> Server:
         """Register a buffer (or a regular file, mapped with mmap) on this endpoint and serve it
@@ -122,7 +131,8 @@ class Server(Closeable):
         self._on_close = on_close
         access = lib.FI_REMOTE_READ | (lib.FI_REMOTE_WRITE if writable else 0)
         stack = endpoint._stack
-        self._mr = stack.domain.register(span, access=access)
+        with endpoint._turn():
+            self._mr = stack.domain.register(span, access=access)
         self.address = FabricAddress(
             provider=stack.provider, fabric=stack.fabric_name, raw=endpoint.raw, key=self._mr.key,
             base=self._mr.base, size=span.nbytes, writable=writable, host=endpoint.host)
@@ -136,7 +146,8 @@ class Server(Closeable):
                 return
             self._closed = True
         try:
-            self._mr.close()      # revoke first: no read can land after this
+            with self._endpoint._turn():
+                self._mr.close()      # revoke first: no read can land after this
         finally:
             self._endpoint._forget(self)
             if self._owns_endpoint:
@@ -151,10 +162,41 @@ class Server(Closeable):
         raise TypeError("a pyfi Server holds registered memory and cannot be pickled; send .address")
 
 
-def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str) -> None:
+class _Turn:
+    """A lock the serving thread holds for each wait slice and lets go of between slices, yielding
+    to a registration that waits for it (a plain lock it re-took at once could starve that)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = threading.Lock()
+        self._waiting = 0
+
+    def __enter__(self) -> None:
+        with self._count:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._count:
+                self._waiting -= 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def serving_slice(self):
+        """The serving thread's hold on the domain for one slice, after a waiting registration (bounded)."""
+        for _ in range(100):
+            if not self._waiting:
+                break
+            time.sleep(0.001)
+        return self
+
+
+def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str, turn: _Turn | None = None) -> None:
     while not stop.is_set() and not GATE.closed:
         try:
-            _, errors = cq.wait(_SERVE_SLICE_S)
+            with turn.serving_slice() if turn is not None else contextlib.nullcontext():
+                _, errors = cq.wait(_SERVE_SLICE_S)
         except FabricError as exc:  # the queue itself failed, or the process exits: stop serving
             if not GATE.closed:
                 logger.error("pyfi server %s stopped: %s", peer, exc)
