@@ -20,6 +20,7 @@ LoaderError naming the sample and this worker: no mode hides it.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import sys
@@ -114,10 +115,13 @@ class LoaderWorker:
     """Runs batch tasks for any rank; between tasks it keeps only its decode pool and per-thread batch arrays."""
 
     def __init__(self, spec: WorkerSpec, catalog: Catalog, threads: int | None = None, *,
-                 reuse_buffers: bool = True) -> None:
+                 reuse_buffers: bool = True, handoff: bool = False) -> None:
         self._spec = spec
-        # False when the batch is handed to the caller as it is (made in the driver, not through Ray).
-        self._reuse = reuse_buffers
+        # reuse_buffers: a buffer is reused once Ray has copied the BatchResult out (it drops the result).
+        # handoff: the batch is handed to the caller as it is (made in the driver, not through Ray); its
+        # buffer is reused once every array viewing the images is gone. Neither: a fresh buffer per batch.
+        self._handoff = handoff
+        self._reuse = reuse_buffers and not handoff
         self._source, self._storage = catalog.source, catalog.storage
         t = catalog.table
         self._where = np.stack([int_column(t.column(c)) for c in ("shard", "offset", "length", "row")], axis=1)
@@ -165,8 +169,16 @@ class LoaderWorker:
         shape = (n, *self._spec.program.slot_shape(task.bucket))  # aspect buckets: the shape varies per batch
         nbytes = math.prod(shape) * dtype.itemsize
         buf = self._lease(nbytes)
+        flat = buf[:nbytes]
+        if self._handoff:
+            # The images' own base, made per batch: views of them (the caller's, torch's) keep it alive, and
+            # its buffer goes back to the free list when the last one is gone, never while one can read it.
+            lease = (ctypes.c_ubyte * nbytes).from_buffer(buf)
+            weakref.finalize(lease, self._release, buf)
+            flat = np.frombuffer(lease, np.uint8)
+            del lease
         try:
-            result = self._run(task, buf[:nbytes].view(dtype).reshape(shape))
+            result = self._run(task, flat.view(dtype).reshape(shape))
         except BaseException:
             if self._reuse:
                 self._release(buf)
@@ -308,7 +320,7 @@ class LoaderWorker:
                 if buf.nbytes >= nbytes:
                     return self._free.pop(i)
         buf = populated_empty((nbytes,), np.uint8)
-        if self._reuse:
+        if self._reuse or self._handoff:
             with self._free_lock:
                 self._buffers.append(buf)
         return buf

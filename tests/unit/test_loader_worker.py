@@ -14,10 +14,10 @@ from raydl.transforms import compile_stages
 pytestmark = pytest.mark.timeout(60)
 
 
-def _worker(root, on_error="skip", reuse=True):
+def _worker(root, on_error="skip", reuse=True, handoff=False):
     ds = raydl.read_images(str(root)).decode().center_crop(16)
     spec = WorkerSpec(program=compile_stages(ds.stages), threads=2, on_error=on_error)
-    return LoaderWorker(spec, ds.catalog, reuse_buffers=reuse), len(ds)
+    return LoaderWorker(spec, ds.catalog, reuse_buffers=reuse, handoff=handoff), len(ds)
 
 
 def _task(ids, k=0):
@@ -48,6 +48,27 @@ def test_without_reuse_every_batch_owns_its_array(image_folder):
     b, c = worker.run_batch(_task(range(4))), worker.run_batch(_task(range(4)))
     assert not np.shares_memory(b.batch["image"], c.batch["image"])
     assert worker.memory()["batch_arrays_count"] == 0
+
+
+def test_handed_off_batches_reuse_a_buffer_only_once_every_view_is_gone(image_folder):
+    """handoff=True (batches made in the driver): a dropped batch's buffer serves the next; one still viewed never does."""
+    worker, _ = _worker(image_folder, handoff=True)
+    a = worker.run_batch(_task(range(8), 0))
+    del a
+    gc.collect()
+    b = worker.run_batch(_task(range(8), 1))
+    assert worker.memory()["batch_arrays_count"] == 1  # the first batch's buffer came back and served this one
+    view = b.batch["image"][2:5]  # a caller keeps only part of the images (or a torch tensor on them)
+    expected = view.copy()
+    del b
+    gc.collect()
+    c = worker.run_batch(_task(range(8), 2))
+    assert not np.shares_memory(view, c.batch["image"]) and worker.memory()["batch_arrays_count"] == 2
+    np.testing.assert_array_equal(view, expected)  # never written over while viewed
+    del view, c
+    gc.collect()
+    worker.run_batch(_task(range(8), 3))
+    assert worker.memory()["batch_arrays_count"] == 2
 
 
 def test_replace_substitutes_a_file_corrupted_after_listing_deterministically(image_folder, tmp_path):
