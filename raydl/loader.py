@@ -427,6 +427,8 @@ class _Bootstrap:
 
     def close(self) -> None:
         self._exec.shutdown(wait=False)  # batches already asked for still finish
+        if self._worker is not None:  # the buffer kept for the next batch: there is none
+            self._worker.drop_buffers()
 
 
 def _renice(thread_ids: list[int], niceness: int) -> None:

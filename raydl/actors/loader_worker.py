@@ -136,6 +136,7 @@ class LoaderWorker:
         self._name = process_name()
         self._free_lock = threading.Lock()
         self._free: list[np.ndarray] = []  # batch buffers not in use
+        self._dropped = False  # drop_buffers() was called
         self._buffers: list[np.ndarray] = []  # every batch buffer made, for memory()
         self._membership = 0
 
@@ -320,11 +321,21 @@ class LoaderWorker:
                 if buf.nbytes >= nbytes:
                     return self._free.pop(i)
         buf = populated_empty((nbytes,), np.uint8)
-        if self._reuse or self._handoff:
+        if self._reuse:
             with self._free_lock:
                 self._buffers.append(buf)
         return buf
 
     def _release(self, buf: np.ndarray) -> None:
         with self._free_lock:
+            # Handed-off buffers: at most one waits for the next batch (the caller's and the batches in
+            # flight hold the rest), so the pool adds at most one batch of memory, and none after drop_buffers().
+            if self._handoff and (self._free or self._dropped):
+                return
             self._free.append(buf)
+
+    def drop_buffers(self) -> None:
+        """Free the buffers kept for reuse now, and keep none from here on (the Loader's bootstrap, done)."""
+        with self._free_lock:
+            self._dropped = True
+            self._free.clear()

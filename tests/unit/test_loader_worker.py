@@ -51,24 +51,35 @@ def test_without_reuse_every_batch_owns_its_array(image_folder):
 
 
 def test_handed_off_batches_reuse_a_buffer_only_once_every_view_is_gone(image_folder):
-    """handoff=True (batches made in the driver): a dropped batch's buffer serves the next; one still viewed never does."""
+    """handoff=True (batches made in the driver): a dropped batch's buffer serves the next; one still viewed never
+    does; at most one idle buffer is kept, and none after drop_buffers()."""
     worker, _ = _worker(image_folder, handoff=True)
+
+    def address(result):
+        return result.batch["image"].__array_interface__["data"][0]
+
     a = worker.run_batch(_task(range(8), 0))
+    first = address(a)
     del a
     gc.collect()
     b = worker.run_batch(_task(range(8), 1))
-    assert worker.memory()["batch_arrays_count"] == 1  # the first batch's buffer came back and served this one
+    assert address(b) == first  # the dropped batch's buffer came back and served this one
     view = b.batch["image"][2:5]  # a caller keeps only part of the images (or a torch tensor on them)
     expected = view.copy()
     del b
     gc.collect()
     c = worker.run_batch(_task(range(8), 2))
-    assert not np.shares_memory(view, c.batch["image"]) and worker.memory()["batch_arrays_count"] == 2
+    assert not np.shares_memory(view, c.batch["image"])
     np.testing.assert_array_equal(view, expected)  # never written over while viewed
     del view, c
     gc.collect()
-    worker.run_batch(_task(range(8), 3))
-    assert worker.memory()["batch_arrays_count"] == 2
+    assert len(worker._free) == 1  # two buffers came back; one is kept for the next batch
+    worker.drop_buffers()
+    assert worker._free == []
+    d = worker.run_batch(_task(range(8), 3))
+    del d
+    gc.collect()
+    assert worker._free == [] and worker.memory()["batch_arrays_count"] == 0
 
 
 def test_replace_substitutes_a_file_corrupted_after_listing_deterministically(image_folder, tmp_path):
