@@ -55,6 +55,8 @@ class CheckpointPeer:
         try:
             with self._lock:  # calls run on up to 4 threads
                 if self._endpoint is None or self._endpoint.closed:
+                    if self._endpoint is not None:
+                        self._endpoint.close()   # its serving thread stopped: serve from a new one
                     bind = self._bind if self._bind is not None else checkpoint_bind()
                     self._endpoint = pyfi.ServerEndpoint(self._provider, bind=bind)
                 endpoint = self._endpoint

@@ -330,7 +330,11 @@ class LoaderWorker:
         with self._free_lock:
             # Handed-off buffers: at most one waits for the next batch (the caller's and the batches in
             # flight hold the rest), so the pool adds at most one batch of memory, and none after drop_buffers().
-            if self._handoff and (self._free or self._dropped):
+            if self._handoff and self._dropped:
+                return
+            if self._handoff and self._free:
+                if buf.nbytes > self._free[0].nbytes:   # keep the larger: bucket batches vary in size
+                    self._free[0] = buf
                 return
             self._free.append(buf)
 

@@ -88,6 +88,8 @@ class _Process:
         with self._lock:
             endpoint = self._endpoints.get((bind, provider))
             if endpoint is None or endpoint.closed:
+                if endpoint is not None:
+                    endpoint.close()   # its serving thread stopped: free its stack, serve from a new one
                 endpoint = self._endpoints[(bind, provider)] = pyfi.ServerEndpoint(provider, bind=bind)
             return endpoint
 

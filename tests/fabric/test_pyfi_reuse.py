@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import mmap
+import re
+import threading
 
 import numpy as np
 import pytest
@@ -93,6 +95,15 @@ def test_regions_come_and_go_beside_the_serving_thread_on_a_domain_that_is_not_t
     with pyfi.ServerEndpoint(provider, bind="127.0.0.1:0") as endpoint:
         assert endpoint._domain_turn is not None
         monkeypatch.undo()
+        from raydl.native.pyfi import _server
+
+        turns = []   # the threads that took the turn: the serving thread's slices, and this one's (de)registrations
+        enter = _server._Turn.__enter__
+
+        def counted(self):
+            turns.append(threading.current_thread() is threading.main_thread())
+            return enter(self)
+        monkeypatch.setattr(_server._Turn, "__enter__", counted)
         regions = [_bytes(1 << 16, seed) for seed in range(4)]
         servers = [endpoint.serve(r) for r in regions]      # each waits for a gap between serving slices
         with pyfi.connect(servers[0].address) as conn0:
@@ -105,3 +116,44 @@ def test_regions_come_and_go_beside_the_serving_thread_on_a_domain_that_is_not_t
             got = np.zeros_like(regions[0])
             conn0.read_into(got)
             assert np.array_equal(got, regions[0])
+        assert sum(turns) >= 5 and not all(turns)   # 4 registrations + 1 revocation took turns with the thread
+
+
+def test_registration_cache_evicts_the_least_recently_used_buffer(provider):
+    """A full cache evicts the buffer used longest ago, not the one registered first: a buffer read
+    into again and again keeps its registration."""
+    src = _bytes(1 << 16, 4)
+    with pyfi.serve(src, provider=provider) as server:
+        client = pyfi.Client(server.address.provider, host="127.0.0.1", fabric_name=server.address.fabric)
+        try:
+            conn = client.connect(server.address)
+            cache = client.registrations
+            cache._max = 2
+            a, b, c = (np.zeros(1 << 16, np.uint8) for _ in range(3))
+            conn.read_into(a)
+            conn.read_into(b)
+            conn.read_into(a)                        # a used again: b is now the oldest use
+            conn.read_into(c)                        # over the limit: b goes
+            assert (cache.misses, cache.hits, len(cache)) == (3, 1, 2)
+            conn.read_into(a)
+            assert cache.hits == 2                   # a kept its registration
+            conn.read_into(b)
+            assert cache.misses == 4                 # b registered again
+            assert all(np.array_equal(x, src) for x in (a, b, c))
+        finally:
+            client.close()
+
+
+def test_an_endpoint_whose_serving_thread_stopped_is_closed_and_refuses_regions(provider):
+    """A ServerEndpoint whose serving thread has stopped (its completion queue failed) reports closed,
+    so callers open a new one; serve() on it is a FabricError naming it, and close() still frees it."""
+    endpoint = pyfi.ServerEndpoint(provider, bind="127.0.0.1:0")
+    try:
+        assert not endpoint.closed
+        endpoint._stop.set()                     # the loop returns, as it does when its queue fails
+        endpoint._thread.join(timeout=10)
+        assert endpoint.closed
+        with pytest.raises(FabricError, match=re.escape(f"server endpoint {endpoint.peer} is closed")):
+            endpoint.serve(_bytes(4096, 5))
+    finally:
+        endpoint.close()

@@ -82,6 +82,19 @@ def test_handed_off_batches_reuse_a_buffer_only_once_every_view_is_gone(image_fo
     assert worker._free == [] and worker.memory()["batch_arrays_count"] == 0
 
 
+def test_the_handed_off_buffer_kept_is_the_larger(image_folder):
+    """Of two handed-off buffers that come back, the one kept for the next batch is the larger (bucket
+    batches vary in size; a small one kept would make every larger batch fault in fresh memory)."""
+    worker, _ = _worker(image_folder, handoff=True)
+    small, large = worker.run_batch(_task(range(2), 0)), worker.run_batch(_task(range(8), 1))
+    need = large.batch["image"].nbytes
+    del small
+    gc.collect()
+    del large
+    gc.collect()
+    assert len(worker._free) == 1 and worker._free[0].nbytes >= need
+
+
 def test_replace_substitutes_a_file_corrupted_after_listing_deterministically(image_folder, tmp_path):
     """A file overwritten with junk after listing is replaced (on_error='replace') by the same substitute every time."""
     import shutil

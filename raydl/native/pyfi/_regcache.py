@@ -18,12 +18,14 @@ registered per read, as before.
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
+from raydl.errors import FabricError
 from raydl.native.pyfi._buffers import Span
 from raydl.native.pyfi._lib import loaded
 from raydl.native.pyfi._objects import Domain, MemoryRegion
@@ -76,8 +78,9 @@ class RegistrationCache:
         # FI_THREAD_SAFE it closes the region under the lock the client's transfers hold
         self._domain_lock = None if domain.thread_safe else domain_lock
         self._max = max_entries
-        self._entries: dict[tuple[int, int], _Entry] = {}   # (id(owner), access) -> entry
+        self._entries: dict[tuple[int, int], _Entry] = {}   # (id(owner), access) -> entry, oldest use first
         self._lock = threading.RLock()
+        self._pid = os.getpid()   # a forked child inherits the finalizers, not the right to close the parent's regions
         self.hits = self.misses = 0
 
     def region(self, span: Span, obj: Any, access: int) -> tuple[MemoryRegion, int, bool]:
@@ -93,8 +96,12 @@ class RegistrationCache:
                     offset = span.address - entry.address
                     if 0 <= offset and offset + span.nbytes <= entry.nbytes:
                         self.hits += 1
+                        self._entries[key] = self._entries.pop(key)   # most recently used: evicted last
                         return entry.mr, offset, False
-            made = self._register(owner, key, access)
+            try:
+                made = self._register(owner, key, access)
+            except FabricError:   # the whole buffer could not be registered (size, pinning limits): the span alone
+                made = None
             if made is not None:
                 offset = span.address - made.address
                 if 0 <= offset and offset + span.nbytes <= made.nbytes:
@@ -127,11 +134,15 @@ class RegistrationCache:
         return entry
 
     def _drop(self, key: tuple[int, int], mr: MemoryRegion) -> None:
-        # the owner is gone: nothing can read into that memory any more
+        # the owner is gone: nothing can read into that memory any more. Close only what this call
+        # took out of the cache (an eviction or close() that took it first closes it itself).
+        if os.getpid() != self._pid:
+            return
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry.mr is mr:
-                del self._entries[key]
+            if entry is None or entry.mr is not mr:
+                return
+            del self._entries[key]
         if self._domain_lock is None:
             mr.close()
         else:
@@ -146,6 +157,8 @@ class RegistrationCache:
         """Close every cached registration (the domain's close would too; this forgets them)."""
         with self._lock:
             entries, self._entries = list(self._entries.values()), {}
+        if os.getpid() != self._pid:
+            return   # a forked child: the regions are the parent's
         for e in entries:
             e.finalizer.detach()
             e.mr.close()

@@ -46,7 +46,8 @@ class ServerEndpoint(Closeable):
 
     def __init__(self, provider: str | None = None, *, bind: str | None = "127.0.0.1:0") -> None:
         self._closed = True           # until serving: a half-built endpoint's __del__ does nothing
-        self._lock = threading.Lock()
+        # re-entrant: a Server collected while this thread holds it closes itself through _forget()
+        self._lock = threading.RLock()
         self.host, service = parse_bind(bind)
         self._stack = Stack(choose_provider(provider), host=self.host, service=service, wait=True)
         self._servers: weakref.WeakSet[Server] = weakref.WeakSet()   # weak: a forgotten Server is collected
@@ -81,7 +82,7 @@ class ServerEndpoint(Closeable):
         span, cleanup = _span_of(buffer_or_path, writable)
         try:
             with self._lock:
-                if self._closed:
+                if self.closed:
                     raise FabricError(f"the server endpoint {self.peer} is closed", call="serve",
                                       code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
                 server = Server(self, span, writable=writable, on_close=cleanup)
@@ -111,7 +112,8 @@ class ServerEndpoint(Closeable):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed, or its serving thread stopped (a failed completion queue): serve nothing more on it."""
+        return self._closed or not self._thread.is_alive()
 
     def __reduce__(self):
         raise TypeError("a pyfi ServerEndpoint is bound to this process; send a Server's .address")
@@ -167,7 +169,7 @@ class _Turn:
     to a registration that waits for it (a plain lock it re-took at once could starve that)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()   # a Server collected inside the serving thread's slice revokes under it
         self._count = threading.Lock()
         self._waiting = 0
 
