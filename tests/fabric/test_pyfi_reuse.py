@@ -2,6 +2,7 @@
 the client's registration cache (a buffer registered once, dropped when the buffer goes)."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import mmap
 import re
@@ -21,6 +22,17 @@ pytestmark = pytest.mark.timeout(60)
 
 def _bytes(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+@contextlib.contextmanager
+def _served(src: np.ndarray, provider: str):
+    """src served on its own endpoint, and a Client's connection to it: (connection, the client's registration cache)."""
+    with pyfi.serve(src, provider=provider) as server:
+        client = pyfi.Client(server.address.provider, host="127.0.0.1", fabric_name=server.address.fabric)
+        try:
+            yield client.connect(server.address), client.registrations
+        finally:
+            client.close()
 
 
 def test_one_endpoint_serves_many_regions_over_one_connection(provider):
@@ -56,29 +68,23 @@ def test_registration_cache_registers_a_buffer_once_and_drops_it_with_the_buffer
     """Reads into slices of one mmap (as a chain peer's windows, or fetches into a pooled buffer) reuse
     one registration of the whole mmap; it is closed when the mmap goes; a bytearray is not cached."""
     src = _bytes(1 << 20, 3)
-    with pyfi.serve(src, provider=provider) as server:
-        client = pyfi.Client(server.address.provider, host="127.0.0.1", fabric_name=server.address.fabric)
-        try:
-            conn = client.connect(server.address)
-            cache = client.registrations
-            mm = mmap.mmap(-1, 1 << 20)
-            dst = np.frombuffer(mm, np.uint8)
-            for lo in range(0, 1 << 20, 1 << 18):
-                conn.read_into(dst[lo:lo + (1 << 18)], offset=lo, chunk_size=1 << 16)
-            again = np.frombuffer(mm, np.uint8)      # another view of the same memory, later
-            conn.read_into(again[:4096], offset=0)
-            assert np.array_equal(dst, src)
-            assert (cache.misses, cache.hits, len(cache)) == (1, 4, 1)
-            del dst, again
-            mm.close()
-            del mm
-            gc.collect()
-            assert len(cache) == 0                   # the registration went with the memory
-            plain = bytearray(4096)                  # no weakref: registered per read, as before
-            conn.read_into(plain, offset=0)
-            assert bytes(plain) == src[:4096].tobytes() and len(cache) == 0
-        finally:
-            client.close()
+    with _served(src, provider) as (conn, cache):
+        mm = mmap.mmap(-1, 1 << 20)
+        dst = np.frombuffer(mm, np.uint8)
+        for lo in range(0, 1 << 20, 1 << 18):
+            conn.read_into(dst[lo:lo + (1 << 18)], offset=lo, chunk_size=1 << 16)
+        again = np.frombuffer(mm, np.uint8)      # another view of the same memory, later
+        conn.read_into(again[:4096], offset=0)
+        assert np.array_equal(dst, src)
+        assert (cache.misses, cache.hits, len(cache)) == (1, 4, 1)
+        del dst, again
+        mm.close()
+        del mm
+        gc.collect()
+        assert len(cache) == 0                   # the registration went with the memory
+        plain = bytearray(4096)                  # no weakref: registered per read, as before
+        conn.read_into(plain, offset=0)
+        assert bytes(plain) == src[:4096].tobytes() and len(cache) == 0
 
 
 def test_regions_come_and_go_beside_the_serving_thread_on_a_domain_that_is_not_thread_safe(provider, monkeypatch):
@@ -123,25 +129,19 @@ def test_registration_cache_evicts_the_least_recently_used_buffer(provider):
     """A full cache evicts the buffer used longest ago, not the one registered first: a buffer read
     into again and again keeps its registration."""
     src = _bytes(1 << 16, 4)
-    with pyfi.serve(src, provider=provider) as server:
-        client = pyfi.Client(server.address.provider, host="127.0.0.1", fabric_name=server.address.fabric)
-        try:
-            conn = client.connect(server.address)
-            cache = client.registrations
-            cache._max = 2
-            a, b, c = (np.zeros(1 << 16, np.uint8) for _ in range(3))
-            conn.read_into(a)
-            conn.read_into(b)
-            conn.read_into(a)                        # a used again: b is now the oldest use
-            conn.read_into(c)                        # over the limit: b goes
-            assert (cache.misses, cache.hits, len(cache)) == (3, 1, 2)
-            conn.read_into(a)
-            assert cache.hits == 2                   # a kept its registration
-            conn.read_into(b)
-            assert cache.misses == 4                 # b registered again
-            assert all(np.array_equal(x, src) for x in (a, b, c))
-        finally:
-            client.close()
+    with _served(src, provider) as (conn, cache):
+        cache._max = 2
+        a, b, c = (np.zeros(1 << 16, np.uint8) for _ in range(3))
+        conn.read_into(a)
+        conn.read_into(b)
+        conn.read_into(a)                        # a used again: b is now the oldest use
+        conn.read_into(c)                        # over the limit: b goes
+        assert (cache.misses, cache.hits, len(cache)) == (3, 1, 2)
+        conn.read_into(a)
+        assert cache.hits == 2                   # a kept its registration
+        conn.read_into(b)
+        assert cache.misses == 4                 # b registered again
+        assert all(np.array_equal(x, src) for x in (a, b, c))
 
 
 def test_an_endpoint_whose_serving_thread_stopped_is_closed_and_refuses_regions(provider):
