@@ -33,7 +33,10 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            int scale_denom, int fast, char *errbuf, int errbuf_len);
 """
 # Paths relative to the project root: setup.py runs the build from there.
-_ARGS = dict(include_dirs=["raydl/native"], extra_compile_args=["-O3", "-std=gnu99"], libraries=["m"])
+# -ffp-contract=off: value * scale + bias stays a multiply then an add (no FMA) in every path, so the AVX2
+# and portable float outputs are the same floats.
+_ARGS = dict(include_dirs=["raydl/native"], extra_compile_args=["-O3", "-std=gnu99", "-ffp-contract=off"],
+             libraries=["m"])
 
 ffibuilder = FFI()
 ffibuilder.cdef(_COMMON)

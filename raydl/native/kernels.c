@@ -254,11 +254,48 @@ __attribute__((target("avx2"))) static void hpass_u8_avx2(const int16_t *in, con
     })
 }
 
-/* The horizontal pass into acc (4 int32 per column); write_row then makes
- * float planes of it (measured faster than transposing 8 pixels at a time). */
+/* The horizontal pass into acc (4 int32 per column); write_row_f32_avx2 then
+ * makes float planes of it (measured faster than transposing each column's sums
+ * as they come out of hsum_avx2). */
 __attribute__((target("avx2"))) static void hpass_avx2(const int16_t *in, const int *start, const __m256i *kv,
                                                         int nq, int out_w, int32_t *acc) {
     HPASS_BY_NQ(for (int x = 0; x < out_w; x++) _mm_storeu_si128((__m128i *)(acc + 4 * x), HSUM(x)))
+}
+
+/* One float32 CHW output row from acc (r, g, b, 0 per pixel, Q20): value * s[c] + b[c]
+ * for 8 pixels at a time, de-interleaved into the three planes (mirrored when flip).
+ * The same multiply then add as write_row_c (no FMA), so the same floats. */
+__attribute__((target("avx2"))) static void write_row_f32_avx2(const int32_t *acc, int out_w, int flip,
+                                                                const float *s, const float *b,
+                                                                float *o0, float *o1, float *o2) {
+    const __m256 s0 = _mm256_set1_ps(s[0]), s1 = _mm256_set1_ps(s[1]), s2 = _mm256_set1_ps(s[2]);
+    const __m256 b0 = _mm256_set1_ps(b[0]), b1 = _mm256_set1_ps(b[1]), b2 = _mm256_set1_ps(b[2]);
+    /* after the in-lane transpose a plane vector holds pixels (0 2 4 6 | 1 3 5 7) */
+    const __m256i order = flip ? _mm256_setr_epi32(7, 3, 6, 2, 5, 1, 4, 0)
+                               : _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int x = 0;
+    for (; x + 8 <= out_w; x += 8) {
+        const __m256i *a = (const __m256i *)(acc + 4 * x);
+        __m256 v0 = _mm256_cvtepi32_ps(_mm256_loadu_si256(a));     /* px 0 | 1 */
+        __m256 v1 = _mm256_cvtepi32_ps(_mm256_loadu_si256(a + 1)); /* px 2 | 3 */
+        __m256 v2 = _mm256_cvtepi32_ps(_mm256_loadu_si256(a + 2)); /* px 4 | 5 */
+        __m256 v3 = _mm256_cvtepi32_ps(_mm256_loadu_si256(a + 3)); /* px 6 | 7 */
+        __m256 t0 = _mm256_unpacklo_ps(v0, v1), t1 = _mm256_unpackhi_ps(v0, v1); /* r0 r2 g0 g2 | b0 b2 . . */
+        __m256 t2 = _mm256_unpacklo_ps(v2, v3), t3 = _mm256_unpackhi_ps(v2, v3);
+        __m256 r = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(t0, t2, 0x44), order);
+        __m256 g = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(t0, t2, 0xEE), order);
+        __m256 bl = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(t1, t3, 0x44), order);
+        size_t at = flip ? (size_t)(out_w - 8 - x) : (size_t)x;
+        _mm256_storeu_ps(o0 + at, _mm256_add_ps(_mm256_mul_ps(r, s0), b0));
+        _mm256_storeu_ps(o1 + at, _mm256_add_ps(_mm256_mul_ps(g, s1), b1));
+        _mm256_storeu_ps(o2 + at, _mm256_add_ps(_mm256_mul_ps(bl, s2), b2));
+    }
+    for (; x < out_w; x++) {
+        size_t at = flip ? (size_t)(out_w - 1 - x) : (size_t)x;
+        o0[at] = (float)acc[4 * x] * s[0] + b[0];
+        o1[at] = (float)acc[4 * x + 1] * s[1] + b[1];
+        o2[at] = (float)acc[4 * x + 2] * s[2] + b[2];
+    }
 }
 #endif
 
@@ -277,6 +314,7 @@ struct raydl_resize {
     int32_t *vacc;        /* the portable vertical pass's sums (span * 3), NULL with AVX2 */
     const uint8_t **rows; /* the source rows of one output row */
     const float *scale, *bias;
+    float fscale[3];      /* scale[c] / 2^HSHIFT: acc is Q20 */
     void *dst;
     void *mem;            /* the scratch block holding all of the above */
 };
@@ -328,6 +366,7 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
     r->out_w = out_w; r->out_h = out_h; r->flip = flip; r->out_format = out_format;
     r->kx_stride = kx_stride; r->nq = nq; r->ky_stride = kys; r->simd = simd;
     r->scale = scale; r->bias = bias; r->dst = dst; r->mem = mem;
+    for (int c = 0; c < 3; c++) r->fscale[c] = scale ? scale[c] * (1.0f / (float)(1 << HSHIFT)) : 0.0f;
     axis_coeffs(src_w, box_x0, box_x1, out_w, kxs, kx_stride, r->xstart, r->xcount, r->kx);
     axis_coeffs(src_h, box_y0, box_y1, out_h, kys, kys, r->ystart, r->ycount, r->ky);
     r->col0 = r->xstart[0];
@@ -386,8 +425,14 @@ static void write_row(const raydl_resize_t *r, int yy) {
     } else {
         size_t plane = (size_t)r->out_h * out_w;
         float *o = (float *)r->dst + (size_t)yy * out_w;
+#ifdef RAYDL_X86
+        if (r->simd) {
+            write_row_f32_avx2(acc, out_w, flip, r->fscale, r->bias, o, o + plane, o + 2 * plane);
+            return;
+        }
+#endif
         for (int c = 0; c < 3; c++) {
-            const float s = r->scale[c] * (1.0f / (float)(1 << HSHIFT)), b = r->bias[c];
+            const float s = r->fscale[c], b = r->bias[c];
             float *oc = o + c * plane;
             if (flip)
                 for (int x = 0; x < out_w; x++) oc[out_w - 1 - x] = (float)acc[4 * x + c] * s + b;
