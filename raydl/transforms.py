@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -327,17 +328,62 @@ class SampleProgram:
 
     def run(self, data: bytes, seed: int, out: np.ndarray) -> None:
         """Decode `data` and write the transformed sample into `out` (its batch slot)."""
+        h, w, box, flip, factor = self._plan(data, seed, out)
+        scale, bias = self._affine
+        if decode.is_jpeg(data) and native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias,
+                                                                 scale_denom=factor, fast=self.fast):
+            return  # decoded only the region the box needs
+        self._run_whole(data, h, w, box, flip, factor, out)
+
+    def run_many(self, items: Sequence[tuple[bytes, int, np.ndarray]]) -> list[Exception | None]:
+        """`run` for many (data, seed, out) samples of one batch; per sample None or the exception `run` raised.
+
+        The JPEGs go through one native call (the GIL released once, not once
+        per sample); the pixels, and each sample's error, are those of `run`.
+        """
+        results: list[Exception | None] = [None] * len(items)
+        jpegs: list[tuple[int, int, int, tuple[float, float, float, float], bool, int]] = []
+        for k, (data, seed, out) in enumerate(items):
+            try:
+                if not decode.is_jpeg(data):
+                    self.run(data, seed, out)
+                    continue
+                jpegs.append((k, *self._plan(data, seed, out)))
+            except Exception as exc:  # noqa: BLE001 - handed back per sample, as run would have raised it
+                results[k] = exc
+        if not jpegs:
+            return results
+        scale, bias = self._affine
+        done = native.jpeg_crop_resize_many(
+            [items[j[0]][0] for j in jpegs], [j[3] for j in jpegs], [items[j[0]][2] for j in jpegs],
+            flips=[j[4] for j in jpegs], scale=scale, bias=bias, scale_denoms=[j[5] for j in jpegs], fast=self.fast)
+        for i, (k, h, w, box, flip, factor) in enumerate(jpegs):
+            status = False if done is None else done[i]
+            if isinstance(status, Exception):
+                results[k] = status
+            elif status is False:  # not the region decoder's (module not built, CMYK): decode it whole
+                data, _, out = items[k]
+                try:
+                    self._run_whole(data, h, w, box, flip, factor, out)
+                except Exception as exc:  # noqa: BLE001
+                    results[k] = exc
+        return results
+
+    def _plan(self, data: bytes, seed: int,
+              out: np.ndarray) -> tuple[int, int, tuple[float, float, float, float], bool, int]:
+        """(h, w, box, flip, DCT factor) of one sample, from its header and seed."""
         h, w = decode.image_size(data)
         oh, ow = (out.shape[1], out.shape[2]) if self.normalize else (out.shape[0], out.shape[1])
         box, flip = self.geometry(h, w, seed, (oh, ow) if self.buckets is not None else None)
-        scale, bias = self._affine
-        jpeg = decode.is_jpeg(data)
         factor = 1
-        if self.dct_scaling and jpeg:
+        if self.dct_scaling and decode.is_jpeg(data):
             factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow, fast=self.fast)
-        if jpeg and native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias,
-                                                 scale_denom=factor, fast=self.fast):
-            return  # decoded only the region the box needs
+        return h, w, box, flip, factor
+
+    def _run_whole(self, data: bytes, h: int, w: int, box: tuple[float, float, float, float], flip: bool,
+                   factor: int, out: np.ndarray) -> None:
+        """Decode the whole image (not a JPEG, or one the region decoder cannot take), then crop and resize."""
+        scale, bias = self._affine
         img = decode.decode_rgb(data, factor=factor, fast=self.fast)
         if img.shape[0] != h or img.shape[1] != w:  # downscaled decode: map the box onto it
             sy, sx = img.shape[0] / h, img.shape[1] / w

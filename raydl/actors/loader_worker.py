@@ -5,9 +5,11 @@ A task names its samples and their augmentation seeds. The worker turns the
 samples into byte ranges (catalog rows: shard, offset, length), coalesces
 neighbouring ranges into blocks, and fetches the blocks on its IO pool
 (`io_concurrency` threads: many for S3, a few for disk). As each block lands,
-its samples are cut out and go to the decode pool, so IO and decode overlap
-within a batch; decode threads (libjpeg-turbo and the C kernel release the
-GIL) write straight into the sample's slot of one preallocated batch array.
+its samples are cut out and queued for the decode pool, so IO and decode overlap
+within a batch; decode threads take the queued samples a chunk at a time, decode
+a chunk's JPEGs in one native call (libjpeg-turbo and the C kernel, the GIL
+released once per chunk) and write straight into each sample's slot of one
+preallocated batch array.
 The returned arrays go into Ray's object store as they are; a reader on the
 same node maps them without a copy.
 
@@ -26,6 +28,7 @@ import os
 import sys
 import threading
 import weakref
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
@@ -51,6 +54,7 @@ from raydl.transforms import SampleProgram
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
 
 MAX_SUBSTITUTES = 8  # tries per failed sample under on_error="replace" before the batch fails
+DECODE_CHUNK = 16  # samples a decode thread takes at once (one native call); fewer as the batch's queue drains
 
 
 @dataclass(frozen=True)
@@ -208,10 +212,42 @@ class LoaderWorker:
             else:
                 failed[i] = failure
 
-        def decode(i: int, data: bytes) -> None:
-            sid = int(task.ids[i])
-            finish(i, self._decode(sid, self._source.sample_uri(shards[int(where[i, 0])].uri, keys[i]), data,
-                                   int(task.seeds[i]), images[i]))
+        def uri(i: int) -> str:
+            return self._source.sample_uri(shards[int(where[i, 0])].uri, keys[i])
+
+        # Samples whose bytes are in, waiting for a decode thread. A drain task takes them a chunk at a time
+        # and decodes a chunk in one native call; at most `threads` drains of this batch run or wait at once.
+        ready: deque[tuple[int, bytes]] = deque()
+        lock = threading.Lock()
+        drains = [0]  # drain tasks of this batch submitted and not yet finished
+        threads = self._pool._max_workers
+
+        def drain() -> None:
+            try:
+                while True:
+                    with lock:
+                        if not ready:
+                            drains[0] -= 1
+                            return
+                        take = min(len(ready), DECODE_CHUNK, -(-len(ready) // threads))
+                        chunk = [ready.popleft() for _ in range(take)]
+                    for (i, _), err in zip(chunk, self._spec.program.run_many(
+                            [(data, int(task.seeds[i]), images[i]) for i, data in chunk])):
+                        sid = int(task.ids[i])
+                        finish(i, None if err is None else self._failure(sid, uri(i), err))
+            except BaseException:
+                with lock:
+                    drains[0] -= 1
+                raise
+
+        def decode(samples: list[tuple[int, bytes]]) -> list[Future]:
+            """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""
+            with lock:
+                ready.extend(samples)
+                if drains[0] >= threads:
+                    return []
+                drains[0] += 1
+            return [self._pool.submit(drain)]
 
         def fetch(block: Block) -> list[Future]:
             """Read one block (on an IO thread), then hand each of its samples to the decode pool."""
@@ -223,19 +259,17 @@ class LoaderWorker:
                 return [self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
                                                              unreadable=True, error=type(exc)))
                         for i in block.members]
-            out = []
+            out, samples = [], []
             for i in block.members:
                 shard, offset, length, row = (int(v) for v in where[i])
                 start = offset - block.offset
                 piece = data if (start == 0 and length == len(data)) else data[start:start + length]
                 try:
-                    sample = self._source.cut(shard, offset, length, row, piece)
+                    samples.append((i, self._source.cut(shard, offset, length, row, piece)))
                 except DataSourceError as exc:
                     out.append(self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
                                                                     unreadable=True, error=type(exc))))
-                    continue
-                out.append(self._pool.submit(decode, i, sample))
-            return out
+            return out + decode(samples)
 
         decodes: list[Future] = []
         for done in as_completed([self._io.submit(fetch, b) for b in coalesce(where[:, :3].tolist())]):
@@ -281,12 +315,16 @@ class LoaderWorker:
         """
         try:
             self._spec.program.run(data, seed, out)
-        except DecodeError as exc:
-            return Skipped(sid, uri, str(exc))
-        except Exception as exc:  # noqa: BLE001 - named and re-raised: a kernel error or a bug is never skipped
-            raise LoaderError(f"loader worker {self._name}: sample {sid} ({uri}) failed with "
-                              f"{type(exc).__name__}: {exc} (not a decode error: on_error does not cover it)") from exc
+        except Exception as exc:  # noqa: BLE001 - sorted by _failure: only a DecodeError is the sample's fault
+            return self._failure(sid, uri, exc)
         return None
+
+    def _failure(self, sid: int, uri: str, exc: Exception) -> Skipped:
+        """A decode error of sample `sid` as a Skipped; any other error raised as a LoaderError naming it."""
+        if isinstance(exc, DecodeError):
+            return Skipped(sid, uri, str(exc))
+        raise LoaderError(f"loader worker {self._name}: sample {sid} ({uri}) failed with "
+                          f"{type(exc).__name__}: {exc} (not a decode error: on_error does not cover it)") from exc
 
     def _substitute(self, failure: Skipped, seed: int, out: np.ndarray) -> int:
         """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that decodes."""

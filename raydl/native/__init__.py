@@ -11,6 +11,7 @@ import functools
 import importlib
 import logging
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +20,11 @@ from raydl.errors import DecodeError, NativeKernelError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["crop_resize_into", "jpeg_available", "jpeg_crop_resize_into", "kernel_status", "native_available",
-           "simd"]
+__all__ = ["crop_resize_into", "jpeg_available", "jpeg_crop_resize_into", "jpeg_crop_resize_many", "kernel_status",
+           "native_available", "simd"]
 
 _OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED = 0, -1, -2, -3, -4
+_ERR_LEN = 200  # bytes for one native error message
 
 
 def _import(module: str, missing: str) -> tuple[Any, Any, str]:
@@ -157,20 +159,76 @@ def jpeg_crop_resize_into(
         return False
     out_h, out_w, fmt = _out_format(out, scale, bias)
     scale_c, bias_c = _affine(ffi, fmt, scale, bias)
-    err = ffi.new("char[]", 200)
+    err = ffi.new("char[]", _ERR_LEN)
     rc = lib.raydl_jpeg_crop_resize(
         ffi.from_buffer("uint8_t[]", data), len(data),
         float(box[0]), float(box[1]), float(box[2]), float(box[3]),
         out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, ffi.from_buffer(out, require_writable=True),
-        int(scale_denom), int(bool(fast)), err, 200,
+        int(scale_denom), int(bool(fast)), err, _ERR_LEN,
     )
+    status = _jpeg_status(rc, ffi.string(err), box, out.shape)
+    if isinstance(status, Exception):
+        raise status
+    return status
+
+
+def jpeg_crop_resize_many(
+    data: Sequence[bytes],
+    boxes: Sequence[tuple[float, float, float, float]],
+    outs: Sequence[np.ndarray],
+    *,
+    flips: Sequence[bool],
+    scale: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    scale_denoms: Sequence[int],
+    fast: bool = False,
+) -> list[bool | Exception] | None:
+    """jpeg_crop_resize_into for many samples in one native call (the GIL released once).
+
+    Every `outs[i]` has the same shape and dtype (slots of one batch). Returns,
+    per sample, what jpeg_crop_resize_into would have: True (done), False (this
+    path cannot take it: decode it another way), or the exception it would have
+    raised (DecodeError for corrupt data, NativeKernelError otherwise); one
+    sample's failure does not stop the others. None when the module is not built.
+    """
+    ffi, lib, _ = _load_jpeg()
+    if lib is None:
+        return None
+    n = len(data)
+    if not (len(boxes) == len(outs) == len(flips) == len(scale_denoms) == n):
+        raise ValueError("data, boxes, outs, flips and scale_denoms must have one entry per sample")
+    if n == 0:
+        return []
+    out_h, out_w, fmt = _out_format(outs[0], scale, bias)
+    for out in outs:
+        if out.shape != outs[0].shape or out.dtype != outs[0].dtype or not out.flags.c_contiguous:
+            raise ValueError(f"outs must be C-contiguous slots of one shape and dtype, got {out.dtype} {out.shape}")
+    scale_c, bias_c = _affine(ffi, fmt, scale, bias)
+    keep = [ffi.from_buffer("uint8_t[]", d) for d in data]
+    dsts = [ffi.from_buffer(out, require_writable=True) for out in outs]
+    box_arr = np.ascontiguousarray(boxes, dtype=np.float64).reshape(n, 4)
+    ints = np.empty((3, n), np.int32)  # flip, scale_denom, rc
+    ints[0], ints[1] = [bool(f) for f in flips], scale_denoms
+    err = ffi.new("char[]", _ERR_LEN * n)
+    lib.raydl_jpeg_crop_resize_many(
+        n, ffi.new("uint8_t *[]", keep), ffi.new("size_t[]", [len(d) for d in data]),
+        ffi.from_buffer("double[]", box_arr), ffi.from_buffer("int[]", ints[0]), ffi.from_buffer("int[]", ints[1]),
+        out_h, out_w, fmt, scale_c, bias_c, ffi.new("void *[]", dsts), int(bool(fast)),
+        ffi.from_buffer("int[]", ints[2], require_writable=True), err, _ERR_LEN,
+    )
+    return [_jpeg_status(int(rc), ffi.string(err + i * _ERR_LEN) if rc != _OK else b"", boxes[i], outs[i].shape)
+            for i, rc in enumerate(ints[2].tolist())]
+
+
+def _jpeg_status(rc: int, msg: bytes, box, shape) -> bool | Exception:
+    """What raydl_jpeg_crop_resize's code means: True (done), False (not this path's), or the error."""
     if rc == _OK:
         return True
     if rc == _EUNSUPPORTED:
         return False
     if rc == _EJPEG:
-        raise DecodeError(f"corrupt JPEG: {ffi.string(err).decode(errors='replace')}")
-    raise NativeKernelError(f"raydl_jpeg_crop_resize failed with code {rc} (box {box}, out {out.shape})")
+        return DecodeError(f"corrupt JPEG: {msg.decode(errors='replace')}")
+    return NativeKernelError(f"raydl_jpeg_crop_resize failed with code {rc} (box {box}, out {shape})")
 
 
 def _out_format(out: np.ndarray, scale, bias) -> tuple[int, int, int]:

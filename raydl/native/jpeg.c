@@ -174,3 +174,16 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     raydl_resize_release(r);
     return warned ? RAYDL_EJPEG : RAYDL_OK;
 }
+
+void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t *len, const double *box,
+                                 const int *flip, const int *scale_denom, int out_h, int out_w, int out_format,
+                                 const float *scale, const float *bias, void *const *dst, int fast, int *rc,
+                                 char *errbuf, int errbuf_len) {
+    for (int i = 0; i < n; i++) {
+        char *err = errbuf ? errbuf + (size_t)i * (size_t)errbuf_len : NULL;
+        if (err && errbuf_len > 0) err[0] = '\0';
+        rc[i] = raydl_jpeg_crop_resize(data[i], len[i], box[4 * i], box[4 * i + 1], box[4 * i + 2], box[4 * i + 3],
+                                       out_h, out_w, flip[i], out_format, scale, bias, dst[i], scale_denom[i], fast,
+                                       err, errbuf_len);
+    }
+}

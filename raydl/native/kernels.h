@@ -60,4 +60,15 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            int out_h, int out_w, int flip, int out_format,
                            const float *scale, const float *bias, void *dst,
                            int scale_denom, int fast, char *errbuf, int errbuf_len);
+
+/* raydl_jpeg_crop_resize for n samples of one batch, one after the other in
+ * the calling thread (one call from Python, the GIL released once). Slot i:
+ * data[i] (len[i] bytes), box[4i .. 4i+3], flip[i], scale_denom[i], dst[i];
+ * the output size, format, scale, bias and fast are shared. rc[i] gets slot
+ * i's code and errbuf + i * errbuf_len its message: one slot's failure never
+ * stops the others. */
+void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t *len, const double *box,
+                                 const int *flip, const int *scale_denom, int out_h, int out_w, int out_format,
+                                 const float *scale, const float *bias, void *const *dst, int fast, int *rc,
+                                 char *errbuf, int errbuf_len);
 #endif

@@ -92,3 +92,56 @@ def test_box_outside_the_image_is_refused():
     out = np.empty((64, 64, 3), np.uint8)
     with pytest.raises(NativeKernelError, match="failed"):
         native.jpeg_crop_resize_into(data, (0, 0, 101, 100), out, flip=False)
+
+
+def _cmyk_jpeg() -> bytes:
+    buf = io.BytesIO()
+    Image.new("CMYK", (80, 60), (10, 20, 30, 40)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def test_many_decodes_each_slot_as_one_call_would_and_fails_per_slot():
+    """jpeg_crop_resize_many: good slots get the single call's floats; a corrupt, CMYK or bad-box slot fails alone."""
+    prog = _program()
+    scale, bias = prog._affine
+    good = [_jpeg(90 + 11 * s, 120 + 5 * s, s) for s in range(4)]
+    data = [good[0], good[1][: len(good[1]) // 2], good[2], _cmyk_jpeg(), good[3], good[0]]
+    boxes = [(0.0, 0.0, 120.0, 90.0), (0.0, 0.0, 125.0, 101.0), (3.5, 2.0, 100.0, 80.0), (0.0, 0.0, 80.0, 60.0),
+             (10.0, 10.0, 135.0, 123.0), (0.0, 0.0, 121.0, 90.0)]  # the last is one column too wide
+    flips = [False, True, True, False, True, False]
+    outs = np.full((6, 3, 64, 64), -7.0, np.float32)
+    got = native.jpeg_crop_resize_many(data, boxes, list(outs), flips=flips, scale=scale, bias=bias,
+                                       scale_denoms=[1, 1, 2, 1, 1, 1])
+    assert got[0] is True and got[2] is True and got[4] is True and got[3] is False
+    assert isinstance(got[1], ValueError) and "corrupt JPEG" in str(got[1])
+    assert isinstance(got[5], NativeKernelError)
+    for k, denom in ((0, 1), (2, 2), (4, 1)):
+        one = np.empty((3, 64, 64), np.float32)
+        assert native.jpeg_crop_resize_into(data[k], boxes[k], one, flip=flips[k], scale=scale, bias=bias,
+                                            scale_denom=denom)
+        np.testing.assert_array_equal(outs[k], one)
+    assert (outs[3] == -7.0).all()  # a declined slot is left as it was
+
+
+def test_run_many_gives_the_pixels_and_errors_of_run():
+    """SampleProgram.run_many: per sample the floats run writes, or the exception run raises (JPEG, PNG, CMYK, junk)."""
+    prog = _program()
+    png = io.BytesIO()
+    Image.fromarray(np.full((70, 90, 3), 100, np.uint8)).save(png, "PNG")
+    jpg = _jpeg(120, 160, 9)
+    items = [jpg, png.getvalue(), jpg[: len(jpg) // 2], _cmyk_jpeg(), b"junk" * 10, _jpeg(200, 150, 4)]
+    want = np.zeros((len(items), 3, 64, 64), np.float32)
+    errors = []
+    for k, data in enumerate(items):
+        try:
+            prog.run(data, 1000 + k, want[k])
+            errors.append(None)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    got = np.zeros_like(want)
+    results = prog.run_many([(data, 1000 + k, got[k]) for k, data in enumerate(items)])
+    assert [type(r) for r in results] == [type(e) for e in errors]
+    assert [str(r) for r in results] == [str(e) for e in errors]
+    assert errors[0] is None and errors[1] is None and errors[3] is None and errors[5] is None
+    assert errors[2] is not None and errors[4] is not None
+    np.testing.assert_array_equal(got, want)

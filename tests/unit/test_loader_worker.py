@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,3 +129,28 @@ def test_driver_threads_take_the_workers_niceness_and_never_raise_it(image_folde
     assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {niceness}
     _renice(tids, 5)
     assert {os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {niceness}
+
+
+def test_a_corrupt_jpeg_in_a_decode_chunk_is_skipped_alone(image_folder, tmp_path):
+    """Samples decoded a chunk per native call: one corrupt JPEG is skipped alone, the others get run's pixels."""
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(image_folder, root)
+    worker, n = _worker(root)
+    files = [Path(raydl.read_images(str(root)).catalog.uri(i)) for i in range(n)]  # sample id -> file
+    victim = next(i for i, p in enumerate(files) if p.suffix == ".jpg" and i < 40)
+    body = files[victim].read_bytes()
+    keep = body.index(b"\xff\xda") + 20  # the headers and the start of the scan, then noise (same size)
+    noise = np.random.default_rng(0).integers(0, 256, len(body) - keep, dtype=np.uint8).tobytes()
+    files[victim].write_bytes(body[:keep] + noise)
+    ids = list(range(min(n, 40)))
+    result = worker.run_batch(_task(ids))
+    assert [s.sample_id for s in result.skipped] == [victim] and "corrupt JPEG" in result.skipped[0].reason
+    assert result.batch["id"].tolist() == [i for i in ids if i != victim]
+    task = _task(ids)
+    program = worker._spec.program
+    for row, sid in enumerate(result.batch["id"].tolist()):
+        want = np.empty(program.slot_shape(), program.dtype)
+        program.run(files[sid].read_bytes(), int(task.seeds[sid]), want)
+        np.testing.assert_array_equal(result.batch["image"][row], want)
