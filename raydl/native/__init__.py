@@ -194,6 +194,9 @@ def jpeg_crop_resize_many(
     ffi, lib, _ = _load_jpeg()
     if lib is None:
         return None
+    if not hasattr(lib, "raydl_jpeg_crop_resize_many"):  # a module built before it existed: one call each
+        return [_try_one(d, b, o, flip=f, scale=scale, bias=bias, scale_denom=s, fast=fast)
+                for d, b, o, f, s in zip(data, boxes, outs, flips, scale_denoms, strict=True)]
     n = len(data)
     if not (len(boxes) == len(outs) == len(flips) == len(scale_denoms) == n):
         raise ValueError("data, boxes, outs, flips and scale_denoms must have one entry per sample")
@@ -218,6 +221,13 @@ def jpeg_crop_resize_many(
     )
     return [_jpeg_status(int(rc), ffi.string(err + i * _ERR_LEN) if rc != _OK else b"", boxes[i], outs[i].shape)
             for i, rc in enumerate(ints[2].tolist())]
+
+
+def _try_one(data: bytes, box, out: np.ndarray, **kwargs) -> bool | Exception:
+    try:
+        return jpeg_crop_resize_into(data, box, out, **kwargs)
+    except (DecodeError, NativeKernelError) as exc:
+        return exc
 
 
 def _jpeg_status(rc: int, msg: bytes, box, shape) -> bool | Exception:
