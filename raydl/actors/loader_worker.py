@@ -4,9 +4,10 @@ Ray wiring (`ray.remote`, options, placement) is applied in raydl/loader.py.
 A task names its samples and their augmentation seeds. The worker turns the
 samples into byte ranges (catalog rows: shard, offset, length), coalesces
 neighbouring ranges into blocks, and fetches the blocks on its IO pool
-(`io_concurrency` threads: many for S3, a few for disk). As each block lands,
-its samples are cut out and queued for the decode pool, so IO and decode overlap
-within a batch; decode threads take the queued samples a chunk at a time, decode
+(`io_concurrency` threads: many for S3, a few for disk; several blocks per IO
+task when a batch has many, as an image folder's one-file blocks). As each
+block lands, its samples are cut out and queued for the decode pool, so IO and
+decode overlap within a batch; decode threads take the queued samples a chunk at a time, decode
 a chunk's JPEGs in one native call (libjpeg-turbo and the C kernel, the GIL
 released once per chunk) and write straight into each sample's slot of one
 preallocated batch array.
@@ -54,6 +55,7 @@ from raydl.transforms import SampleProgram
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
 
 MAX_SUBSTITUTES = 8  # tries per failed sample under on_error="replace" before the batch fails
+IO_TASKS_PER_THREAD = 4  # a batch's blocks go to this many IO tasks per IO thread (fewer when there are few)
 DECODE_CHUNK = 16  # samples a decode thread takes at once (one native call); fewer as the batch's queue drains
 
 
@@ -271,8 +273,16 @@ class LoaderWorker:
                                                                     unreadable=True, error=type(exc))))
             return out + decode(samples)
 
+        def fetch_all(blocks: list[Block]) -> list[Future]:
+            return [f for block in blocks for f in fetch(block)]
+
+        # Several blocks per IO task, each handed to the decode threads as it lands: an image folder has one
+        # block per file, and a task (and a thread wake-up) per file cost more CPU than reading it. There are
+        # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
+        blocks = coalesce(where[:, :3].tolist())
+        per = max(1, len(blocks) // (IO_TASKS_PER_THREAD * self._io.concurrency))
         decodes: list[Future] = []
-        for done in as_completed([self._io.submit(fetch, b) for b in coalesce(where[:, :3].tolist())]):
+        for done in as_completed([self._io.submit(fetch_all, blocks[k:k + per]) for k in range(0, len(blocks), per)]):
             decodes.extend(done.result())
         for f in decodes:
             f.result()  # a LoaderError (not the sample's fault) fails the batch here

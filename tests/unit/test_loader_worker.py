@@ -154,3 +154,18 @@ def test_a_corrupt_jpeg_in_a_decode_chunk_is_skipped_alone(image_folder, tmp_pat
         want = np.empty(program.slot_shape(), program.dtype)
         program.run(files[sid].read_bytes(), int(task.seeds[sid]), want)
         np.testing.assert_array_equal(result.batch["image"][row], want)
+
+
+def test_an_unreadable_file_fails_alone_in_its_io_task(image_folder, tmp_path):
+    """Blocks are read several per IO task: a file gone since listing is unreadable alone, its task-mates decode."""
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(image_folder, root)
+    worker, n = _worker(root)
+    files = [Path(raydl.read_images(str(root)).catalog.uri(i)) for i in range(n)]
+    files[5].unlink()
+    ids = list(range(min(n, 40)))  # 40 one-file blocks over 4 IO threads: 2 blocks per IO task
+    result = worker.run_batch(_task(ids))
+    assert [s.sample_id for s in result.unreadable] == [5] and not result.skipped
+    assert result.batch["id"].tolist() == [i for i in ids if i != 5]
