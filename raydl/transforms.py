@@ -354,9 +354,13 @@ class SampleProgram:
         if not jpegs:
             return results
         scale, bias = self._affine
-        done = native.jpeg_crop_resize_many(
-            [items[j[0]][0] for j in jpegs], [j[3] for j in jpegs], [items[j[0]][2] for j in jpegs],
-            flips=[j[4] for j in jpegs], scale=scale, bias=bias, scale_denoms=[j[5] for j in jpegs], fast=self.fast)
+        try:
+            done: list | None = native.jpeg_crop_resize_many(
+                [items[j[0]][0] for j in jpegs], [j[3] for j in jpegs], [items[j[0]][2] for j in jpegs],
+                flips=[j[4] for j in jpegs], scale=scale, bias=bias, scale_denoms=[j[5] for j in jpegs],
+                fast=self.fast)
+        except Exception as exc:  # noqa: BLE001 - a bad slot layout: every sample of the call fails with it
+            done = [exc] * len(jpegs)
         for i, (k, h, w, box, flip, factor) in enumerate(jpegs):
             status = False if done is None else done[i]
             if isinstance(status, Exception):

@@ -7,10 +7,10 @@ neighbouring ranges into blocks, and fetches the blocks on its IO pool
 (`io_concurrency` threads: many for S3, a few for disk; several blocks per IO
 task when a batch has many, as an image folder's one-file blocks). As each
 block lands, its samples are cut out and queued for the decode pool, so IO and
-decode overlap within a batch; decode threads take the queued samples a chunk at a time, decode
-a chunk's JPEGs in one native call (libjpeg-turbo and the C kernel, the GIL
-released once per chunk) and write straight into each sample's slot of one
-preallocated batch array.
+decode overlap within a batch; decode threads take the queued samples a chunk
+at a time, decode a chunk's JPEGs in one native call (libjpeg-turbo and the C
+kernel, the GIL released once per chunk) and write straight into each
+sample's slot of one preallocated batch array.
 The returned arrays go into Ray's object store as they are; a reader on the
 same node maps them without a copy.
 
