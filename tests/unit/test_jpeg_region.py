@@ -123,9 +123,10 @@ def test_many_decodes_each_slot_as_one_call_would_and_fails_per_slot():
     assert (outs[3] == -7.0).all()  # a declined slot is left as it was
 
 
-def test_run_many_gives_the_pixels_and_errors_of_run():
+@pytest.mark.parametrize("fast", [False, True], ids=["default", "fast"])
+def test_run_many_gives_the_pixels_and_errors_of_run(fast):
     """SampleProgram.run_many: per sample the floats run writes, or the exception run raises (JPEG, PNG, CMYK, junk)."""
-    prog = _program()
+    prog = compile_stages((Decode(fast=fast), RandomResizedCrop(64), RandomHFlip(), Normalize.make("imagenet", None)))
     png = io.BytesIO()
     Image.fromarray(np.full((70, 90, 3), 100, np.uint8)).save(png, "PNG")
     jpg = _jpeg(120, 160, 9)
