@@ -31,6 +31,7 @@ import threading
 import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -204,6 +205,11 @@ class LoaderWorker:
         failed: list[Skipped | None] = [None] * n
         replaced: list[Replaced] = []
         replace = self._spec.on_error == "replace"
+        submitted: list[Future] = []  # every decode-pool task of this batch (a failed batch waits for them all)
+
+        def submit(fn, *args) -> None:
+            future = self._pool.submit(fn, *args)
+            submitted.append(future)
 
         def finish(i: int, failure: Skipped | None) -> None:
             if failure is not None and replace and not failure.fatal:
@@ -240,28 +246,30 @@ class LoaderWorker:
             except BaseException:
                 with lock:
                     drains[0] -= 1
+                    ready.clear()  # the batch fails: the other drains need not decode the rest
                 raise
 
-        def decode(samples: list[tuple[int, bytes]]) -> list[Future]:
+        def decode(samples: list[tuple[int, bytes]]) -> None:
             """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""
             with lock:
                 ready.extend(samples)
                 if drains[0] >= threads:
-                    return []
+                    return
                 drains[0] += 1
-            return [self._pool.submit(drain)]
+            submit(drain)
 
-        def fetch(block: Block) -> list[Future]:
+        def fetch(block: Block) -> None:
             """Read one block (on an IO thread), then hand each of its samples to the decode pool."""
             shard = shards[block.shard]
             uri = shard.uri
             try:
                 data = self._source.read_block(self._storage, shard, block.offset, block.length)
             except DataSourceError as exc:
-                return [self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
-                                                             unreadable=True, error=type(exc)))
-                        for i in block.members]
-            out, samples = [], []
+                for i in block.members:
+                    submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc), unreadable=True,
+                                              error=type(exc)))
+                return
+            samples = []
             for i in block.members:
                 shard, offset, length, row = (int(v) for v in where[i])
                 start = offset - block.offset
@@ -269,23 +277,30 @@ class LoaderWorker:
                 try:
                     samples.append((i, self._source.cut(shard, offset, length, row, piece)))
                 except DataSourceError as exc:
-                    out.append(self._pool.submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc),
-                                                                    unreadable=True, error=type(exc))))
-            return out + decode(samples)
+                    submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc), unreadable=True,
+                                              error=type(exc)))
+            decode(samples)
 
-        def fetch_all(blocks: list[Block]) -> list[Future]:
-            return [f for block in blocks for f in fetch(block)]
+        def fetch_all(blocks: list[Block]) -> None:
+            for block in blocks:
+                fetch(block)
 
         # Several blocks per IO task, each handed to the decode threads as it lands: an image folder has one
         # block per file, and a task (and a thread wake-up) per file cost more CPU than reading it. There are
         # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
         blocks = coalesce(where[:, :3].tolist())
         per = max(1, len(blocks) // (IO_TASKS_PER_THREAD * self._io.concurrency))
-        decodes: list[Future] = []
-        for done in as_completed([self._io.submit(fetch_all, blocks[k:k + per]) for k in range(0, len(blocks), per)]):
-            decodes.extend(done.result())
-        for f in decodes:
-            f.result()  # a LoaderError (not the sample's fault) fails the batch here
+        io = [self._io.submit(fetch_all, blocks[k:k + per]) for k in range(0, len(blocks), per)]
+        try:
+            for done in as_completed(io):
+                done.result()
+            for f in submitted:  # complete: only the IO tasks, all done now, submit decode tasks
+                f.result()  # a LoaderError (not the sample's fault) fails the batch here
+        except BaseException:
+            # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing there.
+            futures_wait(io)
+            futures_wait(list(submitted))
+            raise
         ok = np.array([f is None for f in failed], dtype=bool)
         bad = [f for f in failed if f is not None]
         if bad:  # the batch gets shorter by the failed rows (maybe to 0) and keeps its place in the plan

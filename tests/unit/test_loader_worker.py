@@ -169,3 +169,51 @@ def test_an_unreadable_file_fails_alone_in_its_io_task(image_folder, tmp_path):
     result = worker.run_batch(_task(ids))
     assert [s.sample_id for s in result.unreadable] == [5] and not result.skipped
     assert result.batch["id"].tolist() == [i for i in ids if i != 5]
+
+
+class _FaultyProgram:
+    """A sample program whose run_many fails one sample with a non-decode error and is slow on the others."""
+
+    def __init__(self, program, bad_seed: int):
+        import threading
+
+        self._program, self._bad_seed = program, bad_seed
+        self._lock = threading.Lock()
+        self.active = 0  # run_many calls under way
+
+    def __getattr__(self, name):
+        return getattr(self._program, name)
+
+    def run_many(self, items):
+        import time
+
+        with self._lock:
+            self.active += 1
+        try:
+            out = []
+            for data, seed, slot in items:
+                if seed == self._bad_seed:
+                    out.append(RuntimeError("a bug in a kernel"))
+                    continue
+                time.sleep(0.01)
+                out.append(self._program.run_many([(data, seed, slot)])[0])
+            return out
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+def test_a_failed_batch_returns_only_once_none_of_its_tasks_still_writes(image_folder):
+    """A batch failed by a non-decode error raises only after every decode task of it has ended, since its buffer
+    goes back to the pool for the next batch."""
+    from raydl.errors import LoaderError
+
+    worker, n = _worker(image_folder)
+    ids = list(range(min(n, 40)))
+    task = _task(ids)
+    faulty = _FaultyProgram(worker._spec.program, int(task.seeds[0]))
+    worker._spec = WorkerSpec(program=faulty, threads=2, on_error="skip")
+    with pytest.raises(LoaderError, match="sample 0 .*a bug in a kernel"):
+        worker.run_batch(task)
+    assert faulty.active == 0
+    assert len(worker._free) == 1  # its buffer is back in the pool, and nothing writes there any more
