@@ -228,6 +228,7 @@ class LoaderWorker:
         ready: deque[tuple[int, bytes]] = deque()
         lock = threading.Lock()
         drains = [0]  # drain tasks of this batch submitted and not yet finished
+        stop = threading.Event()  # a drain failed, so the batch fails: no more reading or decoding for it
         threads = self._pool._max_workers
 
         def drain() -> None:
@@ -246,12 +247,15 @@ class LoaderWorker:
             except BaseException:
                 with lock:
                     drains[0] -= 1
-                    ready.clear()  # the batch fails: the other drains need not decode the rest
+                    stop.set()
+                    ready.clear()
                 raise
 
         def decode(samples: list[tuple[int, bytes]]) -> None:
             """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""
             with lock:
+                if stop.is_set():
+                    return
                 ready.extend(samples)
                 if drains[0] >= threads:
                     return
@@ -259,7 +263,7 @@ class LoaderWorker:
             submit(drain)
 
         def fetch(block: Block) -> None:
-            """Read one block (on an IO thread), then hand each of its samples to the decode pool."""
+            """Read one block (on an IO thread), then queue its samples for the decode threads."""
             shard = shards[block.shard]
             uri = shard.uri
             try:
@@ -283,6 +287,8 @@ class LoaderWorker:
 
         def fetch_all(blocks: list[Block]) -> None:
             for block in blocks:
+                if stop.is_set():
+                    return
                 fetch(block)
 
         # Several blocks per IO task, each handed to the decode threads as it lands: an image folder has one
@@ -290,8 +296,10 @@ class LoaderWorker:
         # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
         blocks = coalesce(where[:, :3].tolist())
         per = max(1, len(blocks) // (IO_TASKS_PER_THREAD * self._io.concurrency))
-        io = [self._io.submit(fetch_all, blocks[k:k + per]) for k in range(0, len(blocks), per)]
+        io: list[Future] = []
         try:
+            for k in range(0, len(blocks), per):
+                io.append(self._io.submit(fetch_all, blocks[k:k + per]))
             for done in as_completed(io):
                 done.result()
             for f in submitted:  # complete: only the IO tasks, all done now, submit decode tasks
