@@ -95,6 +95,11 @@ class Skipped:
         """The data changed under the loader or access is denied: no substitute may hide it."""
         return issubclass(self.error, (ObjectChangedError, AccessDeniedError))
 
+    @classmethod
+    def read_failed(cls, sample_id: int, uri: str, exc: DataSourceError) -> Skipped:
+        """A sample whose bytes could not be read, named by the error's URI, else by `uri`."""
+        return cls(sample_id, exc.uri or uri, str(exc), unreadable=True, error=type(exc))
+
 
 @dataclass(frozen=True)
 class Replaced:
@@ -270,8 +275,7 @@ class LoaderWorker:
                 data = self._source.read_block(self._storage, shard, block.offset, block.length)
             except DataSourceError as exc:
                 for i in block.members:
-                    submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc), unreadable=True,
-                                              error=type(exc)))
+                    submit(finish, i, Skipped.read_failed(int(task.ids[i]), uri, exc))
                 return
             samples = []
             for i in block.members:
@@ -281,8 +285,7 @@ class LoaderWorker:
                 try:
                     samples.append((i, self._source.cut(shard, offset, length, row, piece)))
                 except DataSourceError as exc:
-                    submit(finish, i, Skipped(int(task.ids[i]), exc.uri or uri, str(exc), unreadable=True,
-                                              error=type(exc)))
+                    submit(finish, i, Skipped.read_failed(int(task.ids[i]), uri, exc))
             decode(samples)
 
         def fetch_all(blocks: list[Block]) -> None:
@@ -337,8 +340,7 @@ class LoaderWorker:
         try:
             uri, data = self._read(sid)
         except DataSourceError as exc:
-            return Skipped(sid, exc.uri or self._shard_infos(self._where[sid:sid + 1, 0])[0].uri, str(exc),
-                           unreadable=True, error=type(exc))
+            return Skipped.read_failed(sid, self._shard_infos(self._where[sid:sid + 1, 0])[0].uri, exc)
         return self._decode(sid, uri, data, seed, out)
 
     def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Skipped | None:
