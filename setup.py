@@ -4,6 +4,7 @@ Everything else lives in pyproject.toml. The kernels are optional: when no C
 compiler is present the build is skipped and raydl uses its numpy/Pillow
 fallback, with a warning that says why (see raydl/native/__init__.py).
 """
+
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 

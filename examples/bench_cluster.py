@@ -7,6 +7,7 @@ The same as
         --json DIR/cluster.json --plot DIR/cluster.png
 at a size that runs in a minute; see docs/benchmarks.md for the full-size commands.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,15 +20,37 @@ from raydl.cli import main as raydl
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", help="where to write cluster.json and cluster.png (default: a temporary folder)")
+    parser.add_argument(
+        "--out", help="where to write cluster.json and cluster.png (default: a temporary folder)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="raydl-bench-cluster-") as tmp:
         out = args.out or tmp
         os.makedirs(out, exist_ok=True)
-        raydl(["bench", "cluster", "--simulate-nodes", "3", "--cpus-per-node", "1", "--ranks", "3",
-               "--data", os.path.join(tmp, "images"), "--images", "96", "--batch-size", "16",
-               "--checkpoint-mib", "8", "--json", os.path.join(out, "cluster.json"),
-               "--plot", os.path.join(out, "cluster.png")])
+        raydl(
+            [
+                "bench",
+                "cluster",
+                "--simulate-nodes",
+                "3",
+                "--cpus-per-node",
+                "1",
+                "--ranks",
+                "3",
+                "--data",
+                os.path.join(tmp, "images"),
+                "--images",
+                "96",
+                "--batch-size",
+                "16",
+                "--checkpoint-mib",
+                "8",
+                "--json",
+                os.path.join(out, "cluster.json"),
+                "--plot",
+                os.path.join(out, "cluster.png"),
+            ]
+        )
         with open(os.path.join(out, "cluster.json")) as f:
             result = json.load(f)
         assert [r["nodes"] for r in result["rows"]] == [1, 2, 3]

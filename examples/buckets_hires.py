@@ -9,6 +9,7 @@ flip, normalize) and checks that every batch holds one bucket:
 Only the crop's region of each JPEG is decoded, at 1/2 or 1/4 scale in the
 DCT domain where the output allows it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="raydl-hires-") as root:
         write_photos(root, args.images)
-        cfg = load_config("configs/buckets-hires.yaml", [f"source.path={root}", "loader.batch_size=4",
-                                                         f"pipeline.aspect_buckets.size={args.size}"])
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        cfg = load_config(
+            "configs/buckets-hires.yaml",
+            [f"source.path={root}", "loader.batch_size=4", f"pipeline.aspect_buckets.size={args.size}"],
+        )
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+        )
         ds = cfg.dataset()
         print(ds)
         print("bucket histogram:", ds.bucket_counts())

@@ -9,6 +9,7 @@ them through `checkpoint.broadcast`, a chain in which each peer serves on what
 it already holds, so the publisher sends the bytes once. Each peer's copy is
 then compared with the trainer's, tensor by tensor, without moving them again.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,11 @@ class Trainer:
     def __init__(self, mib: int) -> None:
         torch.manual_seed(0)
         rows = max(1, mib * (1 << 20) // 4 // 1024)
-        self.state = {"layer1.weight": torch.randn(rows, 1024), "layer1.bias": torch.zeros(1024),
-                      "step": torch.tensor([1000])}
+        self.state = {
+            "layer1.weight": torch.randn(rows, 1024),
+            "layer1.bias": torch.zeros(1024),
+            "step": torch.tensor([1000]),
+        }
 
     def publish(self):
         return checkpoint.publish(self.state)
@@ -55,8 +59,11 @@ def main() -> None:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     try:
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-        trainer = ray.remote(Trainer).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            nodes[0], soft=False)).remote(args.mib)
+        trainer = (
+            ray.remote(Trainer)
+            .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[0], soft=False))
+            .remote(args.mib)
+        )
         ref = ray.get(trainer.publish.remote())
         peers = [checkpoint.peer_actor(n) for n in nodes[1:]]
         t0 = time.perf_counter()
@@ -66,8 +73,10 @@ def main() -> None:
         for peer, res in zip(peers, results):
             assert ray.get(peer.summary.remote(ref.key)) == want, f"peer {res['holder']} holds other bytes"
         how = "fabric chain" if results and results[0].get("ref") is not None else "object store"
-        print(f"broadcast {ref.size / 2**20:.1f} MiB from node {nodes[0][:8]} to {len(peers)} peers on other nodes "
-              f"in {seconds:.2f} s over the {how}; every copy matches the trainer's")
+        print(
+            f"broadcast {ref.size / 2**20:.1f} MiB from node {nodes[0][:8]} to {len(peers)} peers on other nodes "
+            f"in {seconds:.2f} s over the {how}; every copy matches the trainer's"
+        )
         for res in results:
             print(f"  {res['holder']}: read from {res['source']} in {res['seconds']:.2f} s")
         for p in peers:

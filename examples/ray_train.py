@@ -6,6 +6,7 @@ Each TorchTrainer worker calls `loader.iterator(world_rank)`; the batches of
 every rank come from the same loader actors, and each rank gets the same
 number of batches, so DDP's collective calls never wait on a missing batch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,9 @@ def train_loop_per_worker(config: dict) -> None:
     loader = config["loader"]
     ctx = ray.train.get_context()
     it = loader.iterator(ctx.get_world_rank())
-    model = prepare_model(torch.nn.Sequential(
-        torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(), torch.nn.Linear(3 * 64, 4)))
+    model = prepare_model(
+        torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(), torch.nn.Linear(3 * 64, 4))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for epoch in range(config["epochs"]):
         ids = []
@@ -38,8 +40,13 @@ def train_loop_per_worker(config: dict) -> None:
             loss.backward()
             opt.step()
             ids += batch["id"].tolist()
-        summary = {"epoch": epoch, "rank": ctx.get_world_rank(), "batches": len(it), "ids": ids,
-                   "loss": loss.item()}
+        summary = {
+            "epoch": epoch,
+            "rank": ctx.get_world_rank(),
+            "batches": len(it),
+            "ids": ids,
+            "loss": loss.item(),
+        }
         ray.train.report({k: v for k, v in summary.items() if k != "ids"})
         # Ray Train keeps metrics only with checkpoints; the driver reads this file instead.
         with open(os.path.join(config["report_dir"], f"rank{summary['rank']}-epoch{epoch}.json"), "w") as f:
@@ -58,8 +65,9 @@ def run(root: str, *, workers: int = 2, epochs: int = 2, storage: str | None = N
         trainer = TorchTrainer(
             train_loop_per_worker,
             train_loop_config={"loader": loader, "epochs": epochs, "report_dir": report_dir},
-            scaling_config=ScalingConfig(num_workers=workers, use_gpu=False,
-                                         resources_per_worker={"CPU": 0.5}),
+            scaling_config=ScalingConfig(
+                num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 0.5}
+            ),
             run_config=RunConfig(storage_path=storage),
         )
         result = trainer.fit()
@@ -80,10 +88,14 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         make_images(root, args.images, classes=4, corrupt=0)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+        )
         for s in run(root, workers=args.workers, epochs=args.epochs):
-            print(f"rank {s['rank']} epoch {s['epoch']}: {s['batches']} batches, {len(s['ids'])} samples, "
-                  f"last loss {s['loss']:.3f}")
+            print(
+                f"rank {s['rank']} epoch {s['epoch']}: {s['batches']} batches, {len(s['ids'])} samples, "
+                f"last loss {s['loss']:.3f}"
+            )
         ray.shutdown()
 
 

@@ -7,6 +7,7 @@ Without --endpoint-url, moto's server (`pip install 'moto[server]'`) is started 
 boto3 (environment, profile, instance role). Both reads give the same labels
 and pixels as the local files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,11 @@ def local_s3() -> str:
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    for k, v in {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "demo",
+        "AWS_SECRET_ACCESS_KEY": "demo",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         os.environ.setdefault(k, v)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

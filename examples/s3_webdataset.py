@@ -9,6 +9,7 @@ by `--set`: each loader actor fetches the samples with ranged GETs, straight
 from the shards. Against real S3, leave `source.s3.endpoint_url` unset and
 boto3 finds the credentials and region as usual.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,13 @@ def write_shards(s3, bucket: str, shards: int, per_shard: int, tmp: str) -> None
     for s in range(shards):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
-            for i, path in enumerate(paths[s * per_shard:(s + 1) * per_shard]):
+            for i, path in enumerate(paths[s * per_shard : (s + 1) * per_shard]):
                 key = f"sample{s:03d}{i:04d}"
                 label = str(int(os.path.basename(os.path.dirname(path))[1:])).encode()
-                for name, data in ((f"{key}{os.path.splitext(path)[1]}", open(path, "rb").read()),
-                                   (f"{key}.cls", label)):
+                for name, data in (
+                    (f"{key}{os.path.splitext(path)[1]}", open(path, "rb").read()),
+                    (f"{key}.cls", label),
+                ):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -51,9 +54,14 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the server logs every request otherwise
-    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                 ("AWS_DEFAULT_REGION", "us-east-1")):
-        os.environ.setdefault(k, v)  # moto takes any credentials; set before Ray starts, so actors inherit them
+    for k, v in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        os.environ.setdefault(
+            k, v
+        )  # moto takes any credentials; set before Ray starts, so actors inherit them
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -63,11 +71,19 @@ def main() -> None:
         s3.create_bucket(Bucket="raydl-example")
         with tempfile.TemporaryDirectory(prefix="raydl-wds-") as tmp:
             write_shards(s3, "raydl-example", args.shards, args.per_shard, tmp)
-        cfg = load_config("configs/webdataset-s3.yaml", [
-            f"source.urls=s3://raydl-example/imagenet/train-{{000000..{args.shards - 1:06d}}}.tar",
-            f"source.s3.endpoint_url={endpoint}", "loader.batch_size=16", "loader.world_size=1",
-            "pipeline.random_resized_crop.size=64"])
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        cfg = load_config(
+            "configs/webdataset-s3.yaml",
+            [
+                f"source.urls=s3://raydl-example/imagenet/train-{{000000..{args.shards - 1:06d}}}.tar",
+                f"source.s3.endpoint_url={endpoint}",
+                "loader.batch_size=16",
+                "loader.world_size=1",
+                "pipeline.random_resized_crop.size=64",
+            ],
+        )
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+        )
         ds = cfg.dataset()
         print(ds)
         seen = 0
@@ -79,8 +95,10 @@ def main() -> None:
                 seen += len(batch["id"])
             stats = it.stats()
         assert seen == len(ds) - len(ds) % 16  # drop_last: whole batches only
-        print(f"read {seen} of {len(ds)} samples from {args.shards} shards in s3://raydl-example over {endpoint} "
-              f"({stats.images_per_s:.0f} images/s, {stats.samples_skipped} skipped)")
+        print(
+            f"read {seen} of {len(ds)} samples from {args.shards} shards in s3://raydl-example over {endpoint} "
+            f"({stats.images_per_s:.0f} images/s, {stats.samples_skipped} skipped)"
+        )
         ray.shutdown()
     finally:
         server.stop()

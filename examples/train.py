@@ -17,6 +17,7 @@
 - Rank 0 prints one line per epoch (throughput, consumer wait, skipped samples,
   checkpoint transfer time) and one per evaluation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,14 @@ def say(line: str) -> None:
 
 def make_model(num_classes: int) -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, num_classes))
+        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, num_classes),
+    )
 
 
 # -- state that survives a stopped job ---------------------------------------------------
@@ -123,11 +129,15 @@ def train_loop_per_worker(cfg: dict) -> None:
         it.load_state_dict(iters[rank] if len(iters) == world else iters[0])  # another world size: re-dealt
         first_epoch = state["epoch"]
         if rank == 0:
-            say(f"{PREFIX} resumed from {job.state_dir}: epoch {first_epoch}, next batch "
-                  f"{iters[0]['batches_done']} of loader epoch {iters[0]['epoch']}")
+            say(
+                f"{PREFIX} resumed from {job.state_dir}: epoch {first_epoch}, next batch "
+                f"{iters[0]['batches_done']} of loader epoch {iters[0]['epoch']}"
+            )
     model = prepare_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr)
-    evaluator = start_evaluator(cfg["val_loader"], cfg["num_classes"]) if rank == 0 and cfg["val_loader"] else None
+    evaluator = (
+        start_evaluator(cfg["val_loader"], cfg["num_classes"]) if rank == 0 and cfg["val_loader"] else None
+    )
     evals, published_box = [], []  # the ref rank 0 serves now (unpublished when the next replaces it)
     steps = job.steps_per_epoch or len(it)
     for epoch in range(first_epoch, job.epochs):
@@ -140,27 +150,38 @@ def train_loop_per_worker(cfg: dict) -> None:
             if step + 1 >= steps:
                 break  # the loader's epoch continues where this one stopped
         after, wall = it.stats(), time.perf_counter() - t0
-        mine = {"samples": after.samples_delivered - before.samples_delivered, "wall": wall,
-                "wait": after.wait_s - before.wait_s, "skipped": after.samples_skipped - before.samples_skipped,
-                "loss": loss.item() if loss is not None else float("nan"), "state": it.state_dict()}
+        mine = {
+            "samples": after.samples_delivered - before.samples_delivered,
+            "wall": wall,
+            "wait": after.wait_s - before.wait_s,
+            "skipped": after.samples_skipped - before.samples_skipped,
+            "loss": loss.item() if loss is not None else float("nan"),
+            "state": it.state_dict(),
+        }
         ranks: list = [None] * world
         dist.all_gather_object(ranks, mine)
         if rank == 0:
             report_epoch(epoch, job, ranks, evaluator, evals, published_box, model)
         ray.train.report({"epoch": epoch + 1, "loss": mine["loss"]})  # every rank reports (a collective)
     for e in ray.get(evals):
-        say(f"{PREFIX} eval epoch {e['epoch']}: accuracy {e['accuracy']:.3f} on {e['samples']} validation samples")
+        say(
+            f"{PREFIX} eval epoch {e['epoch']}: accuracy {e['accuracy']:.3f} on {e['samples']} validation samples"
+        )
     if published_box:
         checkpoint.unpublish(published_box[0])
 
 
-def report_epoch(epoch: int, job, ranks: list[dict], evaluator, evals: list, published_box: list, model) -> None:
+def report_epoch(
+    epoch: int, job, ranks: list[dict], evaluator, evals: list, published_box: list, model
+) -> None:
     """Rank 0 at an epoch's end: publish the weights to the evaluator, persist the state, print the line."""
     world = len(ranks)
-    line = (f"{PREFIX} epoch {epoch + 1}/{job.epochs}: {sum(r['samples'] for r in ranks)} samples on {world} ranks, "
-            f"{sum(r['samples'] for r in ranks) / max(r['wall'] for r in ranks):.1f} images/s, "
-            f"wait {max(r['wait'] for r in ranks):.2f} s, skipped {sum(r['skipped'] for r in ranks)}, "
-            f"loss {ranks[0]['loss']:.3f}")
+    line = (
+        f"{PREFIX} epoch {epoch + 1}/{job.epochs}: {sum(r['samples'] for r in ranks)} samples on {world} ranks, "
+        f"{sum(r['samples'] for r in ranks) / max(r['wall'] for r in ranks):.1f} images/s, "
+        f"wait {max(r['wait'] for r in ranks):.2f} s, skipped {sum(r['skipped'] for r in ranks)}, "
+        f"loss {ranks[0]['loss']:.3f}"
+    )
     plain = model.module if hasattr(model, "module") else model  # DDP's wrapper adds a "module." prefix
     if evaluator is not None:
         if published_box:
@@ -177,11 +198,19 @@ def report_epoch(epoch: int, job, ranks: list[dict], evaluator, evals: list, pub
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="configs/local-demo.yaml", help="a YAML config (see docs/configs.md)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one value, e.g. --set loader.batch_size=16 (repeatable)")
-    parser.add_argument("--address", default=None,
-                        help="Ray address (default: the job's RAY_ADDRESS, else a new local Ray)")
+    parser.add_argument(
+        "--config", default="configs/local-demo.yaml", help="a YAML config (see docs/configs.md)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one value, e.g. --set loader.batch_size=16 (repeatable)",
+    )
+    parser.add_argument(
+        "--address", default=None, help="Ray address (default: the job's RAY_ADDRESS, else a new local Ray)"
+    )
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.set)
     job = cfg.job
@@ -194,18 +223,25 @@ def main(argv: list[str] | None = None) -> int:
     address = args.address or ray_address() or "local"
     ray.init(address=address, **({"num_cpus": 2, "include_dashboard": False} if address == "local" else {}))
     ds, val = cfg.dataset(), (cfg.val_dataset() if cfg.val and job.evaluate else None)
-    print(f"{PREFIX}: {args.config} on {len(ray.nodes())} node(s), {job.workers} ranks, {len(ds)} samples\n{ds}",
-          flush=True)
+    print(
+        f"{PREFIX}: {args.config} on {len(ray.nodes())} node(s), {job.workers} ranks, {len(ds)} samples\n{ds}",
+        flush=True,
+    )
     storage = job.storage_path or os.path.join(job.state_dir or tempfile.gettempdir(), "ray-train")
     with ds.loader_from_config(cfg.loader) as loader:
         val_loader = val.loader_from_config(cfg.val.loader) if val is not None else None
         try:
             trainer = TorchTrainer(
                 train_loop_per_worker,
-                train_loop_config={"loader": loader, "val_loader": val_loader, "job": job,
-                                   "num_classes": max(1, len(ds.catalog.classes))},
-                scaling_config=ScalingConfig(num_workers=job.workers, use_gpu=False,
-                                             resources_per_worker={"CPU": job.cpus_per_worker}),
+                train_loop_config={
+                    "loader": loader,
+                    "val_loader": val_loader,
+                    "job": job,
+                    "num_classes": max(1, len(ds.catalog.classes)),
+                },
+                scaling_config=ScalingConfig(
+                    num_workers=job.workers, use_gpu=False, resources_per_worker={"CPU": job.cpus_per_worker}
+                ),
                 run_config=RunConfig(storage_path=storage, name=f"raydl-train-{os.getpid()}"),
             )
             result = trainer.fit()

@@ -4,6 +4,7 @@
 
 Each rank holds its own iterator; a tiny torch model trains on the batches.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,18 +39,24 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         make_images(root, args.images, classes=4)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+        )
         ds = raydl.read_images(root).decode().random_resized_crop(64).random_hflip().normalize("imagenet")
         losses: dict = {}
         with ds.loader(batch_size=32, world_size=2, seed=0) as loader:
-            threads = [threading.Thread(target=train_rank, args=(loader, r, args.epochs, losses)) for r in range(2)]
+            threads = [
+                threading.Thread(target=train_rank, args=(loader, r, args.epochs, losses)) for r in range(2)
+            ]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
         for rank, (loss, stats) in sorted(losses.items()):
-            print(f"rank {rank}: last loss {loss:.3f}, {stats.samples_delivered} samples, "
-                  f"{stats.samples_skipped} skipped, waited {stats.wait_s:.2f} s")
+            print(
+                f"rank {rank}: last loss {loss:.3f}, {stats.samples_delivered} samples, "
+                f"{stats.samples_skipped} skipped, waited {stats.wait_s:.2f} s"
+            )
         ray.shutdown()
 
 

@@ -10,6 +10,7 @@ needs one module (the loader's coordinator actor, which imports
 raydl.actors.coordinator) does not pay for numpy, pyarrow, Pillow and the
 rest at start-up.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -7,6 +7,7 @@ process that lists a catalog or makes a batch, none of which uses pandas. The
 catalog's columns are int64 and strings, so they are built from their buffers
 here, and the worker reads keys and shard rows through numpy views.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ def int_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     for chunk in chunks:
         if chunk.null_count:
             raise ValueError("an integer column with nulls")
-        parts.append(np.frombuffer(chunk.buffers()[1], dtype)[chunk.offset:chunk.offset + len(chunk)])
+        parts.append(np.frombuffer(chunk.buffers()[1], dtype)[chunk.offset : chunk.offset + len(chunk)])
     if len(parts) == 1:
         return parts[0]
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
@@ -45,8 +46,11 @@ def string_array(values: Sequence[str]) -> pa.Array:
     large = len(ends) > 0 and ends[-1] >= 2**31
     offsets = np.zeros(len(data) + 1, np.int64 if large else np.int32)
     offsets[1:] = ends
-    return pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(data),
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+    return pa.Array.from_buffers(
+        pa.large_string() if large else pa.string(),
+        len(data),
+        [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))],
+    )
 
 
 class StringColumn:
@@ -59,7 +63,9 @@ class StringColumn:
             raise ValueError("a string column with nulls")
         _validity, offsets, data = column.buffers()
         wide = pa.types.is_large_string(column.type)
-        self._offsets = np.frombuffer(offsets, np.int64 if wide else np.int32)[column.offset:column.offset + len(column) + 1]
+        self._offsets = np.frombuffer(offsets, np.int64 if wide else np.int32)[
+            column.offset : column.offset + len(column) + 1
+        ]
         self._data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
         self._len = len(column)
 

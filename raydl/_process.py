@@ -1,4 +1,5 @@
 """Who this process is, in the one form raydl's messages and registries use."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Its finalizer is a bijection on 64-bit words with good avalanche, cheap in
 Python and in numpy, and the same on every platform.
 """
+
 from __future__ import annotations
 
 import numpy as np

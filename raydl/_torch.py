@@ -1,4 +1,5 @@
 """numpy batches to torch tensors. torch is an optional extra, imported only here."""
+
 from __future__ import annotations
 
 import warnings

@@ -7,6 +7,7 @@ added and duplicates removed. An image goes to the bucket whose width/height is
 nearest its own (a tie goes to the wider bucket, as in datago); a ratio outside
 [min_ratio, max_ratio] lands in the nearest end bucket.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,11 +29,14 @@ def check_bucket_args(size: int, multiple: int, min_ratio: float, max_ratio: flo
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
             raise ValueError(f"{name} must be a positive number, got {v!r}")
     if min_ratio > max_ratio:
-        raise ValueError(f"min_ratio must not exceed max_ratio, got min_ratio={min_ratio} > max_ratio={max_ratio}")
+        raise ValueError(
+            f"min_ratio must not exceed max_ratio, got min_ratio={min_ratio} > max_ratio={max_ratio}"
+        )
 
 
-def bucket_set(size: int, multiple: int = 32, min_ratio: float = 0.5,
-               max_ratio: float = 2.0) -> tuple[tuple[int, int], ...]:
+def bucket_set(
+    size: int, multiple: int = 32, min_ratio: float = 0.5, max_ratio: float = 2.0
+) -> tuple[tuple[int, int], ...]:
     """The buckets as (height, width), sorted by aspect ratio width / height (ascending)."""
     check_bucket_args(size, multiple, min_ratio, max_ratio)
     p = size // multiple
@@ -44,7 +48,9 @@ def bucket_set(size: int, multiple: int = 32, min_ratio: float = 0.5,
             found.add((h, w))
             found.add((w, h))  # the transposed bucket
     if not found:
-        raise ValueError(f"no bucket fits size={size}, multiple={multiple}, ratios [{min_ratio}, {max_ratio}]")
+        raise ValueError(
+            f"no bucket fits size={size}, multiple={multiple}, ratios [{min_ratio}, {max_ratio}]"
+        )
     return tuple(sorted(found, key=lambda hw: (hw[1] / hw[0], hw[0])))
 
 

@@ -25,6 +25,7 @@ Two fingerprints:
   etag. Resume states carry it, so a state cannot be loaded against changed
   data (a copy of the same files elsewhere in the same store keeps it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -87,13 +88,14 @@ class Catalog:
         from raydl.sizes import catalog_sizes
 
         dims = catalog_sizes(self)
-        table = (self.table.append_column("width", int_array(dims.widths, np.int32))
-                 .append_column("height", int_array(dims.heights, np.int32)))
+        table = self.table.append_column("width", int_array(dims.widths, np.int32)).append_column(
+            "height", int_array(dims.heights, np.int32)
+        )
         return dataclasses.replace(self, table=table, size_errors=dict(dims.errors))
 
 
 def _relative(uri: str, root: str) -> str:
-    return uri[len(root):].lstrip("/") if uri.startswith(root) else uri
+    return uri[len(root) :].lstrip("/") if uri.startswith(root) else uri
 
 
 def _fingerprint(table: pa.Table, shards: pa.Table | None, root: str) -> str:
@@ -111,11 +113,13 @@ def _fingerprint(table: pa.Table, shards: pa.Table | None, root: str) -> str:
     add_table(table)
     if shards is None:
         return h.hexdigest()[:32]
-    rel = pa.table({
-        "path": string_array([_relative(u, root) for u in shards.column("uri").to_pylist()]),
-        "size": shards.column("size"),
-        "etag": shards.column("etag"),
-    })
+    rel = pa.table(
+        {
+            "path": string_array([_relative(u, root) for u in shards.column("uri").to_pylist()]),
+            "size": shards.column("size"),
+            "etag": shards.column("etag"),
+        }
+    )
     add_table(rel)
     return h.hexdigest()[:32]
 
@@ -156,11 +160,21 @@ def make_catalog(
     if bad:
         raise ValueError(f"catalog columns must all have {n} rows; got {bad}")
     table = pa.table(columns)
-    shard_table = pa.table({
-        "uri": string_array([s.uri for s in shards]),
-        "size": int_array([s.size for s in shards]),
-        "etag": string_array([s.etag for s in shards]),
-    })
-    return Catalog(root=root, storage=storage, source=source, shards=shard_table, table=table,
-                   classes=tuple(classes), fingerprint=_fingerprint(table, shard_table, root),
-                   samples_fingerprint=_fingerprint(table, None, root), size_errors=dict(size_errors or {}))
+    shard_table = pa.table(
+        {
+            "uri": string_array([s.uri for s in shards]),
+            "size": int_array([s.size for s in shards]),
+            "etag": string_array([s.etag for s in shards]),
+        }
+    )
+    return Catalog(
+        root=root,
+        storage=storage,
+        source=source,
+        shards=shard_table,
+        table=table,
+        classes=tuple(classes),
+        fingerprint=_fingerprint(table, shard_table, root),
+        samples_fingerprint=_fingerprint(table, None, root),
+        size_errors=dict(size_errors or {}),
+    )

@@ -1,5 +1,6 @@
 """The `raydl` command: `raydl demo`, `raydl make-images`, `raydl bench loader`, `raydl bench checkpoint`,
 `raydl fabric-info`."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,10 +14,18 @@ def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="load a generated image folder with two ranks on a local Ray")
     p.add_argument("--images", type=int, default=512, help="images to generate (default 512)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--config", default=None, help="loader settings: the `loader:` section of a YAML config "
-                   "(e.g. configs/local-demo.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config value, e.g. --set loader.batch_size=32 (repeatable)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="loader settings: the `loader:` section of a YAML config (e.g. configs/local-demo.yaml)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set loader.batch_size=32 (repeatable)",
+    )
     p.add_argument("--dir", default=None, help="where to write the images (default: a temporary folder)")
     p.set_defaults(func=lambda args: __import__("raydl.demo", fromlist=["main"]).main(args))
 
@@ -30,14 +39,21 @@ def _add_make_images(sub) -> None:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="side-by-side benchmarks")
     bench_sub = p.add_subparsers(dest="bench", required=True)
-    for name, module_name in (("loader", "loader"), ("storage", "storage"), ("checkpoint", "checkpoint"),
-                              ("cluster", "cluster"), ("control-plane", "control_plane")):
+    for name, module_name in (
+        ("loader", "loader"),
+        ("storage", "storage"),
+        ("checkpoint", "checkpoint"),
+        ("cluster", "cluster"),
+        ("control-plane", "control_plane"),
+    ):
         try:
             module = importlib.import_module(f"raydl.bench.{module_name}")
         except ImportError as exc:  # an optional peer or plotting package is missing: say so when asked
             why = str(exc)
             bp = bench_sub.add_parser(name, help=f"unavailable: {why}")
-            bp.set_defaults(func=lambda args, name=name, why=why: sys.exit(f"raydl bench {name} is unavailable: {why}"))
+            bp.set_defaults(
+                func=lambda args, name=name, why=why: sys.exit(f"raydl bench {name} is unavailable: {why}")
+            )
             continue
         module.add_parser(bench_sub)
         bench_sub.choices[name].set_defaults(func=module.main)

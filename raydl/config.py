@@ -18,6 +18,7 @@ This is the only module that reads raydl's environment variables (pyfi, the
 libfabric bindings, keeps its own two in raydl/native/pyfi/_env.py so that it
 stays importable alone).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -144,7 +145,9 @@ class LoaderConfig:
         positive_int("num_workers", self.num_workers)
         if self.object_store_budget is not None:
             positive_int("object_store_budget", self.object_store_budget)
-        if self.node_resource is not None and not (isinstance(self.node_resource, str) and self.node_resource):
+        if self.node_resource is not None and not (
+            isinstance(self.node_resource, str) and self.node_resource
+        ):
             raise ValueError(f"node_resource must be a non-empty resource name, got {self.node_resource!r}")
         if self.threads_per_worker is not None:
             positive_int("threads_per_worker", self.threads_per_worker)
@@ -179,7 +182,11 @@ class S3Options:
                 raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
         positive_int("max_concurrency", self.max_concurrency)
         positive_int("retries", self.retries)
-        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+        if (
+            isinstance(self.timeout_s, bool)
+            or not isinstance(self.timeout_s, (int, float))
+            or self.timeout_s <= 0
+        ):
             raise ValueError(f"timeout_s must be a positive number, got {self.timeout_s!r}")
 
 
@@ -229,8 +236,9 @@ class WebDatasetSource:
         import raydl
 
         urls = self.urls if isinstance(self.urls, str) else list(self.urls)
-        return raydl.read_webdataset(urls, s3=self.s3, image_fields=tuple(self.image_fields),
-                                     label_field=self.label_field)
+        return raydl.read_webdataset(
+            urls, s3=self.s3, image_fields=tuple(self.image_fields), label_field=self.label_field
+        )
 
 
 @dataclass(frozen=True)
@@ -247,7 +255,9 @@ class ParquetSource:
         import raydl
 
         paths = self.paths if isinstance(self.paths, str) else list(self.paths)
-        return raydl.read_parquet(paths, image_column=self.image_column, label_column=self.label_column, s3=self.s3)
+        return raydl.read_parquet(
+            paths, image_column=self.image_column, label_column=self.label_column, s3=self.s3
+        )
 
 
 def _generate_images(path: str, n: int, seed: int) -> None:
@@ -313,7 +323,9 @@ class JobConfig:
     epochs: int = 2
     steps_per_epoch: int | None = None  # train at most this many steps per epoch (None: the whole epoch)
     lr: float = 0.05
-    state_dir: str | None = None  # model + iterator state after every epoch; a resubmitted job resumes from it
+    state_dir: str | None = (
+        None  # model + iterator state after every epoch; a resubmitted job resumes from it
+    )
     storage_path: str | None = None  # Ray Train's storage (default: a folder under state_dir or /tmp)
     evaluate: bool = True  # an evaluation actor fetches each epoch's weights peer to peer and runs `val`
 
@@ -393,8 +405,15 @@ class _Reader:
             if k not in known:
                 full = f"{key}.{k}"
                 raise ValueError(f"{self.where(full)}: unknown key `{full}`; `{key}` takes {sorted(known)}")
-        missing = [f.name for f in fields(cls) if f.init and f.name not in data and f.name not in extra
-                   and f.default is MISSING and f.default_factory is MISSING]
+        missing = [
+            f.name
+            for f in fields(cls)
+            if f.init
+            and f.name not in data
+            and f.name not in extra
+            and f.default is MISSING
+            and f.default_factory is MISSING
+        ]
         if missing:
             raise ValueError(f"{self.path}: `{key}` needs {', '.join(f'`{key}.{m}`' for m in missing)}")
         try:
@@ -406,8 +425,10 @@ class _Reader:
         data = self.mapping(data, key)
         kind = data.get("kind", "images")
         if kind not in SOURCES:
-            raise ValueError(f"{self.where(key + '.kind')}: unknown source kind {kind!r} in `{key}.kind`; "
-                             f"one of {sorted(SOURCES)}")
+            raise ValueError(
+                f"{self.where(key + '.kind')}: unknown source kind {kind!r} in `{key}.kind`; "
+                f"one of {sorted(SOURCES)}"
+            )
         s3 = self.build(S3Options, data["s3"], f"{key}.s3") if data.get("s3") is not None else None
         return self.build(SOURCES[kind], data, key, skip=("kind", "s3"), **({"s3": s3} if s3 else {}))
 
@@ -415,8 +436,10 @@ class _Reader:
         if data is None:
             return PipelineConfig()
         if not isinstance(data, list):
-            raise ValueError(f"{self.where(key)}: `{key}` must be a list of stages, e.g. [decode, "
-                             f"{{random_resized_crop: {{size: 224}}}}]")
+            raise ValueError(
+                f"{self.where(key)}: `{key}` must be a list of stages, e.g. [decode, "
+                f"{{random_resized_crop: {{size: 224}}}}]"
+            )
         from raydl.dataset import Dataset
 
         stages = []
@@ -427,16 +450,22 @@ class _Reader:
                 method, kwargs = next(iter(item.items()))
                 kwargs = self.mapping(kwargs, f"{key}.{i}")
             else:
-                raise ValueError(f"{self.path}: `{key}[{i}]` must be a stage name or a one-key mapping "
-                                 f"{{stage: {{arg: value}}}}, got {item!r}")
+                raise ValueError(
+                    f"{self.path}: `{key}[{i}]` must be a stage name or a one-key mapping "
+                    f"{{stage: {{arg: value}}}}, got {item!r}"
+                )
             if method not in _stage_methods(Dataset):
-                raise ValueError(f"{self.where(f'{key}.{i}')}: unknown stage `{key}[{i}].{method}`; stages are "
-                                 f"{sorted(_stage_methods(Dataset))}")
+                raise ValueError(
+                    f"{self.where(f'{key}.{i}')}: unknown stage `{key}[{i}].{method}`; stages are "
+                    f"{sorted(_stage_methods(Dataset))}"
+                )
             params = _stage_methods(Dataset)[method]
             for k in kwargs:
                 if k not in params:
-                    raise ValueError(f"{self.where(f'{key}.{method}.{k}')}: unknown key `{key}[{i}].{method}.{k}`; "
-                                     f"`{method}` takes {sorted(params)}")
+                    raise ValueError(
+                        f"{self.where(f'{key}.{method}.{k}')}: unknown key `{key}[{i}].{method}.{k}`; "
+                        f"`{method}` takes {sorted(params)}"
+                    )
             stages.append(StageSpec(method, tuple((k, _frozen(v)) for k, v in kwargs.items())))
         return PipelineConfig(tuple(stages))
 
@@ -476,7 +505,9 @@ def _expand(value: object, path: str) -> object:
     def one(m: re.Match) -> str:
         got = os.environ.get(m.group(1))
         if got is None and m.group(2) is None:
-            raise ValueError(f"{path}: ${{{m.group(1)}}} is not set (write ${{{m.group(1)}:-default}} for a default)")
+            raise ValueError(
+                f"{path}: ${{{m.group(1)}}} is not set (write ${{{m.group(1)}:-default}} for a default)"
+            )
         return got if got is not None else m.group(2)
 
     return _ENV.sub(one, value)
@@ -571,17 +602,32 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         v = r.mapping(data["val"], "val")
         for k in v:
             if k not in ("source", "pipeline", "loader"):
-                raise ValueError(f"{r.where('val.' + k)}: unknown key `val.{k}`; `val` takes "
-                                 f"['loader', 'pipeline', 'source']")
+                raise ValueError(
+                    f"{r.where('val.' + k)}: unknown key `val.{k}`; `val` takes "
+                    f"['loader', 'pipeline', 'source']"
+                )
         if "source" not in v:
             raise ValueError(f"{path}: `val` needs a `val.source`")
-        val_loader = {**{f.name: getattr(loader, f.name) for f in fields(LoaderConfig)},
-                      "shuffle": False, "world_size": 1, **r.mapping(v.get("loader"), "val.loader")}
-        val = ValConfig(r.source(v["source"], "val.source"), r.pipeline(v.get("pipeline"), "val.pipeline"),
-                        r.build(LoaderConfig, val_loader, "val.loader"))
-    return Config(source=r.source(data["source"], "source"), pipeline=r.pipeline(data.get("pipeline"), "pipeline"),
-                  loader=loader, val=val, job=job, bench=r.build(BenchConfig, data.get("bench"), "bench"),
-                  path=path)
+        val_loader = {
+            **{f.name: getattr(loader, f.name) for f in fields(LoaderConfig)},
+            "shuffle": False,
+            "world_size": 1,
+            **r.mapping(v.get("loader"), "val.loader"),
+        }
+        val = ValConfig(
+            r.source(v["source"], "val.source"),
+            r.pipeline(v.get("pipeline"), "val.pipeline"),
+            r.build(LoaderConfig, val_loader, "val.loader"),
+        )
+    return Config(
+        source=r.source(data["source"], "source"),
+        pipeline=r.pipeline(data.get("pipeline"), "pipeline"),
+        loader=loader,
+        val=val,
+        job=job,
+        bench=r.build(BenchConfig, data.get("bench"), "bench"),
+        path=path,
+    )
 
 
 def load_loader_config(path: str | os.PathLike, **overrides: object) -> LoaderConfig:

@@ -3,6 +3,7 @@
 Nothing runs until `.loader(...)`: a Dataset is a catalog plus a tuple of
 declarative stages, and printing it shows every stage.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -76,8 +77,10 @@ def read_webdataset(
     fields = (image_fields,) if isinstance(image_fields, str) else tuple(image_fields)
     if not fields or not all(isinstance(f, str) and f for f in fields):
         raise ValueError(f"image_fields must be a non-empty tuple of field names, got {image_fields!r}")
-    patterns = [p[len("file://"):] if p.startswith("file://") else p for p in map(str, patterns)]
-    return Dataset(list_webdataset(patterns, storage_of=storage_of, image_fields=fields, label_field=label_field))
+    patterns = [p[len("file://") :] if p.startswith("file://") else p for p in map(str, patterns)]
+    return Dataset(
+        list_webdataset(patterns, storage_of=storage_of, image_fields=fields, label_field=label_field)
+    )
 
 
 def read_parquet(
@@ -106,8 +109,10 @@ def read_parquet(
     if len(schemes) > 1:
         raise ValueError(f"all Parquet paths must use one scheme, got {sorted(schemes)} in {paths!r}")
     storage = storage_for(patterns[0], s3)
-    patterns = [p[len("file://"):] if p.startswith("file://") else p for p in patterns]
-    return Dataset(list_parquet(patterns, storage=storage, image_column=image_column, label_column=label_column))
+    patterns = [p[len("file://") :] if p.startswith("file://") else p for p in patterns]
+    return Dataset(
+        list_parquet(patterns, storage=storage, image_column=image_column, label_column=label_column)
+    )
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,15 @@ class Dataset:
         """The central `size` (int or (height, width)) window."""
         return self._with(CenterCrop(size))
 
-    def aspect_buckets(self, size: int = 512, *, multiple: int = 32, min_ratio: float = 0.5,
-                       max_ratio: float = 2.0, crop: str = "center") -> Dataset:
+    def aspect_buckets(
+        self,
+        size: int = 512,
+        *,
+        multiple: int = 32,
+        min_ratio: float = 0.5,
+        max_ratio: float = 2.0,
+        crop: str = "center",
+    ) -> Dataset:
         """Crop and resize every image into the aspect-ratio bucket nearest its own (datago's buckets).
 
         Buckets: with p = size // multiple and s = p*p, each pw from
@@ -217,10 +229,19 @@ class Dataset:
         `S3Options.max_concurrency` for S3).
         """
         config = LoaderConfig(
-            batch_size=batch_size, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
-            on_error=on_error, num_workers=num_workers, threads_per_worker=threads_per_worker,
-            cpus_per_worker=cpus_per_worker, node_resource=node_resource, prefetch_batches=prefetch_batches,
-            object_store_budget=object_store_budget, io_concurrency=io_concurrency,
+            batch_size=batch_size,
+            world_size=world_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            on_error=on_error,
+            num_workers=num_workers,
+            threads_per_worker=threads_per_worker,
+            cpus_per_worker=cpus_per_worker,
+            node_resource=node_resource,
+            prefetch_batches=prefetch_batches,
+            object_store_budget=object_store_budget,
+            io_concurrency=io_concurrency,
         )
         return self.loader_from_config(config)
 
@@ -233,6 +254,8 @@ class Dataset:
 
     def __repr__(self) -> str:
         c = self.catalog
-        lines = [f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={len(c.classes)})"]
+        lines = [
+            f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={len(c.classes)})"
+        ]
         lines += [f"  -> {st!r}" for st in self.stages]
         return "\n".join(lines)

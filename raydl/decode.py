@@ -5,6 +5,7 @@ alpha) comes out as (H, W, 3) uint8. Bytes that cannot be decoded raise
 raydl.errors.DecodeError (a ValueError) with the decoder's reason, never an
 object's repr; the caller names the file. Nothing else here is a decode error.
 """
+
 from __future__ import annotations
 
 import io
@@ -18,9 +19,19 @@ from PIL import Image, UnidentifiedImageError
 
 from raydl.errors import DecodeError
 
-__all__ = ["HEADER_BYTES", "NeedMoreBytes", "dct_factor", "decode_rgb", "header_size", "image_size", "is_jpeg"]
+__all__ = [
+    "HEADER_BYTES",
+    "NeedMoreBytes",
+    "dct_factor",
+    "decode_rgb",
+    "header_size",
+    "image_size",
+    "is_jpeg",
+]
 
-HEADER_BYTES = 16 * 1024  # what listing reads of each file first; EXIF and ICC blocks can push JPEG's SOF further
+HEADER_BYTES = (
+    16 * 1024
+)  # what listing reads of each file first; EXIF and ICC blocks can push JPEG's SOF further
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")
@@ -138,8 +149,9 @@ def header_size(prefix: bytes, *, complete: bool) -> tuple[int, int]:
 FIDELITY_MIN_RATIO = 12.0  # default mode: DCT-scale by 2 only while the box stays >= 12x the output
 
 
-def dct_factor(height: int, width: int, box_h: float, box_w: float, out_h: int, out_w: int, *,
-               fast: bool = False) -> int:
+def dct_factor(
+    height: int, width: int, box_h: float, box_w: float, out_h: int, out_w: int, *, fast: bool = False
+) -> int:
     """The JPEG DCT downscale (1, 2, 4 or 8) to decode a box at, for an output of out_h x out_w.
 
     Default (fidelity): 2 while the box stays >= 12x the output on both axes,
@@ -176,8 +188,12 @@ def decode_rgb(data: bytes, *, factor: int = 1, fast: bool = False) -> np.ndarra
             if factor > 1:
                 h, w, _, _ = simplejpeg.decode_jpeg_header(data)
                 return simplejpeg.decode_jpeg(
-                    data, colorspace="RGB", min_height=math.ceil(h / factor), min_width=math.ceil(w / factor),
-                    fastdct=fast, fastupsample=fast,
+                    data,
+                    colorspace="RGB",
+                    min_height=math.ceil(h / factor),
+                    min_width=math.ceil(w / factor),
+                    fastdct=fast,
+                    fastupsample=fast,
                 )
             return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=fast, fastupsample=fast)
         except ValueError:

@@ -4,6 +4,7 @@ The images are made here (smooth colour fields with shapes and noise, JPEG and
 PNG, varied sizes and modes, plus one corrupt file), so the demo needs no
 download and shows the skip accounting at work.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,11 @@ def main(args) -> int:
         t0 = time.perf_counter()
         if not ray.is_initialized():
             ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-        print(f"raydl demo: local Ray up in {time.perf_counter() - t0:.1f} s "
-              f"({int(ray.cluster_resources().get('CPU', 0))} CPUs)", flush=True)
+        print(
+            f"raydl demo: local Ray up in {time.perf_counter() - t0:.1f} s "
+            f"({int(ray.cluster_resources().get('CPU', 0))} CPUs)",
+            flush=True,
+        )
         ds = raydl.read_images(root).decode().random_resized_crop(224).random_hflip().normalize("imagenet")
         print(ds)
         if args.config:
@@ -84,7 +88,9 @@ def main(args) -> int:
         with ds.loader_from_config(config) as loader:
             its = [loader.iterator(r) for r in range(world_size)]
             results: dict = {}
-            threads = [threading.Thread(target=_run_rank, args=(its[r], results, r)) for r in range(world_size)]
+            threads = [
+                threading.Thread(target=_run_rank, args=(its[r], results, r)) for r in range(world_size)
+            ]
             start = time.perf_counter()
             for t in threads:
                 t.start()
@@ -97,16 +103,24 @@ def main(args) -> int:
             stats = [it.stats() for it in its]
         total = sum(s.samples_delivered for s in stats)
         print()
-        print(f"{'rank':>4}  {'batches':>7}  {'samples':>7}  {'skipped':>7}  {'first batch':>11}  {'images/s':>8}")
+        print(
+            f"{'rank':>4}  {'batches':>7}  {'samples':>7}  {'skipped':>7}  {'first batch':>11}  {'images/s':>8}"
+        )
         for s in stats:
-            print(f"{s.rank:>4}  {s.batches:>7}  {s.samples_delivered:>7}  {s.samples_skipped:>7}  "
-                  f"{s.time_to_first_batch_s:>9.2f} s  {s.images_per_s:>8.1f}")
-        print(f"{'all':>4}  {sum(s.batches for s in stats):>7}  {total:>7}  "
-              f"{sum(s.samples_skipped for s in stats):>7}  {min(s.time_to_first_batch_s for s in stats):>9.2f} s  "
-              f"{total / wall:>8.1f}")
+            print(
+                f"{s.rank:>4}  {s.batches:>7}  {s.samples_delivered:>7}  {s.samples_skipped:>7}  "
+                f"{s.time_to_first_batch_s:>9.2f} s  {s.images_per_s:>8.1f}"
+            )
+        print(
+            f"{'all':>4}  {sum(s.batches for s in stats):>7}  {total:>7}  "
+            f"{sum(s.samples_skipped for s in stats):>7}  {min(s.time_to_first_batch_s for s in stats):>9.2f} s  "
+            f"{total / wall:>8.1f}"
+        )
         ranks = f"{world_size} rank" + ("" if world_size == 1 else "s")
-        print(f"\nraydl demo: one epoch of {len(ds)} files on {ranks} in {wall:.2f} s; "
-              f"kernels: {raydl.native.kernel_status()}")
+        print(
+            f"\nraydl demo: one epoch of {len(ds)} files on {ranks} in {wall:.2f} s; "
+            f"kernels: {raydl.native.kernel_status()}"
+        )
         return 0
     finally:
         if tmp is not None:

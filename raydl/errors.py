@@ -16,6 +16,7 @@
 Lower-level errors (OSError, PIL, Ray, libfabric) are translated at the boundary with
 `raise ... from exc`, so the original stays in `__cause__`.
 """
+
 from __future__ import annotations
 
 __all__ = [

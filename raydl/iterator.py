@@ -6,22 +6,22 @@ and the next call continues that epoch. The iterator keeps at most
 `prefetch_batches` batch tasks in flight, yields in plan order, and never waits
 for another rank.
 """
+
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import numpy as np
 import ray
 
 from raydl.actors.loader_worker import BatchResult, BatchTask
 from raydl.config import positive_int
-from raydl.errors import BatchTimeoutError, DataSourceError, LoaderError, SampleDecodeError
+from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.plan import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
 from raydl.scheduling import choose_worker, prefetch_depth
 
@@ -51,7 +51,9 @@ class IteratorStats:
     elapsed_s: float = 0.0
     retries: int = 0
     local_batches: int = 0  # made by an actor on this rank's node (read from the object store without a copy)
-    driver_batches: int = 0  # made in this process while the loader's workers started (counted in local_batches)
+    driver_batches: int = (
+        0  # made in this process while the loader's workers started (counted in local_batches)
+    )
     skipped_uris: list[str] = field(default_factory=list, repr=False)
     replaced_uris: list[str] = field(default_factory=list, repr=False)
 
@@ -93,7 +95,9 @@ class DataIterator:
         self._epoch = 0
         self._next = 0  # next batch index of the current epoch
         self._start = 0  # position in the epoch order where this epoch's plan starts (elastic resume)
-        self._pending: dict[int, tuple[ray.ObjectRef | Future, WorkerInfo, int]] = {}  # k -> (ref, worker, attempt)
+        self._pending: dict[
+            int, tuple[ray.ObjectRef | Future, WorkerInfo, int]
+        ] = {}  # k -> (ref, worker, attempt)
         self._node = ray.get_runtime_context().get_node_id()
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
@@ -113,11 +117,23 @@ class DataIterator:
         bucket-pure batches."""
         c = self._config
         if self._buckets is None:
-            return EpochOrder(self._n, seed=c.seed, epoch=self._epoch, shuffle=c.shuffle,
-                              fingerprint=self._loader.samples_fingerprint)
-        return bucket_batches(self._loader.bucket_of, num_buckets=len(self._buckets), batch_size=c.batch_size,
-                              seed=c.seed, epoch=self._epoch, shuffle=c.shuffle, drop_last=c.drop_last,
-                              fingerprint=self._loader.samples_fingerprint)
+            return EpochOrder(
+                self._n,
+                seed=c.seed,
+                epoch=self._epoch,
+                shuffle=c.shuffle,
+                fingerprint=self._loader.samples_fingerprint,
+            )
+        return bucket_batches(
+            self._loader.bucket_of,
+            num_buckets=len(self._buckets),
+            batch_size=c.batch_size,
+            seed=c.seed,
+            epoch=self._epoch,
+            shuffle=c.shuffle,
+            drop_last=c.drop_last,
+            fingerprint=self._loader.samples_fingerprint,
+        )
 
     def _task(self, order: EpochOrder | BucketBatches, plan: EpochPlan, k: int) -> BatchTask:
         bucket = None
@@ -184,7 +200,8 @@ class DataIterator:
         return BatchTimeoutError(
             f"rank {self._rank}: batch {k} of epoch {self._epoch} did not arrive within {timeout_s} s "
             f"(actor {worker.name}); call iter_batches() again to keep waiting",
-            rank=self._rank, batch_index=k,
+            rank=self._rank,
+            batch_index=k,
         )
 
     def _account(self, result: BatchResult, k: int) -> None:
@@ -192,14 +209,16 @@ class DataIterator:
             u = result.unreadable[0]
             raise u.error(  # DataSourceError, or the subclass the worker saw (ObjectChangedError, ...)
                 f"rank {self._rank}: batch {k} of epoch {self._epoch}: cannot read sample {u.sample_id} "
-                f"({u.uri}): {u.reason}" + (f" (and {len(result.unreadable) - 1} more)" if len(result.unreadable) > 1 else ""),
+                f"({u.uri}): {u.reason}"
+                + (f" (and {len(result.unreadable) - 1} more)" if len(result.unreadable) > 1 else ""),
                 uri=u.uri,
             )
         for s in result.skipped:
             if self._config.on_error == "raise":
                 raise SampleDecodeError(
                     f"rank {self._rank}: cannot decode sample {s.sample_id} ({s.uri}): {s.reason}",
-                    uri=s.uri, sample_id=s.sample_id,
+                    uri=s.uri,
+                    sample_id=s.sample_id,
                 )
             if s.uri not in self._logged:
                 self._logged.add(s.uri)
@@ -209,16 +228,28 @@ class DataIterator:
         for r in result.replaced:
             if r.uri not in self._logged:
                 self._logged.add(r.uri)
-                logger.warning("raydl: replaced sample %d (%s) by sample %d: %s", r.sample_id, r.uri,
-                               r.substitute_id, r.reason)
+                logger.warning(
+                    "raydl: replaced sample %d (%s) by sample %d: %s",
+                    r.sample_id,
+                    r.uri,
+                    r.substitute_id,
+                    r.reason,
+                )
             self._stats.replaced_uris.append(r.uri)
         self._stats.samples_replaced += len(result.replaced)
         images = result.batch["image"]
         if result.skipped and len(images) == 0:
-            logger.warning("raydl: rank %d: batch %d of epoch %d has no rows: all %d of its samples failed "
-                           "(on_error='skip'); it is yielded empty, %s %s, so that ranks stay in step "
-                           "(on_error='replace' keeps batches full)", self._rank, k, self._epoch,
-                           len(result.skipped), images.dtype, tuple(images.shape))
+            logger.warning(
+                "raydl: rank %d: batch %d of epoch %d has no rows: all %d of its samples failed "
+                "(on_error='skip'); it is yielded empty, %s %s, so that ranks stay in step "
+                "(on_error='replace' keeps batches full)",
+                self._rank,
+                k,
+                self._epoch,
+                len(result.skipped),
+                images.dtype,
+                tuple(images.shape),
+            )
 
     def _account_unlisted(self) -> None:
         """Samples whose size could not be read at listing are in no bucket: rank 0 reports them each epoch."""
@@ -230,22 +261,30 @@ class DataIterator:
         self._stats.samples_skipped += len(self._loader.unlisted)
 
     def iter_batches(
-        self, *, prefetch_batches: int | None = None, batch_format: str = "numpy", timeout_s: float | None = None
+        self,
+        *,
+        prefetch_batches: int | None = None,
+        batch_format: str = "numpy",
+        timeout_s: float | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Batches of one epoch as dicts: image, label (int64), id (int64), key (list of str)."""
         if batch_format != "numpy":
             raise ValueError(f"batch_format must be 'numpy', got {batch_format!r}")
         depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
         positive_int("prefetch_batches", depth)
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or timeout_s <= 0):
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0
+        ):
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
-        depth = prefetch_depth(depth, batch_bytes=self._loader.batch_bytes,
-                               budget_bytes=self._loader.object_store_budget, world_size=self._config.world_size)
+        depth = prefetch_depth(
+            depth,
+            batch_bytes=self._loader.batch_bytes,
+            budget_bytes=self._loader.object_store_budget,
+            world_size=self._config.world_size,
+        )
         return self._epoch_batches(depth, timeout_s)
 
     def _epoch_batches(self, depth: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
-        c = self._config
         plan = self._plan()
         if self._next >= plan.batches_per_rank:  # the last call took the epoch's last batch, then stopped
             self._epoch, self._next, self._start = self._epoch + 1, 0, 0
@@ -337,24 +376,38 @@ class DataIterator:
         c = self._config
         if state.get("version") != 1:
             raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
-        mine = {"fingerprint": self._loader.fingerprint, "num_samples": self._n, "seed": c.seed,
-                "shuffle": c.shuffle, "drop_last": c.drop_last,
-                "buckets": None if self._buckets is None else [list(b) for b in self._buckets]}
+        mine = {
+            "fingerprint": self._loader.fingerprint,
+            "num_samples": self._n,
+            "seed": c.seed,
+            "shuffle": c.shuffle,
+            "drop_last": c.drop_last,
+            "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
+        }
         for key, value in mine.items():
             if state.get(key) != value:
-                raise ValueError(f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
-                                 f"{value!r}; build the loader over the same data with the same settings")
+                raise ValueError(
+                    f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
+                    f"{value!r}; build the loader over the same data with the same settings"
+                )
         if self._buckets is not None and int(state["batch_size"]) != c.batch_size:
-            raise ValueError(f"cannot resume: the state's batch_size is {state['batch_size']!r}, this loader's is "
-                             f"{c.batch_size!r}; with aspect buckets the batches themselves depend on it")
+            raise ValueError(
+                f"cannot resume: the state's batch_size is {state['batch_size']!r}, this loader's is "
+                f"{c.batch_size!r}; with aspect buckets the batches themselves depend on it"
+            )
         old_unit = 1 if self._buckets is not None else int(state["batch_size"])
-        old = EpochPlan(self._units, int(state["world_size"]), old_unit, c.drop_last, start=int(state["start"]))
+        old = EpochPlan(
+            self._units, int(state["world_size"]), old_unit, c.drop_last, start=int(state["start"])
+        )
         done = int(state["batches_done"])
         epoch, start, next_batch = int(state["epoch"]), old.start, done
         if (int(state["world_size"]), int(state["batch_size"])) != (c.world_size, c.batch_size):
             start, next_batch = old.consumed(done), 0  # re-deal the rest of the epoch
-            if start >= self._units or EpochPlan(self._units, c.world_size, self._unit, c.drop_last,
-                                                 start=start).batches_per_rank == 0:
+            if (
+                start >= self._units
+                or EpochPlan(self._units, c.world_size, self._unit, c.drop_last, start=start).batches_per_rank
+                == 0
+            ):
                 epoch, start = epoch + 1, 0
         self._epoch, self._start, self._next = epoch, start, next_batch
         self._pending.clear()
@@ -364,9 +417,11 @@ class DataIterator:
         """A snapshot of this rank's counters."""
         from dataclasses import replace
 
-        return replace(self._stats, skipped_uris=list(self._stats.skipped_uris),
-                       replaced_uris=list(self._stats.replaced_uris))
+        return replace(
+            self._stats,
+            skipped_uris=list(self._stats.skipped_uris),
+            replaced_uris=list(self._stats.replaced_uris),
+        )
 
     def __repr__(self) -> str:
         return f"DataIterator(rank={self._rank}, epoch={self._epoch}, next_batch={self._next}, batches={len(self)})"
-

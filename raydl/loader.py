@@ -20,6 +20,7 @@ loader waits up to ROOM_WAIT_S for room before failing with who holds the CPUs.
 A Loader pickles into a handle (for Ray Train workers): the copy asks the same
 coordinator for workers, and only the original's shutdown() kills them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,8 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,6 +37,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydl import scheduling
+from raydl._arrow import int_column
+from raydl._process import process_name
 from raydl.actors.coordinator import (
     READY_TIMEOUT_S,
     LoaderCoordinator,
@@ -46,8 +49,6 @@ from raydl.actors.coordinator import (
     no_room_message,
     remote_class,
 )
-from raydl._arrow import int_column
-from raydl._process import process_name
 from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
 from raydl.catalog import Catalog
 from raydl.config import LoaderConfig, ray_worker_niceness
@@ -65,7 +66,9 @@ __all__ = ["Loader"]
 _DEFAULT_BUDGET_FRACTION = 0.25
 _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
 LAUNCH_DELAY_S = 1.0  # how long the launch waits for a first batch to be asked of this process
-ROOM_WAIT_S = 10.0  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
+ROOM_WAIT_S = (
+    10.0  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
+)
 
 
 class Loader:
@@ -81,7 +84,9 @@ class Loader:
         self.program = program
         self.num_samples = len(catalog)
         self.fingerprint = catalog.fingerprint
-        self.samples_fingerprint = catalog.samples_fingerprint  # seeds the shuffle: same files, same order anywhere
+        self.samples_fingerprint = (
+            catalog.samples_fingerprint
+        )  # seeds the shuffle: same files, same order anywhere
         self.buckets, self.bucket_of, self.unlisted, self.plan_units = _plan_units(catalog, program, config)
         self._lock = threading.Lock()
         self._closed = False
@@ -95,8 +100,12 @@ class Loader:
         self.batch_bytes = config.batch_size * program.dtype.itemsize * max(math.prod(s) for s in shapes)
         self.object_store_budget = config.object_store_budget or _default_budget(nodes)
         placement = _initial_placement(config, nodes)
-        spec = WorkerSpec(program=program, threads=config.threads_per_worker, on_error=config.on_error,
-                          io_concurrency=config.io_concurrency)
+        spec = WorkerSpec(
+            program=program,
+            threads=config.threads_per_worker,
+            on_error=config.on_error,
+            io_concurrency=config.io_concurrency,
+        )
         self._catalog_bytes = catalog.table.nbytes + catalog.shards.nbytes
         cpus = {n.node_id: n.cpus for n in nodes}
         here = ray.get_runtime_context().get_node_id()
@@ -104,17 +113,27 @@ class Loader:
         self._starting: dict = {}  # ready() ref -> handle of the workers started here, until they are up
         self._started_at = time.monotonic()
         self._launch_now = threading.Event()
-        threads = scheduling.bootstrap_threads(config.threads_per_worker, usable_cores=len(os.sched_getaffinity(0)))
+        threads = scheduling.bootstrap_threads(
+            config.threads_per_worker, usable_cores=len(os.sched_getaffinity(0))
+        )
         # Only where the user lets the loader decode: this node hosts workers too (label, room).
-        self._bootstrap = (_Bootstrap(spec, catalog, threads, here, on_first=self._launch_now.set)
-                           if here in placement else None)
+        self._bootstrap = (
+            _Bootstrap(spec, catalog, threads, here, on_first=self._launch_now.set)
+            if here in placement
+            else None
+        )
         self._launch: Future = Future()
-        threading.Thread(target=self._run_launch, args=(spec, catalog, placement, cpus, here),
-                         name="raydl-launch", daemon=True).start()
+        threading.Thread(
+            target=self._run_launch,
+            args=(spec, catalog, placement, cpus, here),
+            name="raydl-launch",
+            daemon=True,
+        ).start()
 
     # -- start-up -------------------------------------------------------------------------
-    def _run_launch(self, spec: WorkerSpec, catalog: Catalog, placement: dict[str, int],
-                    cpus: dict[str, float], here: str) -> None:
+    def _run_launch(
+        self, spec: WorkerSpec, catalog: Catalog, placement: dict[str, int], cpus: dict[str, float], here: str
+    ) -> None:
         """Start the workers and the coordinator (on the thread "raydl-launch").
 
         When this process makes the first batch itself, the launch waits for it
@@ -133,14 +152,24 @@ class Loader:
                 return
             catalog_ref = ray.put(catalog)
             spec_ref = ray.put(spec)  # the coordinator passes it on without unpickling it
-            started = [(h, node) for node, k in placement.items()
-                       for h in launch_workers(spec_ref, catalog_ref, self.config, node, k, node_cpus=cpus[node],
-                                               soft=False)]
-            coordinator = remote_class(LoaderCoordinator).options(
-                num_cpus=0, max_concurrency=16, max_restarts=0,
-                # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
-                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-            ).remote([spec_ref], [catalog_ref], self.config, started)
+            started = [
+                (h, node)
+                for node, k in placement.items()
+                for h in launch_workers(
+                    spec_ref, catalog_ref, self.config, node, k, node_cpus=cpus[node], soft=False
+                )
+            ]
+            coordinator = (
+                remote_class(LoaderCoordinator)
+                .options(
+                    num_cpus=0,
+                    max_concurrency=16,
+                    max_restarts=0,
+                    # On the driver's node, whose loss ends the job anyway (soft affinity was seen elsewhere).
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+                )
+                .remote([spec_ref], [catalog_ref], self.config, started)
+            )
             with self._lock:
                 self._starting = {h.ready.remote(): h for h, _node in started}
                 self._coordinator = coordinator
@@ -155,8 +184,9 @@ class Loader:
             try:
                 coordinator = self._launch.result(timeout=READY_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - named below
-                raise LoaderError(f"could not start the loader's workers and coordinator: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                raise LoaderError(
+                    f"could not start the loader's workers and coordinator: {type(exc).__name__}: {exc}"
+                ) from exc
             if coordinator is None:
                 raise LoaderError("the loader is shut down")
             return coordinator
@@ -225,8 +255,11 @@ class Loader:
         """While none of the workers it started is up yet: the runner that makes batches in this
         process (the Loader that started the workers only, within READY_TIMEOUT_S of starting them)."""
         with self._lock:
-            if (self._workers or self._bootstrap is None
-                    or time.monotonic() - self._started_at > READY_TIMEOUT_S):
+            if (
+                self._workers
+                or self._bootstrap is None
+                or time.monotonic() - self._started_at > READY_TIMEOUT_S
+            ):
                 return None
             return self._bootstrap
 
@@ -239,8 +272,10 @@ class Loader:
             self._update(*self._call("workers"))
             workers = self.workers()
         if not workers:
-            raise LoaderError(f"no loader worker is up {timeout_s:.0f} s after asking; see the warnings above "
-                              "(a worker that could not start, or a node that is gone)")
+            raise LoaderError(
+                f"no loader worker is up {timeout_s:.0f} s after asking; see the warnings above "
+                "(a worker that could not start, or a node that is gone)"
+            )
         return workers
 
     def memory(self) -> dict:
@@ -249,8 +284,12 @@ class Loader:
         rank in flight or in use), and the catalog (one copy in the object store, mapped by all)."""
         workers = self.workers()
         per_worker = ray.get([w.handle.memory.remote() for w in workers], timeout=30) if workers else []
-        depth = scheduling.prefetch_depth(self.config.prefetch_batches, batch_bytes=self.batch_bytes,
-                                          budget_bytes=self.object_store_budget, world_size=self.config.world_size)
+        depth = scheduling.prefetch_depth(
+            self.config.prefetch_batches,
+            batch_bytes=self.batch_bytes,
+            budget_bytes=self.object_store_budget,
+            world_size=self.config.world_size,
+        )
         return {
             "batch_bytes": self.batch_bytes,
             "worker_batch_arrays": [m["batch_arrays"] for m in per_worker],
@@ -269,12 +308,16 @@ class Loader:
         with self._lock:  # also when the coordinator has not taken over the workers started here yet
             self._workers = [w for w in self._workers if w.name != dead.name]
         deadline = time.monotonic() + _NO_WORKERS_WAIT_S
-        while not self._workers and time.monotonic() < deadline:  # the last one died: wait for its replacement
+        while (
+            not self._workers and time.monotonic() < deadline
+        ):  # the last one died: wait for its replacement
             time.sleep(0.2)
             self._update(*self._call("workers"))
         if not self._workers:
-            raise LoaderError(f"no loader worker left after {dead.name} died, and none started within "
-                              f"{_NO_WORKERS_WAIT_S:.0f} s")
+            raise LoaderError(
+                f"no loader worker left after {dead.name} died, and none started within "
+                f"{_NO_WORKERS_WAIT_S:.0f} s"
+            )
         with self._lock:
             return list(self._workers)
 
@@ -356,8 +399,10 @@ class Loader:
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"Loader(samples={self.num_samples}, batch_size={c.batch_size}, world_size={c.world_size}, "
-                f"workers={len(self._workers)}, closed={self._closed})")
+        return (
+            f"Loader(samples={self.num_samples}, batch_size={c.batch_size}, world_size={c.world_size}, "
+            f"workers={len(self._workers)}, closed={self._closed})"
+        )
 
 
 def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
@@ -369,10 +414,13 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
     """
     if program.buckets is None:
         return None, None, (), len(catalog)
-    catalog = catalog.with_sizes()  # read here when the catalog came without them (a ValueError where none exist)
+    catalog = (
+        catalog.with_sizes()
+    )  # read here when the catalog came without them (a ValueError where none exist)
     buckets = program.buckets.buckets
-    bucket_of = program.buckets.assign(int_column(catalog.table.column("width")),
-                                       int_column(catalog.table.column("height")))
+    bucket_of = program.buckets.assign(
+        int_column(catalog.table.column("width")), int_column(catalog.table.column("height"))
+    )
     unlisted = tuple(
         (int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog"))
         for i in np.flatnonzero(bucket_of < 0)
@@ -380,20 +428,24 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
     if unlisted and config.on_error == "raise":
         sample_id, uri, reason = unlisted[0]
         more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
-        raise SampleDecodeError(f"cannot bucket sample {sample_id} ({uri}): {reason}{more}",
-                                uri=uri, sample_id=sample_id)
+        raise SampleDecodeError(
+            f"cannot bucket sample {sample_id} ({uri}): {reason}{more}", uri=uri, sample_id=sample_id
+        )
     units = bucket_batch_count(bucket_of, len(buckets), config.batch_size, config.drop_last)
     if units == 0:
-        raise ValueError(f"no aspect bucket holds a full batch of {config.batch_size} (drop_last=True); "
-                         f"bucket sizes: {np.bincount(bucket_of[bucket_of >= 0], minlength=len(buckets)).tolist()}")
+        raise ValueError(
+            f"no aspect bucket holds a full batch of {config.batch_size} (drop_last=True); "
+            f"bucket sizes: {np.bincount(bucket_of[bucket_of >= 0], minlength=len(buckets)).tolist()}"
+        )
     return buckets, bucket_of, unlisted, units
 
 
 class _Bootstrap:
     """Makes batches in the Loader's own process while its workers start (one batch at a time, in order)."""
 
-    def __init__(self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str, *,
-                 on_first: Callable[[], None]) -> None:
+    def __init__(
+        self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str, *, on_first: Callable[[], None]
+    ) -> None:
         self._spec, self._catalog, self._threads = spec, catalog, threads
         self._worker: LoaderWorker | None = None
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
@@ -451,8 +503,9 @@ def _default_budget(nodes: list[scheduling.NodeInfo]) -> int:
 def _initial_placement(config: LoaderConfig, nodes: list[scheduling.NodeInfo]) -> dict[str, int]:
     """Workers to start on each eligible node now; with a CPU reservation, only where it fits,
     waiting up to ROOM_WAIT_S for room. No room anywhere is a LoaderError saying who holds the CPUs."""
-    eligible = scheduling.eligible_nodes(nodes, cpus_per_worker=config.cpus_per_worker,
-                                         node_resource=config.node_resource)
+    eligible = scheduling.eligible_nodes(
+        nodes, cpus_per_worker=config.cpus_per_worker, node_resource=config.node_resource
+    )
     if not eligible:
         raise LoaderError(
             f"no node can host a loader worker: none has {config.cpus_per_worker:g} CPUs in all"
@@ -470,9 +523,13 @@ def _initial_placement(config: LoaderConfig, nodes: list[scheduling.NodeInfo]) -
         fits = scheduling.fit_to_room(want, free, config.cpus_per_worker)
         if fits == want or (fits and time.monotonic() - start > 1.0):
             if fits != want:
-                logger.warning("raydl: room for %d of %d loader workers now (cpus_per_worker=%g); the "
-                               "coordinator starts the rest when CPUs free up", sum(fits.values()),
-                               sum(want.values()), config.cpus_per_worker)
+                logger.warning(
+                    "raydl: room for %d of %d loader workers now (cpus_per_worker=%g); the "
+                    "coordinator starts the rest when CPUs free up",
+                    sum(fits.values()),
+                    sum(want.values()),
+                    config.cpus_per_worker,
+                )
             return fits
         if time.monotonic() - start > ROOM_WAIT_S:
             raise LoaderError(no_room_message(config, nodes, free, time.monotonic() - start))

@@ -5,6 +5,7 @@ measured, that cost 0.9 s per 512 MiB, more than decoding into it. An
 anonymous mapping with MAP_POPULATE asks the kernel for all of it at once
 (0.27 s for the same 512 MiB). The result is page-aligned.
 """
+
 from __future__ import annotations
 
 import mmap

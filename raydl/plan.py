@@ -33,6 +33,7 @@ of its own batches in O(batch_size) and never the whole permutation, so the
 plan's cost per batch does not grow with world size or dataset size
 (docs/benchmarks.md, control plane).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,16 @@ import numpy as np
 from raydl._splitmix import GAMMA, MASK64, mix64, mix64_array
 from raydl.config import positive_int
 
-__all__ = ["BucketBatches", "EpochOrder", "EpochPlan", "augmentation_seeds", "bucket_batch_count", "bucket_batches",
-           "epoch_order", "substitute_id"]
+__all__ = [
+    "BucketBatches",
+    "EpochOrder",
+    "EpochPlan",
+    "augmentation_seeds",
+    "bucket_batch_count",
+    "bucket_batches",
+    "epoch_order",
+    "substitute_id",
+]
 
 _ROUNDS = 6  # Feistel rounds (even); 4 already make a pseudorandom permutation (Luby-Rackoff)
 
@@ -64,7 +73,9 @@ class EpochOrder:
         m = max(2, (num_samples - 1).bit_length())
         self._widths = (m // 2, m - m // 2)  # (left, right) bits; an even number of rounds restores them
         fp = int(fingerprint[:16], 16) if fingerprint else 0
-        self._keys = [np.uint64(k) for k in np.random.SeedSequence([seed, epoch, fp]).generate_state(_ROUNDS, np.uint64)]
+        self._keys = [
+            np.uint64(k) for k in np.random.SeedSequence([seed, epoch, fp]).generate_state(_ROUNDS, np.uint64)
+        ]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -98,7 +109,9 @@ class EpochOrder:
 
 def epoch_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool, fingerprint: str) -> np.ndarray:
     """The epoch's whole global sample order (int64 ids), independent of world size (see EpochOrder)."""
-    return np.asarray(EpochOrder(num_samples, seed=seed, epoch=epoch, shuffle=shuffle, fingerprint=fingerprint))
+    return np.asarray(
+        EpochOrder(num_samples, seed=seed, epoch=epoch, shuffle=shuffle, fingerprint=fingerprint)
+    )
 
 
 def _rng(seed: int, epoch: int, fingerprint: str, *stream: int) -> np.random.Generator:
@@ -118,7 +131,7 @@ class BucketBatches:
         return len(self.bucket)
 
     def batch(self, j: int) -> np.ndarray:
-        return self.ids[self.offsets[j]:self.offsets[j + 1]]
+        return self.ids[self.offsets[j] : self.offsets[j + 1]]
 
 
 def bucket_batch_count(bucket_of: np.ndarray, num_buckets: int, batch_size: int, drop_last: bool) -> int:
@@ -128,8 +141,17 @@ def bucket_batch_count(bucket_of: np.ndarray, num_buckets: int, batch_size: int,
     return int(full.sum() if drop_last else (full + (counts % batch_size > 0)).sum())
 
 
-def bucket_batches(bucket_of: np.ndarray, *, num_buckets: int, batch_size: int, seed: int, epoch: int,
-                   shuffle: bool, drop_last: bool, fingerprint: str) -> BucketBatches:
+def bucket_batches(
+    bucket_of: np.ndarray,
+    *,
+    num_buckets: int,
+    batch_size: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    drop_last: bool,
+    fingerprint: str,
+) -> BucketBatches:
     """Batches of one bucket each, for samples whose bucket is `bucket_of[id]` (-1: in no batch).
 
     Within each bucket the ids are shuffled and chunked into batches of
@@ -148,7 +170,7 @@ def bucket_batches(bucket_of: np.ndarray, *, num_buckets: int, batch_size: int, 
             members = members[rng.permutation(len(members))]
         stop = len(members) - len(members) % batch_size if drop_last else len(members)
         for first in range(0, stop, batch_size):
-            batches.append(members[first:first + batch_size])
+            batches.append(members[first : first + batch_size])
             owners.append(b)
     if not batches:
         return BucketBatches(np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64))
@@ -156,8 +178,9 @@ def bucket_batches(bucket_of: np.ndarray, *, num_buckets: int, batch_size: int, 
     batches = [batches[j] for j in order]
     offsets = np.zeros(len(batches) + 1, np.int64)
     np.cumsum([len(x) for x in batches], out=offsets[1:])
-    return BucketBatches(np.concatenate(batches).astype(np.int64), offsets,
-                         np.asarray(owners, dtype=np.int64)[order])
+    return BucketBatches(
+        np.concatenate(batches).astype(np.int64), offsets, np.asarray(owners, dtype=np.int64)[order]
+    )
 
 
 def augmentation_seeds(ids: np.ndarray, *, seed: int, epoch: int) -> np.ndarray:

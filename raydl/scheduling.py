@@ -1,13 +1,22 @@
 """Scheduling decisions as pure functions: where actors go, which actor runs a
 batch, how deep a rank may prefetch. The loader and iterator carry them out.
 """
+
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["NodeInfo", "bootstrap_threads", "choose_worker", "decode_threads", "fit_to_room", "placement_deficit", "prefetch_depth"]
+__all__ = [
+    "NodeInfo",
+    "bootstrap_threads",
+    "choose_worker",
+    "decode_threads",
+    "fit_to_room",
+    "placement_deficit",
+    "prefetch_depth",
+]
 
 # A rank keeps sending to its own node's actors until each has this many of the
 # rank's batches in flight; past that it spills to the least loaded actor anywhere.
@@ -21,7 +30,9 @@ class NodeInfo:
     resources: Mapping[str, float]
 
 
-def eligible_nodes(nodes: Sequence[NodeInfo], *, cpus_per_worker: float, node_resource: str | None) -> list[str]:
+def eligible_nodes(
+    nodes: Sequence[NodeInfo], *, cpus_per_worker: float, node_resource: str | None
+) -> list[str]:
     """Nodes that may host loader actors: enough CPUs for one, and the label when one is asked for."""
     out = []
     for n in nodes:
@@ -49,7 +60,9 @@ def bootstrap_threads(threads_per_worker: int | None, *, usable_cores: int) -> i
     return threads_per_worker or max(1, usable_cores)
 
 
-def fit_to_room(deficit: Mapping[str, int], free_cpus: Mapping[str, float], cpus_per_worker: float) -> dict[str, int]:
+def fit_to_room(
+    deficit: Mapping[str, int], free_cpus: Mapping[str, float], cpus_per_worker: float
+) -> dict[str, int]:
     """The part of `deficit` that fits the CPUs free on each node now (all of it when workers reserve none)."""
     if cpus_per_worker <= 0:
         return dict(deficit)
@@ -61,7 +74,9 @@ def fit_to_room(deficit: Mapping[str, int], free_cpus: Mapping[str, float], cpus
     return out
 
 
-def placement_deficit(eligible: Sequence[str], actors_per_node: Mapping[str, int], per_node: int) -> dict[str, int]:
+def placement_deficit(
+    eligible: Sequence[str], actors_per_node: Mapping[str, int], per_node: int
+) -> dict[str, int]:
     """How many actors to start on each eligible node so that each has `per_node`."""
     return {n: per_node - actors_per_node.get(n, 0) for n in eligible if actors_per_node.get(n, 0) < per_node}
 
@@ -73,7 +88,9 @@ def replacement_node(eligible: Sequence[str], actors_per_node: Mapping[str, int]
     return min(eligible, key=lambda n: (actors_per_node.get(n, 0), n))
 
 
-def choose_worker(workers: Sequence[tuple[str, str]], inflight: Mapping[str, int], my_node: str | None) -> int:
+def choose_worker(
+    workers: Sequence[tuple[str, str]], inflight: Mapping[str, int], my_node: str | None
+) -> int:
     """Index of the worker for the next batch, from (name, node_id) pairs and this rank's in-flight counts.
 
     Local actors first (their batches stay in this node's object store, read
@@ -82,7 +99,9 @@ def choose_worker(workers: Sequence[tuple[str, str]], inflight: Mapping[str, int
     """
     if not workers:
         raise ValueError("no workers to choose from")
-    local = [i for i, (name, node) in enumerate(workers) if node == my_node and inflight.get(name, 0) < LOCAL_DEPTH]
+    local = [
+        i for i, (name, node) in enumerate(workers) if node == my_node and inflight.get(name, 0) < LOCAL_DEPTH
+    ]
     pool = local or range(len(workers))
     return min(pool, key=lambda i: (inflight.get(workers[i][0], 0), workers[i][1] != my_node, i))
 

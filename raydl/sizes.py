@@ -9,6 +9,7 @@ blocks). Files are read in parallel on a thread pool. A file whose header
 cannot be read gets width = height = -1 and a reason, so that the loader can
 route it through on_error like any other bad sample.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -17,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from raydl.decode import HEADER_BYTES, NeedMoreBytes, header_size
 from raydl._arrow import int_column
+from raydl.decode import HEADER_BYTES, NeedMoreBytes, header_size
 from raydl.errors import DataSourceError
 from raydl.storage.base import ObjectInfo
 
@@ -62,7 +63,7 @@ def header_sizes(read: ReadPrefix, keys: Sequence[Any], *, threads: int = 16) ->
     # One task per run of keys: a task (future, lock, queue entry) per file cost more than the
     # read itself for files in the page cache (ThreadPoolExecutor.map ignores chunksize).
     chunk = max(1, min(_CHUNK, -(-len(keys) // threads)))
-    runs = [keys[i:i + chunk] for i in range(0, len(keys), chunk)]
+    runs = [keys[i : i + chunk] for i in range(0, len(keys), chunk)]
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(runs)))) as pool:
         results = pool.map(lambda run: [_one(read, k) for k in run], runs)
         for i, got in enumerate(got for run in results for got in run):
@@ -83,8 +84,10 @@ def catalog_sizes(catalog: Catalog) -> HeaderSizes:
     from raydl.sources.base import WholeRanges
 
     if not (isinstance(catalog.source, WholeRanges) and catalog.source.name == "images"):
-        raise ValueError(f"image sizes (needed by aspect_buckets()) can be read for image folders only, "
-                         f"not for a {catalog.source.name} source ({catalog.root!r})")
+        raise ValueError(
+            f"image sizes (needed by aspect_buckets()) can be read for image folders only, "
+            f"not for a {catalog.source.name} source ({catalog.root!r})"
+        )
     storage, shards = catalog.storage, catalog.shards.to_pydict()
     objects = [ObjectInfo(u, s, e) for u, s, e in zip(shards["uri"], shards["size"], shards["etag"])]
     shard_of = int_column(catalog.table.column("shard"))
@@ -94,4 +97,6 @@ def catalog_sizes(catalog: Catalog) -> HeaderSizes:
         n = obj.size if length is None else min(length, obj.size)
         return storage.read_range(obj.uri, 0, n, etag=obj.etag or None) if n > 0 else b""
 
-    return header_sizes(read, shard_of.tolist(), threads=max(8, getattr(storage, "default_io_concurrency", 8)))
+    return header_sizes(
+        read, shard_of.tolist(), threads=max(8, getattr(storage, "default_io_concurrency", 8))
+    )

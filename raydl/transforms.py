@@ -14,6 +14,7 @@ and a program's output stays within about a grey level of it.
 `decode(fast=True)` opts into the shortcuts that change pixels: the coarser
 DCT scale, libjpeg's IFAST IDCT and no fancy upsampling.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,8 @@ import numpy as np
 
 from raydl import decode, native
 from raydl._splitmix import GAMMA, MASK64, mix64
-from raydl.config import is_positive_int, positive_int
 from raydl.buckets import assign_buckets, bucket_set, check_bucket_args
+from raydl.config import is_positive_int, positive_int
 
 __all__ = [
     "AspectBuckets",
@@ -195,8 +196,9 @@ class AspectBuckets(Stage):
         """Bucket index of each image (-1 where its size is unknown)."""
         return assign_buckets(self.buckets, widths, heights)
 
-    def bucket_crop(self, h: int, w: int, rng: SampleRng,
-                    bucket: tuple[int, int] | None = None) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+    def bucket_crop(
+        self, h: int, w: int, rng: SampleRng, bucket: tuple[int, int] | None = None
+    ) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
         """The bucket (height, width) and the crop box (left, top, width, height) of an h x w image.
 
         The box is the largest with the bucket's aspect ratio (rounded to whole
@@ -294,8 +296,9 @@ class SampleProgram:
             return [self.slot_shape(b) for b in self.buckets.buckets]
         return [self.slot_shape()]
 
-    def geometry(self, h: int, w: int, seed: int,
-                 out_size: tuple[int, int] | None = None) -> tuple[tuple[float, float, float, float], bool]:
+    def geometry(
+        self, h: int, w: int, seed: int, out_size: tuple[int, int] | None = None
+    ) -> tuple[tuple[float, float, float, float], bool]:
         """Source box (x0, y0, x1, y1) and flip flag of a (h, w) image under this sample's seed.
 
         out_size: the bucket (H, W) of a bucketed program (default: the one nearest the image's ratio).
@@ -330,8 +333,9 @@ class SampleProgram:
         """Decode `data` and write the transformed sample into `out` (its batch slot)."""
         h, w, box, flip, factor = self._plan(data, seed, out)
         scale, bias = self._affine
-        if decode.is_jpeg(data) and native.jpeg_crop_resize_into(data, box, out, flip=flip, scale=scale, bias=bias,
-                                                                 scale_denom=factor, fast=self.fast):
+        if decode.is_jpeg(data) and native.jpeg_crop_resize_into(
+            data, box, out, flip=flip, scale=scale, bias=bias, scale_denom=factor, fast=self.fast
+        ):
             return  # decoded only the region the box needs
         self._run_whole(data, h, w, box, flip, factor, out)
 
@@ -356,9 +360,15 @@ class SampleProgram:
         scale, bias = self._affine
         try:
             done: list | None = native.jpeg_crop_resize_many(
-                [items[j[0]][0] for j in jpegs], [j[3] for j in jpegs], [items[j[0]][2] for j in jpegs],
-                flips=[j[4] for j in jpegs], scale=scale, bias=bias, scale_denoms=[j[5] for j in jpegs],
-                fast=self.fast)
+                [items[j[0]][0] for j in jpegs],
+                [j[3] for j in jpegs],
+                [items[j[0]][2] for j in jpegs],
+                flips=[j[4] for j in jpegs],
+                scale=scale,
+                bias=bias,
+                scale_denoms=[j[5] for j in jpegs],
+                fast=self.fast,
+            )
         except Exception as exc:  # noqa: BLE001 - a bad slot layout: every sample of the call fails with it
             done = [exc] * len(jpegs)
         for i, (k, h, w, box, flip, factor) in enumerate(jpegs):
@@ -373,8 +383,9 @@ class SampleProgram:
                     results[k] = exc
         return results
 
-    def _plan(self, data: bytes, seed: int,
-              out: np.ndarray) -> tuple[int, int, tuple[float, float, float, float], bool, int]:
+    def _plan(
+        self, data: bytes, seed: int, out: np.ndarray
+    ) -> tuple[int, int, tuple[float, float, float, float], bool, int]:
         """(h, w, box, flip, DCT factor) of one sample, from its header and seed."""
         h, w = decode.image_size(data)
         oh, ow = (out.shape[1], out.shape[2]) if self.normalize else (out.shape[0], out.shape[1])
@@ -384,8 +395,16 @@ class SampleProgram:
             factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow, fast=self.fast)
         return h, w, box, flip, factor
 
-    def _run_whole(self, data: bytes, h: int, w: int, box: tuple[float, float, float, float], flip: bool,
-                   factor: int, out: np.ndarray) -> None:
+    def _run_whole(
+        self,
+        data: bytes,
+        h: int,
+        w: int,
+        box: tuple[float, float, float, float],
+        flip: bool,
+        factor: int,
+        out: np.ndarray,
+    ) -> None:
         """Decode the whole image (not a JPEG, or one the region decoder cannot take), then crop and resize."""
         scale, bias = self._affine
         img = decode.decode_rgb(data, factor=factor, fast=self.fast)
@@ -427,9 +446,13 @@ def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> Sa
         if normalize is not None:
             raise ValueError(f".normalize() must be the last stage, but {st!r} follows it")
         if isinstance(st, AspectBuckets):
-            if buckets is not None or any(isinstance(x, (RandomResizedCrop, Resize, CenterCrop)) for x in stages):
-                raise ValueError(".aspect_buckets() replaces the crop/resize stages: use it once, without "
-                                 "random_resized_crop, resize or center_crop")
+            if buckets is not None or any(
+                isinstance(x, (RandomResizedCrop, Resize, CenterCrop)) for x in stages
+            ):
+                raise ValueError(
+                    ".aspect_buckets() replaces the crop/resize stages: use it once, without "
+                    "random_resized_crop, resize or center_crop"
+                )
             buckets = st
         if isinstance(st, (RandomResizedCrop, CenterCrop)):
             out_size = st.size
@@ -437,5 +460,11 @@ def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> Sa
             out_size = _resized(out_size, st.size)
         elif isinstance(st, Normalize):
             normalize = st
-    return SampleProgram(stages=tuple(stages[1:]), out_size=out_size, normalize=normalize,
-                         dct_scaling=dct_scaling, fast=stages[0].fast, buckets=buckets)
+    return SampleProgram(
+        stages=tuple(stages[1:]),
+        out_size=out_size,
+        normalize=normalize,
+        dct_scaling=dct_scaling,
+        fast=stages[0].fast,
+        buckets=buckets,
+    )

@@ -3,6 +3,7 @@
 Imported on first use, so that the coordinator's process (raydl.actors.coordinator)
 does not import the worker's dependencies (numpy, pyarrow, the decoders).
 """
+
 from __future__ import annotations
 
 import importlib

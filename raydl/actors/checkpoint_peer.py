@@ -6,6 +6,7 @@ next peer's connection to it, too, is made once), and its fabric client;
 close() - also called by Ray when the actor exits (__ray_shutdown__) - stops
 every server before the process goes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CheckpointPeer", "peer_actor"]
 
+
 class CheckpointPeer:
     """Receives one checkpoint at a time and serves it to later peers."""
 
@@ -35,7 +37,7 @@ class CheckpointPeer:
         self._copies = HeldCopies()
         self._fabric = FabricClient()
         self._lock = threading.Lock()
-        self._endpoint = None   # pyfi.ServerEndpoint every copy is served from (one stack, one thread)
+        self._endpoint = None  # pyfi.ServerEndpoint every copy is served from (one stack, one thread)
         self._refs: dict[str, CheckpointRef] = {}
         self._state: dict[str, Any] | None = None
 
@@ -51,12 +53,12 @@ class CheckpointPeer:
         # the next peer reads both over one connection.
         word_at = -(-ref.size // 8) * 8
         memory = SharedBuffer.anonymous(word_at + 8, f"peer-{ref.key}")
-        copy = HeldCopy(ref.key, memory, progress=memory.array[word_at:word_at + 8].view(np.int64))
+        copy = HeldCopy(ref.key, memory, progress=memory.array[word_at : word_at + 8].view(np.int64))
         try:
             with self._lock:  # calls run on up to 4 threads
                 if self._endpoint is None or self._endpoint.closed:
                     if self._endpoint is not None:
-                        self._endpoint.close()   # its serving thread stopped: serve from a new one
+                        self._endpoint.close()  # its serving thread stopped: serve from a new one
                     bind = self._bind if self._bind is not None else checkpoint_bind()
                     self._endpoint = pyfi.ServerEndpoint(self._provider, bind=bind)
                 endpoint = self._endpoint
@@ -65,14 +67,28 @@ class CheckpointPeer:
         except BaseException:
             copy.close()
             raise
-        mine = CheckpointRef(key=ref.key, size=ref.size, chunk_size=ref.chunk_size, checksums=ref.checksums,
-                             header=ref.header, holder=self._name, fabric=copy.server.address,
-                             location=memory.location, progress_at=word_at)
+        mine = CheckpointRef(
+            key=ref.key,
+            size=ref.size,
+            chunk_size=ref.chunk_size,
+            checksums=ref.checksums,
+            header=ref.header,
+            holder=self._name,
+            fabric=copy.server.address,
+            location=memory.location,
+            progress_at=word_at,
+        )
         self._refs[ref.key] = mine
         return mine
 
-    def pull(self, sources: list[CheckpointRef], *, timeout: float = 60.0, window_bytes: int | None = None,
-             link_gbps: float | None = None) -> dict[str, Any]:
+    def pull(
+        self,
+        sources: list[CheckpointRef],
+        *,
+        timeout: float = 60.0,
+        window_bytes: int | None = None,
+        link_gbps: float | None = None,
+    ) -> dict[str, Any]:
         """Fill this peer's copy from the first source that works, the rest as fallbacks. Returns
         holder, source, seconds, retried, cpu_seconds (this process's CPU time, all threads, meanwhile),
         first_window_at and last_window_at."""
@@ -93,25 +109,52 @@ class CheckpointPeer:
         for src in sources:
             done = int(copy.progress[0])
             try:
-                pull(self._fabric, src, copy.buffer[:src.size], start=done, timeout=timeout,
-                     chunk_size=src.chunk_size, max_inflight=8, window_bytes=window_bytes, link_gbps=link_gbps,
-                     progress_at=src.progress_at, on_done=on_done)
-                return {"holder": self._name, "source": src.holder, "seconds": time.perf_counter() - t0,
-                        "retried": len(errors), "cpu_seconds": time.process_time() - cpu0, **seen}
+                pull(
+                    self._fabric,
+                    src,
+                    copy.buffer[: src.size],
+                    start=done,
+                    timeout=timeout,
+                    chunk_size=src.chunk_size,
+                    max_inflight=8,
+                    window_bytes=window_bytes,
+                    link_gbps=link_gbps,
+                    progress_at=src.progress_at,
+                    on_done=on_done,
+                )
+                return {
+                    "holder": self._name,
+                    "source": src.holder,
+                    "seconds": time.perf_counter() - t0,
+                    "retried": len(errors),
+                    "cpu_seconds": time.process_time() - cpu0,
+                    **seen,
+                }
             except (CheckpointError, FabricError) as exc:
-                logger.warning("raydl: peer %s: pulling from %s failed at chunk %d (%s); trying the next holder",
-                               self._name, src.holder, int(copy.progress[0]), exc)
+                logger.warning(
+                    "raydl: peer %s: pulling from %s failed at chunk %d (%s); trying the next holder",
+                    self._name,
+                    src.holder,
+                    int(copy.progress[0]),
+                    exc,
+                )
                 errors.append(f"{src.holder}: {exc}")
-        raise CheckpointError(f"peer {self._name} could not get checkpoint {key[:8]} from any holder: "
-                              + "; ".join(errors))
+        raise CheckpointError(
+            f"peer {self._name} could not get checkpoint {key[:8]} from any holder: " + "; ".join(errors)
+        )
 
     def fetch(self, ref: CheckpointRef, *, transport: str = "auto") -> dict[str, Any]:
         """Fetch on this peer with checkpoint.fetch (the object-store path of broadcast)."""
         t0 = time.perf_counter()
         state = api.fetch(ref, transport=transport)
         self._state = state
-        return {"holder": self._name, "source": state.peer, "seconds": time.perf_counter() - t0, "retried": 0,
-                "transport": state.transport}
+        return {
+            "holder": self._name,
+            "source": state.peer,
+            "seconds": time.perf_counter() - t0,
+            "retried": 0,
+            "transport": state.transport,
+        }
 
     def summary(self, key: str) -> dict[str, Any]:
         """Per tensor: dtype, shape and the float64 sum, to compare copies without moving them."""

@@ -15,6 +15,7 @@ not start) it logs here and also keeps as numbered events that every Loader
 copy fetches with the workers and logs in its own process, so the warnings
 reach the driver even when Ray does not forward actor logs (log_to_driver=False).
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,11 +24,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from typing import TYPE_CHECKING
 
 from raydl import scheduling
 from raydl.config import LoaderConfig
@@ -37,7 +37,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LoaderCoordinator", "WorkerInfo", "launch_workers", "live_nodes", "no_room_message", "remote_class"]
+__all__ = [
+    "LoaderCoordinator",
+    "WorkerInfo",
+    "launch_workers",
+    "live_nodes",
+    "no_room_message",
+    "remote_class",
+]
 
 READY_TIMEOUT_S = 60.0
 REFRESH_S = 5.0  # how often the coordinator looks for joined nodes
@@ -57,7 +64,8 @@ class WorkerInfo:
 def live_nodes() -> list[scheduling.NodeInfo]:
     return [
         scheduling.NodeInfo(n["NodeID"], n["Resources"].get("CPU", 0.0), dict(n["Resources"]))
-        for n in ray.nodes() if n["Alive"]
+        for n in ray.nodes()
+        if n["Alive"]
     ]
 
 
@@ -78,16 +86,25 @@ def remote_class(cls: type):
     return ray.remote(cls)
 
 
-def launch_workers(spec: WorkerSpec | ray.ObjectRef, catalog_ref, config: LoaderConfig, node_id: str, count: int, *,
-                   node_cpus: float, soft: bool) -> list:
+def launch_workers(
+    spec: WorkerSpec | ray.ObjectRef,
+    catalog_ref,
+    config: LoaderConfig,
+    node_id: str,
+    count: int,
+    *,
+    node_cpus: float,
+    soft: bool,
+) -> list:
     """Start `count` workers pinned to `node_id` (they come up asynchronously; call `ready` to wait).
 
     `spec` may be the WorkerSpec's ObjectRef (Ray hands the workers the spec itself).
     """
     from raydl.actors.loader_worker import LoaderWorker  # here, not at the top: see LoaderCoordinator
 
-    threads = scheduling.decode_threads(config.threads_per_worker, cpus_per_worker=config.cpus_per_worker,
-                                        node_cpus=node_cpus)
+    threads = scheduling.decode_threads(
+        config.threads_per_worker, cpus_per_worker=config.cpus_per_worker, node_cpus=node_cpus
+    )
     cls = remote_class(LoaderWorker).options(
         num_cpus=config.cpus_per_worker,
         max_concurrency=WORKER_CONCURRENCY,
@@ -97,16 +114,21 @@ def launch_workers(spec: WorkerSpec | ray.ObjectRef, catalog_ref, config: Loader
     return [cls.remote(spec, catalog_ref, threads) for _ in range(count)]
 
 
-def no_room_message(config: LoaderConfig, nodes: list[scheduling.NodeInfo], free: dict[str, float] | None,
-                    waited_s: float) -> str:
+def no_room_message(
+    config: LoaderConfig, nodes: list[scheduling.NodeInfo], free: dict[str, float] | None, waited_s: float
+) -> str:
     """Why no worker could start: each node's free and total CPUs, who holds them, and what to change."""
     cpus = {n.node_id: n.cpus for n in nodes}
     holders = _actors_by_node(set(cpus))
     parts = []
     for node, total in cpus.items():
-        held = ", ".join(f"{name} x{k}" if k > 1 else name for name, k in holders.get(node, Counter()).most_common())
+        held = ", ".join(
+            f"{name} x{k}" if k > 1 else name for name, k in holders.get(node, Counter()).most_common()
+        )
         avail = "?" if free is None else f"{free.get(node, 0.0):g}"
-        parts.append(f"node {node[:8]}: {avail} of {total:g} CPUs free" + (f", actors there: {held}" if held else ""))
+        parts.append(
+            f"node {node[:8]}: {avail} of {total:g} CPUs free" + (f", actors there: {held}" if held else "")
+        )
     return (
         f"no node has room for a loader worker reserving cpus_per_worker={config.cpus_per_worker:g} CPUs "
         f"(node_resource={config.node_resource!r}; waited {waited_s:.0f} s for room): {'; '.join(parts)}. "
@@ -140,7 +162,9 @@ class LoaderCoordinator:
     pyarrow or the decoders, and so starts in a fraction of the CPU a worker needs.
     """
 
-    def __init__(self, spec_ref: list, catalog_ref: list, config: LoaderConfig, started: list | None = None) -> None:
+    def __init__(
+        self, spec_ref: list, catalog_ref: list, config: LoaderConfig, started: list | None = None
+    ) -> None:
         self._spec = spec_ref[0]  # the WorkerSpec's ObjectRef, handed on to the workers it starts
         self._catalog_ref = catalog_ref[0]  # wrapped in a list so Ray passes the reference, not the catalog
         self._config = config
@@ -236,7 +260,9 @@ class LoaderCoordinator:
     def _eligible(self) -> list[scheduling.NodeInfo]:
         c = self._config
         nodes = live_nodes()
-        ok = set(scheduling.eligible_nodes(nodes, cpus_per_worker=c.cpus_per_worker, node_resource=c.node_resource))
+        ok = set(
+            scheduling.eligible_nodes(nodes, cpus_per_worker=c.cpus_per_worker, node_resource=c.node_resource)
+        )
         return [n for n in nodes if n.node_id in ok]
 
     def _counts(self) -> dict[str, int]:
@@ -248,8 +274,9 @@ class LoaderCoordinator:
         return counts
 
     def _launch(self, node: scheduling.NodeInfo, count: int, *, soft: bool) -> list:
-        return launch_workers(self._spec, self._catalog_ref, self._config, node.node_id, count,
-                              node_cpus=node.cpus, soft=soft)
+        return launch_workers(
+            self._spec, self._catalog_ref, self._config, node.node_id, count, node_cpus=node.cpus, soft=soft
+        )
 
     def _await(self, handles: list) -> list[WorkerInfo]:
         """Workers that came up; ones that died starting are left out, ones still pending killed."""
@@ -262,8 +289,10 @@ class LoaderCoordinator:
                 continue
             if ref in pending:
                 with self._lock:
-                    self._warn(f"raydl: a loader worker did not start within {READY_TIMEOUT_S:.0f} s; "
-                               "giving up on it (is its node short of CPUs or memory?)")
+                    self._warn(
+                        f"raydl: a loader worker did not start within {READY_TIMEOUT_S:.0f} s; "
+                        "giving up on it (is its node short of CPUs or memory?)"
+                    )
                 ray.kill(h, no_restart=True)
                 continue
             try:
@@ -306,9 +335,11 @@ class LoaderCoordinator:
                 short = {n[:8]: k - fits.get(n, 0) for n, k in deficit.items() if fits.get(n, 0) < k}
                 if short and short != self._short:
                     with self._lock:
-                        self._warn(f"raydl: no room yet for {sum(short.values())} loader worker(s) reserving "
-                                   f"{self._config.cpus_per_worker:g} CPUs on nodes {short}; retrying every "
-                                   f"{REFRESH_S:.0f} s")
+                        self._warn(
+                            f"raydl: no room yet for {sum(short.values())} loader worker(s) reserving "
+                            f"{self._config.cpus_per_worker:g} CPUs on nodes {short}; retrying every "
+                            f"{REFRESH_S:.0f} s"
+                        )
                 self._short = short
                 deficit = fits
         if deficit:
@@ -321,11 +352,15 @@ class LoaderCoordinator:
             alive = set(nodes)
             gone = [w for w in self._workers if w.node_id not in alive]
             if gone:
-                self._warn(f"raydl: node(s) {sorted({w.node_id[:8] for w in gone})} are gone; dropping their "
-                           f"{len(gone)} loader worker(s)")
+                self._warn(
+                    f"raydl: node(s) {sorted({w.node_id[:8] for w in gone})} are gone; dropping their "
+                    f"{len(gone)} loader worker(s)"
+                )
             self._workers = [w for w in self._workers if w.node_id in alive]  # workers of dead nodes too
             # Prefer another node: the dead worker's node may be dying (Ray notices a lost node late).
-            node = scheduling.replacement_node(sorted(alive - {dead.node_id}) or sorted(alive), self._counts())
+            node = scheduling.replacement_node(
+                sorted(alive - {dead.node_id}) or sorted(alive), self._counts()
+            )
             if node is None:
                 self._warn(f"raydl: no live node can host a replacement for loader worker {dead.name}")
         if node is not None:

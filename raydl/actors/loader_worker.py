@@ -21,6 +21,7 @@ or named to the trainer ("raise"). Anything else raised while making a sample
 (a NativeKernelError, a MemoryError, a bug) fails the whole batch as a
 LoaderError naming the sample and this worker: no mode hides it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -57,7 +58,9 @@ __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
 
 MAX_SUBSTITUTES = 8  # tries per failed sample under on_error="replace" before the batch fails
 IO_TASKS_PER_THREAD = 4  # a batch's blocks go to this many IO tasks per IO thread (fewer when there are few)
-DECODE_CHUNK = 16  # samples a decode thread takes at once (one native call); fewer as the batch's queue drains
+DECODE_CHUNK = (
+    16  # samples a decode thread takes at once (one native call); fewer as the batch's queue drains
+)
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,15 @@ class BatchResult:
 class LoaderWorker:
     """Runs batch tasks for any rank; between tasks it keeps only its decode pool and per-thread batch arrays."""
 
-    def __init__(self, spec: WorkerSpec, catalog: Catalog, threads: int | None = None, *,
-                 reuse_buffers: bool = True, handoff: bool = False) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        catalog: Catalog,
+        threads: int | None = None,
+        *,
+        reuse_buffers: bool = True,
+        handoff: bool = False,
+    ) -> None:
         self._spec = spec
         # reuse_buffers: a buffer is reused once Ray has copied the BatchResult out (it drops the result).
         # handoff: the batch is handed to the caller as it is (made in the driver, not through Ray); its
@@ -136,7 +146,9 @@ class LoaderWorker:
         self._reuse = reuse_buffers and not handoff
         self._source, self._storage = catalog.source, catalog.storage
         t = catalog.table
-        self._where = np.stack([int_column(t.column(c)) for c in ("shard", "offset", "length", "row")], axis=1)
+        self._where = np.stack(
+            [int_column(t.column(c)) for c in ("shard", "offset", "length", "row")], axis=1
+        )
         self._keys = StringColumn(t.column("key"))  # read through numpy: Arrow's take would import pandas
         self._labels = int_column(t.column("label"))
         self._shard_uris = StringColumn(catalog.shards.column("uri"))
@@ -160,16 +172,23 @@ class LoaderWorker:
         """Where this worker runs; the loader calls it to know the worker is up."""
         import ray
 
-        return {"name": self._name, "node_id": ray.get_runtime_context().get_node_id(),
-                "threads": self._pool._max_workers, "io_concurrency": self._io.concurrency,
-                "torch_imported": "torch" in sys.modules, "pandas_imported": "pandas" in sys.modules}
+        return {
+            "name": self._name,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "threads": self._pool._max_workers,
+            "io_concurrency": self._io.concurrency,
+            "torch_imported": "torch" in sys.modules,
+            "pandas_imported": "pandas" in sys.modules,
+        }
 
     def memory(self) -> dict:
         """Bytes this worker holds between batches: its reused batch buffers (one per batch call in flight)
         and the catalog columns it keeps (the table itself is a view of the object store)."""
-        return {"batch_arrays": sum(b.nbytes for b in self._buffers),
-                "batch_arrays_count": len(self._buffers),
-                "catalog_columns": self._labels.nbytes + self._where.nbytes}
+        return {
+            "batch_arrays": sum(b.nbytes for b in self._buffers),
+            "batch_arrays_count": len(self._buffers),
+            "catalog_columns": self._labels.nbytes + self._where.nbytes,
+        }
 
     def thread_ids(self) -> list[int]:
         """Native ids of the decode and IO threads started so far (to set their priority)."""
@@ -210,7 +229,9 @@ class LoaderWorker:
         failed: list[Skipped | None] = [None] * n
         replaced: list[Replaced] = []
         replace = self._spec.on_error == "replace"
-        submitted: list[Future] = []  # every decode-pool task of this batch (a failed batch waits for them all)
+        submitted: list[
+            Future
+        ] = []  # every decode-pool task of this batch (a failed batch waits for them all)
 
         def submit(fn, *args) -> None:
             future = self._pool.submit(fn, *args)
@@ -245,8 +266,12 @@ class LoaderWorker:
                             return
                         take = min(len(ready), DECODE_CHUNK, -(-len(ready) // threads))
                         chunk = [ready.popleft() for _ in range(take)]
-                    for (i, _), err in zip(chunk, self._spec.program.run_many(
-                            [(data, int(task.seeds[i]), images[i]) for i, data in chunk])):
+                    for (i, _), err in zip(
+                        chunk,
+                        self._spec.program.run_many(
+                            [(data, int(task.seeds[i]), images[i]) for i, data in chunk]
+                        ),
+                    ):
                         sid = int(task.ids[i])
                         finish(i, None if err is None else self._failure(sid, uri(i), err))
             except BaseException:
@@ -281,7 +306,7 @@ class LoaderWorker:
             for i in block.members:
                 shard, offset, length, row = (int(v) for v in where[i])
                 start = offset - block.offset
-                piece = data if (start == 0 and length == len(data)) else data[start:start + length]
+                piece = data if (start == 0 and length == len(data)) else data[start : start + length]
                 try:
                     samples.append((i, self._source.cut(shard, offset, length, row, piece)))
                 except DataSourceError as exc:
@@ -302,7 +327,7 @@ class LoaderWorker:
         io: list[Future] = []
         try:
             for k in range(0, len(blocks), per):
-                io.append(self._io.submit(fetch_all, blocks[k:k + per]))
+                io.append(self._io.submit(fetch_all, blocks[k : k + per]))
             for done in as_completed(io):
                 done.result()
             for f in submitted:  # complete: only the IO tasks, all done now, submit decode tasks
@@ -320,27 +345,35 @@ class LoaderWorker:
         batch = {"image": images, "label": self._labels[ids], "id": ids, "key": keys}
         if task.bucket is not None:
             batch["bucket"] = tuple(task.bucket)
-        return BatchResult(batch=batch, skipped=[f for f in bad if not f.unreadable],
-                           unreadable=[f for f in bad if f.unreadable],
-                           replaced=sorted(replaced, key=lambda r: r.sample_id), membership=self._membership)
+        return BatchResult(
+            batch=batch,
+            skipped=[f for f in bad if not f.unreadable],
+            unreadable=[f for f in bad if f.unreadable],
+            replaced=sorted(replaced, key=lambda r: r.sample_id),
+            membership=self._membership,
+        )
 
     def _shard_infos(self, shard_ids: np.ndarray) -> list[ObjectInfo]:
-        return [ObjectInfo(self._shard_uris[i], int(self._shard_sizes[i]), self._shard_etags[i])
-                for i in shard_ids.tolist()]
+        return [
+            ObjectInfo(self._shard_uris[i], int(self._shard_sizes[i]), self._shard_etags[i])
+            for i in shard_ids.tolist()
+        ]
 
     def _read(self, sid: int) -> tuple[str, bytes]:
         """One sample's URI (as errors name it) and image bytes, read on its own (substitutes)."""
         shard, offset, length, row = (int(v) for v in self._where[sid])
         (info,) = self._shard_infos(np.array([shard]))
         data = self._source.read_block(self._storage, info, offset, length)
-        return self._source.sample_uri(info.uri, self._keys[sid]), self._source.cut(shard, offset, length, row, data)
+        return self._source.sample_uri(info.uri, self._keys[sid]), self._source.cut(
+            shard, offset, length, row, data
+        )
 
     def _sample(self, sid: int, seed: int, out: np.ndarray) -> Skipped | None:
         """Read and decode one sample into `out`; a Skipped when its bytes are at fault, else None."""
         try:
             uri, data = self._read(sid)
         except DataSourceError as exc:
-            return Skipped.read_failed(sid, self._shard_infos(self._where[sid:sid + 1, 0])[0].uri, exc)
+            return Skipped.read_failed(sid, self._shard_infos(self._where[sid : sid + 1, 0])[0].uri, exc)
         return self._decode(sid, uri, data, seed, out)
 
     def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Skipped | None:
@@ -358,8 +391,10 @@ class LoaderWorker:
         """A decode error of sample `sid` as a Skipped; any other error raised as a LoaderError naming it."""
         if isinstance(exc, DecodeError):
             return Skipped(sid, uri, str(exc))
-        raise LoaderError(f"loader worker {self._name}: sample {sid} ({uri}) failed with "
-                          f"{type(exc).__name__}: {exc} (not a decode error: on_error does not cover it)") from exc
+        raise LoaderError(
+            f"loader worker {self._name}: sample {sid} ({uri}) failed with "
+            f"{type(exc).__name__}: {exc} (not a decode error: on_error does not cover it)"
+        ) from exc
 
     def _substitute(self, failure: Skipped, seed: int, out: np.ndarray) -> int:
         """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that decodes."""
@@ -375,7 +410,8 @@ class LoaderWorker:
         raise SampleDecodeError(
             f"sample {failure.sample_id} ({failure.uri}) failed ({failure.reason}) and none of its "
             f"substitutes {tried} could be decoded either; is most of the data bad?",
-            uri=failure.uri, sample_id=failure.sample_id,
+            uri=failure.uri,
+            sample_id=failure.sample_id,
         )
 
     def _lease(self, nbytes: int) -> np.ndarray:
@@ -406,7 +442,7 @@ class LoaderWorker:
             if self._handoff and self._dropped:
                 return
             if self._handoff and self._free:
-                if buf.nbytes > self._free[0].nbytes:   # keep the larger: bucket batches vary in size
+                if buf.nbytes > self._free[0].nbytes:  # keep the larger: bucket batches vary in size
                     self._free[0] = buf
                 return
             self._free.append(buf)

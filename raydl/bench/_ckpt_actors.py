@@ -4,6 +4,7 @@ Plain classes; checkpoint.py applies `ray.remote` with node affinity. Every
 figure is timed inside the process that receives the bytes, with
 `time.perf_counter`, so the driver's Ray round trips are not counted.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,12 @@ def make_state(size: int, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     for frac in (3 / 8, 3 / 4, 7 / 8):  # page-aligned boundaries
         cuts.append(int(size * frac) // _PAGE * _PAGE)
     cuts.append(size)
-    layout = (("layers.0.attn.qkv.weight", torch.float32), ("layers.0.mlp.up.weight", torch.bfloat16),
-              ("layers.1.mlp.down.weight", torch.float32), ("embed.weight", torch.bfloat16))
+    layout = (
+        ("layers.0.attn.qkv.weight", torch.float32),
+        ("layers.0.mlp.up.weight", torch.bfloat16),
+        ("layers.1.mlp.down.weight", torch.float32),
+        ("embed.weight", torch.bfloat16),
+    )
     gen = torch.Generator().manual_seed(seed)
     state = {}
     for (name, dtype), lo, hi in zip(layout, cuts, cuts[1:]):
@@ -107,8 +112,14 @@ class Sink:
         t0 = time.perf_counter()
         state = checkpoint.fetch(ref, transport=transport, timeout=timeout, link_gbps=link_gbps)
         seconds = time.perf_counter() - t0
-        out = {"seconds": seconds, "bytes": ref.size, "transport": state.transport, "peer": state.peer,
-               "fetch_seconds": state.seconds, "tensors": len(state)}
+        out = {
+            "seconds": seconds,
+            "bytes": ref.size,
+            "transport": state.transport,
+            "peer": state.peer,
+            "fetch_seconds": state.seconds,
+            "tensors": len(state),
+        }
         del state  # the copy goes now, not at the next call
         return out
 
@@ -145,7 +156,12 @@ class ColdFetcher:
         t0 = time.perf_counter()
         state = checkpoint.fetch(ref, transport=transport, timeout=timeout, link_gbps=link_gbps)
         seconds = time.perf_counter() - t0
-        out = {"seconds": seconds, "bytes": ref.size, "transport": state.transport, "phases": dict(state.phases)}
+        out = {
+            "seconds": seconds,
+            "bytes": ref.size,
+            "transport": state.transport,
+            "phases": dict(state.phases),
+        }
         del state
         return out
 
@@ -158,7 +174,9 @@ class ColdFetcher:
         del arr
         return out
 
-    def raw(self, ref, timeout: float, link_gbps: float | None = None, max_inflight: int = 8) -> dict[str, Any]:
+    def raw(
+        self, ref, timeout: float, link_gbps: float | None = None, max_inflight: int = 8
+    ) -> dict[str, Any]:
         """The raw pyfi read loop from the same holder into this process: one read_into of every
         byte, with fetch()'s chunk size and reads in flight, into memory already faulted in (huge
         pages, as fetch's), on a connection already up; no digest, no tensors. What a warm fetch is
@@ -168,7 +186,7 @@ class ColdFetcher:
 
         mm = fresh(ref.size)  # the kind of memory a fetch reads into (huge pages), faulted in
         populate(mm)
-        dst = np.frombuffer(mm, np.uint8)[:ref.size]
+        dst = np.frombuffer(mm, np.uint8)[: ref.size]
         pacer = pyfi.Pacer(link_gbps * 1e9 / 8, burst=ref.chunk_size) if link_gbps else None
         provider, fabric, host = pyfi.Client.key_for(ref.fabric)
         client = pyfi.Client(provider, host=host, fabric_name=fabric)
@@ -176,8 +194,15 @@ class ColdFetcher:
             conn = client.connect(ref.fabric)
             conn.read_into(dst[:8], 0, 8, timeout=timeout)  # rxm connects on first use: not timed
             t0 = time.perf_counter()
-            conn.read_into(dst, 0, ref.size, chunk_size=ref.chunk_size, max_inflight=max_inflight,
-                           timeout=timeout, pacer=pacer)
+            conn.read_into(
+                dst,
+                0,
+                ref.size,
+                chunk_size=ref.chunk_size,
+                max_inflight=max_inflight,
+                timeout=timeout,
+                pacer=pacer,
+            )
             seconds = time.perf_counter() - t0
         finally:
             client.close()

@@ -16,6 +16,7 @@ choice), setup (the client endpoint), connect (the first read to a holder),
 register (the receive buffer), transfer (the reads, with page faults), verify
 (digest checks, between the reads), build (tensors on the bytes).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -25,8 +26,12 @@ __all__ = ["PHASES", "format_cold", "run_cold", "summarize_cold"]
 
 PHASES = ("probe", "setup", "connect", "register", "transfer", "verify", "build")
 COLUMNS = ("cold_off", "cold", "cold_prepared", "warm")
-LABELS = {"cold_off": "first, PREPARE=0", "cold": "first fetch", "cold_prepared": "first, prepare()d",
-          "warm": "warm fetch"}
+LABELS = {
+    "cold_off": "first, PREPARE=0",
+    "cold": "first fetch",
+    "cold_prepared": "first, prepare()d",
+    "warm": "warm fetch",
+}
 
 
 def run_cold(bench, rounds: int, log) -> list[dict]:
@@ -37,25 +42,37 @@ def run_cold(bench, rounds: int, log) -> list[dict]:
 
     runs = []
     fresh = ray.remote(ColdFetcher).options(**bench._affinity(bench.peer_nodes[0]))
-    fresh_off = ray.remote(ColdFetcher).options(**bench._affinity(bench.peer_nodes[0]),
-                                                runtime_env={"env_vars": {"RAYDL_CHECKPOINT_PREPARE": "0"}})
+    fresh_off = ray.remote(ColdFetcher).options(
+        **bench._affinity(bench.peer_nodes[0]), runtime_env={"env_vars": {"RAYDL_CHECKPOINT_PREPARE": "0"}}
+    )
     for i in range(1, rounds + 1):
         row: dict = {"round": i}
-        ref = ray.get(bench.source.publish.remote("full", ("fabric", "object_store"), bench.args.chunk_size),
-                      timeout=bench.timeout)
+        ref = ray.get(
+            bench.source.publish.remote("full", ("fabric", "object_store"), bench.args.chunk_size),
+            timeout=bench.timeout,
+        )
         actors = []
         try:
             off = fresh_off.remote(False)
             plain, prepared = fresh.remote(False), fresh.remote(True, bench.args.size)
             actors += [off, plain, prepared]
-            ray.get([off.ready.remote(), plain.ready.remote(), prepared.ready.remote()], timeout=bench.timeout)
+            ray.get(
+                [off.ready.remote(), plain.ready.remote(), prepared.ready.remote()], timeout=bench.timeout
+            )
             time.sleep(1.0)  # a trainer's prepare() has its start-up to run before a checkpoint arrives
             link = bench.args.link_gbps
-            row["cold_off"] = ray.get(off.fetch.remote(ref, "fabric", bench.timeout, link), timeout=bench.timeout)
-            row["cold"] = ray.get(plain.fetch.remote(ref, "fabric", bench.timeout, link), timeout=bench.timeout)
-            row["cold_prepared"] = ray.get(prepared.fetch.remote(ref, "fabric", bench.timeout, link),
-                                           timeout=bench.timeout)
-            row["warm"] = ray.get(prepared.fetch.remote(ref, "fabric", bench.timeout, link), timeout=bench.timeout)
+            row["cold_off"] = ray.get(
+                off.fetch.remote(ref, "fabric", bench.timeout, link), timeout=bench.timeout
+            )
+            row["cold"] = ray.get(
+                plain.fetch.remote(ref, "fabric", bench.timeout, link), timeout=bench.timeout
+            )
+            row["cold_prepared"] = ray.get(
+                prepared.fetch.remote(ref, "fabric", bench.timeout, link), timeout=bench.timeout
+            )
+            row["warm"] = ray.get(
+                prepared.fetch.remote(ref, "fabric", bench.timeout, link), timeout=bench.timeout
+            )
             row["raw"] = ray.get(prepared.raw.remote(ref, bench.timeout, link), timeout=bench.timeout)
         except Exception as exc:  # noqa: BLE001 - a failed round is a row, not the end of the run
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -75,9 +92,11 @@ def run_cold(bench, rounds: int, log) -> list[dict]:
                 del wrapped
         except Exception as exc:  # noqa: BLE001
             row["error"] = row.get("error", "") + f" ray.get: {type(exc).__name__}: {exc}"
-        log(f"[cold round {i}/{rounds}] " + "  ".join(
-            f"{k} {row[k]['seconds']:.3f} s" for k in (*COLUMNS, "raw", "ray_get") if k in row)
-            + (f"  FAILED: {row['error']}" if "error" in row else ""))
+        log(
+            f"[cold round {i}/{rounds}] "
+            + "  ".join(f"{k} {row[k]['seconds']:.3f} s" for k in (*COLUMNS, "raw", "ray_get") if k in row)
+            + (f"  FAILED: {row['error']}" if "error" in row else "")
+        )
         runs.append(row)
     return runs
 
@@ -103,20 +122,38 @@ def summarize_cold(runs: list[dict], raw_seconds: float | None) -> dict:
         return a / b if a is not None and b else None
 
     # each round's raw read runs right after its warm fetch, in the same process, from the same holder
-    warm_vs_raw = _median(ratio(r["raw"]["seconds"], r["warm"]["seconds"]) for r in runs if "raw" in r and "warm" in r)
+    warm_vs_raw = _median(
+        ratio(r["raw"]["seconds"], r["warm"]["seconds"]) for r in runs if "raw" in r and "warm" in r
+    )
 
     out["goals"] = [
-        {"name": "first fetch (prepared) speed / cross-node ray.get", "value": ratio(s["ray_get"], s["cold_prepared"]),
-         "target": ">= 3"},
-        {"name": "first fetch (import only) speed / cross-node ray.get", "value": ratio(s["ray_get"], s["cold"]),
-         "target": "(>= 3)"},
-        {"name": "first fetch (PREPARE=0) speed / cross-node ray.get", "value": ratio(s["ray_get"], s["cold_off"]),
-         "target": "(>= 3)"},
-        {"name": "first fetch (prepared) - warm fetch, ms",
-         "value": None if s["cold_prepared"] is None or s["warm"] is None else 1e3 * (s["cold_prepared"] - s["warm"]),
-         "target": "<= 100"},
-        {"name": "warm fetch speed / raw pyfi read (same process, per round)", "value": warm_vs_raw,
-         "target": ">= 0.9"},
+        {
+            "name": "first fetch (prepared) speed / cross-node ray.get",
+            "value": ratio(s["ray_get"], s["cold_prepared"]),
+            "target": ">= 3",
+        },
+        {
+            "name": "first fetch (import only) speed / cross-node ray.get",
+            "value": ratio(s["ray_get"], s["cold"]),
+            "target": "(>= 3)",
+        },
+        {
+            "name": "first fetch (PREPARE=0) speed / cross-node ray.get",
+            "value": ratio(s["ray_get"], s["cold_off"]),
+            "target": "(>= 3)",
+        },
+        {
+            "name": "first fetch (prepared) - warm fetch, ms",
+            "value": None
+            if s["cold_prepared"] is None or s["warm"] is None
+            else 1e3 * (s["cold_prepared"] - s["warm"]),
+            "target": "<= 100",
+        },
+        {
+            "name": "warm fetch speed / raw pyfi read (same process, per round)",
+            "value": warm_vs_raw,
+            "target": ">= 0.9",
+        },
     ]
     return out
 
@@ -129,10 +166,17 @@ def format_cold(summary: dict, header: str) -> str:
     for p in PHASES:
         lines.append(f"{p:<20}" + "".join(f"{cell(summary['phases'][c][p]):>20}" for c in COLUMNS))
     lines.append(f"{'total':<20}" + "".join(f"{cell(summary['seconds'][c]):>20}" for c in COLUMNS))
-    lines += ["", f"cross-node ray.get, fresh process: {cell(summary['seconds']['ray_get'])} s;  "
-              f"raw pyfi read in the fetching process: {cell(summary['seconds'].get('raw'))} s;  "
-              f"in one process (ceiling): {cell(summary['seconds']['pyfi_raw'])} s", "", "goals (benchmark figures)"]
+    lines += [
+        "",
+        f"cross-node ray.get, fresh process: {cell(summary['seconds']['ray_get'])} s;  "
+        f"raw pyfi read in the fetching process: {cell(summary['seconds'].get('raw'))} s;  "
+        f"in one process (ceiling): {cell(summary['seconds']['pyfi_raw'])} s",
+        "",
+        "goals (benchmark figures)",
+    ]
     for g in summary["goals"]:
         lines.append(f"  {g['name']:<55} {cell(g['value'], '.2f'):>8}  {g['target']}")
-    lines.append("  (verify: digests checked on the reading thread between the reads; transfer includes page faults)")
+    lines.append(
+        "  (verify: digests checked on the reading thread between the reads; transfer includes page faults)"
+    )
     return "\n".join(lines)

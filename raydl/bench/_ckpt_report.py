@@ -3,6 +3,7 @@
 The loader benchmark's report.py is built around images/s panels; this is the
 same shape (per-round rows in, medians and ratios out) for GB/s and seconds.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -45,8 +46,14 @@ def summarize(methods: list[str], peers: list[int], runs: list[dict], *, paced: 
     for m in methods:
         mine = [r for r in runs if r["step"] == m]
         ok = [r for r in mine if r.get("ok")]
-        row = {"method": m, "label": LABELS[m], "rounds": len(mine), "rounds_ok": len(ok),
-               "gbps": _median(r.get("gbps") for r in ok), "seconds": _median(r.get("seconds") for r in ok)}
+        row = {
+            "method": m,
+            "label": LABELS[m],
+            "rounds": len(mine),
+            "rounds_ok": len(ok),
+            "gbps": _median(r.get("gbps") for r in ok),
+            "seconds": _median(r.get("seconds") for r in ok),
+        }
         errors = [r["error"].splitlines()[0] for r in mine if not r.get("ok") and r.get("error")]
         if errors:
             row["errors"] = errors
@@ -60,35 +67,63 @@ def summarize(methods: list[str], peers: list[int], runs: list[dict], *, paced: 
     for p in peers:
         mine = [r for r in runs if r["step"] == "broadcast" and r["peers"] == p]
         ok = [r for r in mine if r.get("ok")]
-        row = {"peers": p, "rounds": len(mine), "rounds_ok": len(ok),
-               "seconds": _median(r.get("seconds") for r in ok),
-               "slowest_peer_seconds": _median(r.get("slowest_peer_seconds") for r in ok),
-               "fill_seconds": _median(r.get("fill_seconds") for r in ok),
-               "peer_cpu_seconds": _median(_mean(r.get("peer_cpu_seconds")) for r in ok)}
+        row = {
+            "peers": p,
+            "rounds": len(mine),
+            "rounds_ok": len(ok),
+            "seconds": _median(r.get("seconds") for r in ok),
+            "slowest_peer_seconds": _median(r.get("slowest_peer_seconds") for r in ok),
+            "fill_seconds": _median(r.get("fill_seconds") for r in ok),
+            "peer_cpu_seconds": _median(_mean(r.get("peer_cpu_seconds")) for r in ok),
+        }
         row["x_single"] = _ratio(row["seconds"], single)
         errors = [r["error"].splitlines()[0] for r in mine if not r.get("ok") and r.get("error")]
         if errors:
             row["errors"] = errors
         casts.append(row)
-    return {"methods": rows, "broadcast": casts, "single_fetch_seconds": single,
-            "targets": _targets(by, casts, paced)}
+    return {
+        "methods": rows,
+        "broadcast": casts,
+        "single_fetch_seconds": single,
+        "targets": _targets(by, casts, paced),
+    }
 
 
 def _targets(by: dict, casts: list[dict], paced: bool = False) -> list[dict]:
     """The issue's goals as figures. With paced links (--link-gbps) the fabric fetch runs at the link's
     rate while ray.get and the raw read do not, so only the broadcast ratios are goals then."""
     fabric = by.get("raydl_fabric")
-    out = [] if paced else [
-        {"name": "fabric fetch / pyfi raw read", "value": _ratio(fabric, by.get("pyfi_raw")),
-         "target": f">= {TARGET_OF_RAW:.2f}", "min": TARGET_OF_RAW},
-        {"name": "fabric fetch / cross-node ray.get", "value": _ratio(fabric, by.get("ray_get")),
-         "target": f">= {TARGET_OVER_RAY_GET:g}", "min": TARGET_OVER_RAY_GET},
+    out = (
+        []
+        if paced
+        else [
+            {
+                "name": "fabric fetch / pyfi raw read",
+                "value": _ratio(fabric, by.get("pyfi_raw")),
+                "target": f">= {TARGET_OF_RAW:.2f}",
+                "min": TARGET_OF_RAW,
+            },
+            {
+                "name": "fabric fetch / cross-node ray.get",
+                "value": _ratio(fabric, by.get("ray_get")),
+                "target": f">= {TARGET_OVER_RAY_GET:g}",
+                "min": TARGET_OVER_RAY_GET,
+            },
+        ]
+    )
+    wide = [c for c in casts if c["peers"] in BROADCAST_TARGETS] or sorted(casts, key=lambda c: -c["peers"])[
+        :1
     ]
-    wide = [c for c in casts if c["peers"] in BROADCAST_TARGETS] or sorted(casts, key=lambda c: -c["peers"])[:1]
     for c in wide:
         x = BROADCAST_TARGETS.get(c["peers"], TARGET_BROADCAST_X)
-        out.append({"name": f"broadcast to {c['peers']} peer(s) / single-peer fetch", "value": c["x_single"],
-                    "target": f"<= {x:g}", "max": x})
+        out.append(
+            {
+                "name": f"broadcast to {c['peers']} peer(s) / single-peer fetch",
+                "value": c["x_single"],
+                "target": f"<= {x:g}",
+                "max": x,
+            }
+        )
     for t in out:
         v = t["value"]
         t["met"] = None if v is None else (v >= t["min"] if "min" in t else v <= t["max"])
@@ -114,15 +149,32 @@ def _verdict(t: dict) -> str:
 
 def format_table(summary: dict, *, header: str) -> str:
     lines = [header, ""]
-    body = [(r["label"], _cell(r["gbps"], ".2f"), _cell(r["seconds"], ".3f"), _cell(r["x_fabric"], ".2f"),
-             _cell(r["x_ray_get"], ".2f"), f"{r['rounds_ok']}/{r['rounds']}") for r in summary["methods"]]
+    body = [
+        (
+            r["label"],
+            _cell(r["gbps"], ".2f"),
+            _cell(r["seconds"], ".3f"),
+            _cell(r["x_fabric"], ".2f"),
+            _cell(r["x_ray_get"], ".2f"),
+            f"{r['rounds_ok']}/{r['rounds']}",
+        )
+        for r in summary["methods"]
+    ]
     lines += _grid(("method", "GB/s", "seconds", "x fabric", "x ray.get", "ok"), body)
     single = summary["single_fetch_seconds"]
     lines += ["", f"broadcast from the publisher (single-peer fabric fetch: {_cell(single, '.3f')} s)"]
-    body = [(f"{c['peers']} peer{'s' if c['peers'] != 1 else ''}", _cell(c["seconds"], ".3f"),
-             _cell(c["slowest_peer_seconds"], ".3f"), _cell(c.get("fill_seconds"), ".3f"),
-             _cell(c.get("peer_cpu_seconds"), ".3f"), _cell(c["x_single"], ".2f"),
-             f"{c['rounds_ok']}/{c['rounds']}") for c in summary["broadcast"]]
+    body = [
+        (
+            f"{c['peers']} peer{'s' if c['peers'] != 1 else ''}",
+            _cell(c["seconds"], ".3f"),
+            _cell(c["slowest_peer_seconds"], ".3f"),
+            _cell(c.get("fill_seconds"), ".3f"),
+            _cell(c.get("peer_cpu_seconds"), ".3f"),
+            _cell(c["x_single"], ".2f"),
+            f"{c['rounds_ok']}/{c['rounds']}",
+        )
+        for c in summary["broadcast"]
+    ]
     lines += _grid(("peers", "seconds", "slowest pull s", "fill s", "CPU s per peer", "x single", "ok"), body)
     lines += ["", "targets (benchmark figures, not asserts)"]
     body = [(t["name"], _cell(t["value"], ".2f"), t["target"], _verdict(t)) for t in summary["targets"]]
@@ -145,10 +197,18 @@ def write_plot(summary: dict, path: str, *, title: str) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     rows = [r for r in summary["methods"] if r["gbps"] is not None]
-    colors = {"raydl_fabric": "tab:blue", "raydl_object_store": "tab:cyan", "ray_get": "tab:orange",
-              "pyfi_raw": "tab:gray", "fi_rma_bw": "tab:gray"}
-    bars = left.bar([r["label"].replace(" (ceiling)", "\n(ceiling)").replace(", ", ",\n") for r in rows],
-                    [r["gbps"] for r in rows], color=[colors[r["method"]] for r in rows])
+    colors = {
+        "raydl_fabric": "tab:blue",
+        "raydl_object_store": "tab:cyan",
+        "ray_get": "tab:orange",
+        "pyfi_raw": "tab:gray",
+        "fi_rma_bw": "tab:gray",
+    }
+    bars = left.bar(
+        [r["label"].replace(" (ceiling)", "\n(ceiling)").replace(", ", ",\n") for r in rows],
+        [r["gbps"] for r in rows],
+        color=[colors[r["method"]] for r in rows],
+    )
     left.bar_label(bars, fmt="%.2f", fontsize=8)
     left.set_title("fetch, GB/s (higher is better)", fontsize=10)
     left.tick_params(axis="x", labelsize=8)
@@ -158,8 +218,13 @@ def write_plot(summary: dict, path: str, *, title: str) -> None:
     single = summary["single_fetch_seconds"]
     if single:
         right.axhline(single, color="tab:gray", linestyle="--", linewidth=1, label="single-peer fetch")
-        right.axhline(TARGET_BROADCAST_X * single, color="tab:red", linestyle=":", linewidth=1,
-                      label=f"target: {TARGET_BROADCAST_X:g}x single")
+        right.axhline(
+            TARGET_BROADCAST_X * single,
+            color="tab:red",
+            linestyle=":",
+            linewidth=1,
+            label=f"target: {TARGET_BROADCAST_X:g}x single",
+        )
         right.legend(fontsize=8)
     right.set_xlabel("peers")
     right.set_title("broadcast, seconds (lower is better)", fontsize=10)

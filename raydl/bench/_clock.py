@@ -9,6 +9,7 @@ epochs of the same loader. Every figure of the first epoch keeps its meaning; th
 epochs after it are timed apart (`Measurement.later_images`, `later_s`), so that the
 per-epoch cost of a long run shows without the one-off start-up.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,7 +35,9 @@ class PeerSpec:
     batch_size: int
     seed: int
     expected: int  # images in the folder; the batch that reaches it closes the clock
-    workload: str = "train"  # "train" (RandomResizedCrop 224, normalize) or "buckets" (aspect buckets 512, uint8)
+    workload: str = (
+        "train"  # "train" (RandomResizedCrop 224, normalize) or "buckets" (aspect buckets 512, uint8)
+    )
     source: str = "images"  # raydl only: "images", "webdataset" or "parquet"; data may be s3://
     endpoint_url: str | None = None  # raydl only: the S3 endpoint for s3:// data
     image_column: str = "image"  # parquet
@@ -52,7 +55,9 @@ class Measurement:
     batch_shape: tuple[int, ...]
     batch_dtype: str
     batches: int = 0
-    first_batch_at: float = 0.0  # wall-clock time (time.time()) of the first batch, to compare with process start
+    first_batch_at: float = (
+        0.0  # wall-clock time (time.time()) of the first batch, to compare with process start
+    )
     later_images: int = 0  # with epochs > 1: images of the epochs after the first
     later_s: float = 0.0  # ... from the first epoch's last batch to the last epoch's last batch
 
@@ -64,9 +69,16 @@ class Measurement:
 class EpochClock:
     """Times one epoch. The hooks let the runner sample CPU exactly at the start and end."""
 
-    def __init__(self, expected: int, on_start: Callable[[], None], on_finish: Callable[[], None],
-                 on_first: Callable[[], None] | None = None, *, epochs: int = 1,
-                 on_first_epoch: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        expected: int,
+        on_start: Callable[[], None],
+        on_finish: Callable[[], None],
+        on_first: Callable[[], None] | None = None,
+        *,
+        epochs: int = 1,
+        on_first_epoch: Callable[[], None] | None = None,
+    ):
         self._expected = expected
         self._epochs = epochs
         self._on_start, self._on_finish, self._on_first = on_start, on_finish, on_first

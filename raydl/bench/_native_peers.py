@@ -4,6 +4,7 @@ Each follows peers.py's contract: build from the same folder with the same CPU
 budget, `clock.start()` just before the pipeline is built, `clock.batch(...)`
 for each batch in hand.
 """
+
 from __future__ import annotations
 
 import random
@@ -35,6 +36,7 @@ def _sizes(paths: list[str]) -> list[tuple[int, int]]:
 
 # ----------------------------------------------------------------------------------------- DALI ----
 
+
 def run_dali(spec: PeerSpec, clock: EpochClock) -> Measurement:
     from nvidia.dali import fn, pipeline_def, types
 
@@ -46,13 +48,25 @@ def run_dali(spec: PeerSpec, clock: EpochClock) -> Measurement:
     @pipeline_def(batch_size=spec.batch_size, num_threads=spec.cpus, device_id=None, seed=spec.seed + 1)
     def train():
         jpegs, _labels = fn.readers.file(files=paths, random_shuffle=True, name="reader")
-        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                               random_area=list(SCALE), random_aspect_ratio=list(RATIO),
-                                               num_attempts=10)
-        images = fn.resize(images, resize_x=CROP, resize_y=CROP, interp_type=types.INTERP_LINEAR, antialias=True)
-        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
-                                        mean=list(255 * _MEAN), std=list(255 * _STD),
-                                        mirror=fn.random.coin_flip(probability=0.5))
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            device="cpu",
+            output_type=types.RGB,
+            random_area=list(SCALE),
+            random_aspect_ratio=list(RATIO),
+            num_attempts=10,
+        )
+        images = fn.resize(
+            images, resize_x=CROP, resize_y=CROP, interp_type=types.INTERP_LINEAR, antialias=True
+        )
+        return fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=list(255 * _MEAN),
+            std=list(255 * _STD),
+            mirror=fn.random.coin_flip(probability=0.5),
+        )
 
     pipe = train()
     pipe.build()
@@ -71,7 +85,7 @@ def _dali_buckets(spec: PeerSpec, clock: EpochClock, paths: list[str]) -> Measur
     sizes = _sizes(paths)
     order = list(range(len(paths)))
     random.Random(spec.seed).shuffle(order)
-    batches = [order[i:i + spec.batch_size] for i in range(0, len(order), spec.batch_size)]
+    batches = [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)]
 
     def source(info):
         """Encoded bytes, crop anchor and shape (x, y), output size (h, w) of each sample of the batch."""
@@ -89,10 +103,19 @@ def _dali_buckets(spec: PeerSpec, clock: EpochClock, paths: list[str]) -> Measur
 
     @pipeline_def(batch_size=spec.batch_size, num_threads=spec.cpus, device_id=None, seed=spec.seed + 1)
     def buckets():
-        jpegs, anchor, shape, size = fn.external_source(source=source, num_outputs=4, batch=True,
-                                                        batch_info=True)
-        images = fn.decoders.image_slice(jpegs, anchor, shape, axis_names="WH", normalized_anchor=False,
-                                         normalized_shape=False, device="cpu", output_type=types.RGB)
+        jpegs, anchor, shape, size = fn.external_source(
+            source=source, num_outputs=4, batch=True, batch_info=True
+        )
+        images = fn.decoders.image_slice(
+            jpegs,
+            anchor,
+            shape,
+            axis_names="WH",
+            normalized_anchor=False,
+            normalized_shape=False,
+            device="cpu",
+            output_type=types.RGB,
+        )
         return fn.resize(images, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
 
     pipe = buckets()
@@ -105,6 +128,7 @@ def _dali_buckets(spec: PeerSpec, clock: EpochClock, paths: list[str]) -> Measur
 
 
 # ----------------------------------------------------------------------------------------- SPDL ----
+
 
 def _spdl_load(path: str, filter_desc: str) -> np.ndarray:
     import spdl.io
@@ -125,8 +149,10 @@ def run_spdl(spec: PeerSpec, clock: EpochClock) -> Measurement:
     def train_one(i: int, seed: int, out: np.ndarray) -> None:
         r = random.Random(seed)
         top, left, h, w = rrc_params(*sizes[i], r)
-        hwc = _spdl_load(paths[i], f"crop={w}:{h}:{left}:{top}:exact=1,scale={CROP}:{CROP}:flags=bilinear,"
-                                   "format=pix_fmts=rgb24")
+        hwc = _spdl_load(
+            paths[i],
+            f"crop={w}:{h}:{left}:{top}:exact=1,scale={CROP}:{CROP}:flags=bilinear,format=pix_fmts=rgb24",
+        )
         hwc = hwc.reshape(CROP, CROP, 3)
         if r.random() < 0.5:
             hwc = hwc[:, ::-1]
@@ -135,13 +161,16 @@ def run_spdl(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
     def bucket_one(i: int) -> np.ndarray:
         (bh, bw), (x0, y0, x1, y1) = bucket_box(*sizes[i])
-        hwc = _spdl_load(paths[i], f"crop={x1 - x0}:{y1 - y0}:{x0}:{y0}:exact=1,scale={bw}:{bh}:flags=bilinear,"
-                                   "format=pix_fmts=rgb24")
+        hwc = _spdl_load(
+            paths[i],
+            f"crop={x1 - x0}:{y1 - y0}:{x0}:{y0}:exact=1,scale={bw}:{bh}:flags=bilinear,"
+            "format=pix_fmts=rgb24",
+        )
         return hwc.reshape(bh, bw, 3)
 
     with ThreadPoolExecutor(spec.cpus) as pool:  # SPDL's decode releases the GIL
         for start in range(0, len(order), spec.batch_size):
-            chunk = order[start:start + spec.batch_size]
+            chunk = order[start : start + spec.batch_size]
             if spec.workload == "buckets":
                 images = list(pool.map(bucket_one, chunk))
                 by_shape: dict[tuple, list[np.ndarray]] = {}
@@ -158,6 +187,7 @@ def run_spdl(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
 
 # ---------------------------------------------------------------------------------------- floor ----
+
 
 def run_floor(spec: PeerSpec, clock: EpochClock) -> Measurement:
     """Entropy decoding of the rows each train crop spans: the part no decoder can skip.
@@ -196,5 +226,3 @@ def run_floor(spec: PeerSpec, clock: EpochClock) -> Measurement:
                 n = len(list(pool.map(one, range(start, min(start + spec.batch_size, len(blobs))))))
                 clock.batch(stand_in(n, (0,)))
     return clock.result()
-
-

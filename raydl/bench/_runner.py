@@ -20,6 +20,7 @@ the CPU of the epochs after it is reported apart (`later_cpu_s_per_image`).
 Everything a library prints on stdout is sent to stderr, so stdout carries the
 JSON line alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +56,15 @@ class TreeSampler:
         self.peak_by_kind: dict[str, int] = {}
         self.peak_shmem_by_kind: dict[str, int] = {}
         self.cpu_at_first: float | None = None
-        self.first_epoch: tuple | None = None  # (CPU s, peak PSS, its split, its shared part) at epoch 1's end
-        self.first_cpu_by_kind: dict[str, float] = {}  # CPU seconds per kind from the window's start to batch one
-        self.first_epoch_cpu_by_kind: dict[str, float] | None = None  # ... to the first epoch's end (epochs > 1)
+        self.first_epoch: tuple | None = (
+            None  # (CPU s, peak PSS, its split, its shared part) at epoch 1's end
+        )
+        self.first_cpu_by_kind: dict[
+            str, float
+        ] = {}  # CPU seconds per kind from the window's start to batch one
+        self.first_epoch_cpu_by_kind: dict[str, float] | None = (
+            None  # ... to the first epoch's end (epochs > 1)
+        )
         self._kind: dict[psutil.Process, str] = {}
         self._thread = threading.Thread(target=self._loop, name="raydl-bench-sampler", daemon=True)
         self._thread.start()
@@ -126,7 +133,12 @@ class TreeSampler:
     def mark_first_epoch(self) -> None:
         """With several epochs: the first epoch's CPU and peak memory, kept apart from the later epochs'."""
         self._sample(memory=True)
-        self.first_epoch = (self.cpu_seconds(), self.peak_pss, dict(self.peak_by_kind), dict(self.peak_shmem_by_kind))
+        self.first_epoch = (
+            self.cpu_seconds(),
+            self.peak_pss,
+            dict(self.peak_by_kind),
+            dict(self.peak_shmem_by_kind),
+        )
         self.first_epoch_cpu_by_kind = self.cpu_by_kind()
 
     def cpu_by_kind(self) -> dict[str, float]:
@@ -210,52 +222,78 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
     m = clock.result()
     cpu_all = sampler.cpu_seconds()
     cpu, peak, by_kind, shmem_by_kind = (
-        sampler.first_epoch if sampler.first_epoch is not None
-        else (cpu_all, sampler.peak_pss, sampler.peak_by_kind, sampler.peak_shmem_by_kind))
+        sampler.first_epoch
+        if sampler.first_epoch is not None
+        else (cpu_all, sampler.peak_pss, sampler.peak_by_kind, sampler.peak_shmem_by_kind)
+    )
     row = {
-        "peer": peer, "ok": True, "images": m.images,
-        "images_per_s": m.images_per_s, "first_batch_s": m.first_batch_s,
+        "peer": peer,
+        "ok": True,
+        "images": m.images,
+        "images_per_s": m.images_per_s,
+        "first_batch_s": m.first_batch_s,
         # From this process's start: imports, ray.init and the loader, as a user's script sees it.
         "first_batch_from_start_s": m.first_batch_at - psutil.Process().create_time(),
-        "steady_images": m.steady_images, "steady_s": m.steady_s, "steady_batches": max(0, m.batches - 1),
+        "steady_images": m.steady_images,
+        "steady_s": m.steady_s,
+        "steady_batches": max(0, m.batches - 1),
         # Start-up included: what a short job sees, and what prefetch cannot flatter.
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
-        "peak_pss_mib": peak / _MIB, "cpu_s": cpu,
-        "peak_pss_by_process_mib": {k: round(v / _MIB, 1) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "peak_pss_mib": peak / _MIB,
+        "cpu_s": cpu,
+        "peak_pss_by_process_mib": {
+            k: round(v / _MIB, 1) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])
+        },
         "peak_shmem_by_process_mib": {k: round(v / _MIB, 1) for k, v in shmem_by_kind.items() if v >= _MIB},
         # Who used the CPU while the first batch was made (this process: listing, loader(), the batch).
-        "first_batch_cpu_s_by_process": {k: round(v, 2) for k, v in sorted(sampler.first_cpu_by_kind.items(),
-                                                                             key=lambda kv: -kv[1]) if v >= 0.01},
+        "first_batch_cpu_s_by_process": {
+            k: round(v, 2)
+            for k, v in sorted(sampler.first_cpu_by_kind.items(), key=lambda kv: -kv[1])
+            if v >= 0.01
+        },
         "cpu_s_per_image": cpu / m.images if m.images else None,
         # After the first batch: the per-image cost without start-up, what a long epoch pays.
-        "steady_cpu_s_per_image": ((cpu - sampler.cpu_at_first) / m.steady_images
-                                   if m.steady_images and sampler.cpu_at_first is not None else None),
-        "batch_shape": list(m.batch_shape), "batch_dtype": m.batch_dtype,
-        "processes": sampler.processes(), "sampler_cpu_s": sampler.overhead(), "wall_s": wall,
+        "steady_cpu_s_per_image": (
+            (cpu - sampler.cpu_at_first) / m.steady_images
+            if m.steady_images and sampler.cpu_at_first is not None
+            else None
+        ),
+        "batch_shape": list(m.batch_shape),
+        "batch_dtype": m.batch_dtype,
+        "processes": sampler.processes(),
+        "sampler_cpu_s": sampler.overhead(),
+        "wall_s": wall,
     }
     # Where the steady CPU went: per kind of process, ms per image after the first batch (epoch 1).
     end_by_kind = sampler.cpu_by_kind()
     epoch1_by_kind = sampler.first_epoch_cpu_by_kind or end_by_kind
     if m.steady_images:
-        row["steady_cpu_ms_per_image_by_process"] = _per_image(sampler.first_cpu_by_kind, epoch1_by_kind,
-                                                               m.steady_images)
+        row["steady_cpu_ms_per_image_by_process"] = _per_image(
+            sampler.first_cpu_by_kind, epoch1_by_kind, m.steady_images
+        )
     if m.later_images:  # --epochs N: the epochs after the first, start-up long done
-        row.update(epochs=spec.epochs, later_images=m.later_images, later_s=m.later_s,
-                   later_images_per_s=m.later_images / m.later_s if m.later_s > 0 else None,
-                   later_cpu_s_per_image=(cpu_all - cpu) / m.later_images,
-                   later_peak_pss_mib=sampler.peak_pss / _MIB,
-                   later_cpu_ms_per_image_by_process=_per_image(epoch1_by_kind, end_by_kind, m.later_images))
+        row.update(
+            epochs=spec.epochs,
+            later_images=m.later_images,
+            later_s=m.later_s,
+            later_images_per_s=m.later_images / m.later_s if m.later_s > 0 else None,
+            later_cpu_s_per_image=(cpu_all - cpu) / m.later_images,
+            later_peak_pss_mib=sampler.peak_pss / _MIB,
+            later_cpu_ms_per_image_by_process=_per_image(epoch1_by_kind, end_by_kind, m.later_images),
+        )
     row.update(clock.extra)
     # A peer that returns the wrong tensors is not doing the workload; say so loudly.
     if peer in ("ceiling", "floor"):
         pass
     elif spec.workload == "buckets":
         if m.batch_shape[-1:] != (3,) or len(m.batch_shape) != 4 or m.batch_dtype != "uint8":
-            row.update(ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, "
-                                       f"not uint8 [B, H, W, 3]")
+            row.update(
+                ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, not uint8 [B, H, W, 3]"
+            )
     elif m.batch_shape[1:] != (3, 224, 224) or m.batch_dtype != "float32":
-        row.update(ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, "
-                                   f"not float32 [B, 3, 224, 224]")
+        row.update(
+            ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, not float32 [B, 3, 224, 224]"
+        )
     if m.images != spec.expected:
         row["warning"] = f"delivered {m.images} images of {spec.expected}"
     return row
@@ -286,14 +324,29 @@ def main(argv: list[str] | None = None) -> int:
     json_out = os.dup(1)
     os.dup2(2, 1)  # Ray, Rust loggers and children print to fd 1; keep it for the JSON line
 
-    spec = PeerSpec(data=args.data, cpus=args.cpus, batch_size=args.batch_size,
-                    seed=args.seed, expected=args.expected, workload=args.workload, source=args.source,
-                    endpoint_url=args.endpoint_url, image_column=args.image_column, label_column=args.label_column,
-                    nodes=args.nodes, epochs=args.epochs)
+    spec = PeerSpec(
+        data=args.data,
+        cpus=args.cpus,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        expected=args.expected,
+        workload=args.workload,
+        source=args.source,
+        endpoint_url=args.endpoint_url,
+        image_column=args.image_column,
+        label_column=args.label_column,
+        nodes=args.nodes,
+        epochs=args.epochs,
+    )
     sampler = TreeSampler()
-    clock = EpochClock(args.expected, on_start=sampler.open_window, on_finish=sampler.close_window,
-                       on_first=sampler.mark_first_batch, epochs=args.epochs,
-                       on_first_epoch=sampler.mark_first_epoch)
+    clock = EpochClock(
+        args.expected,
+        on_start=sampler.open_window,
+        on_finish=sampler.close_window,
+        on_first=sampler.mark_first_batch,
+        epochs=args.epochs,
+        on_first_epoch=sampler.mark_first_epoch,
+    )
     t0 = time.perf_counter()
     try:
         PEERS[args.peer](spec, clock)

@@ -12,6 +12,7 @@ and datago peers use this copy of torchvision's RandomResizedCrop.get_params
 with p=0.5 and ImageNet normalisation into a float32 CHW slot. One copy means
 the peers differ only in how they schedule this work, not in the work itself.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,16 @@ from PIL import Image
 from raydl.buckets import bucket_set, nearest_bucket
 from raydl.sources.images import IMAGE_EXTENSIONS
 
-__all__ = ["BUCKETS", "CROP", "bucket_box", "bucket_transform", "list_images", "open_rgb", "rrc_params",
-           "train_transform"]
+__all__ = [
+    "BUCKETS",
+    "CROP",
+    "bucket_box",
+    "bucket_transform",
+    "list_images",
+    "open_rgb",
+    "rrc_params",
+    "train_transform",
+]
 
 CROP = 224
 SCALE = (0.08, 1.0)
@@ -33,8 +42,9 @@ RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 # The "buckets" workload: datago's crop_and_resize with this configuration.
 BUCKET_CONFIG = {"size": 512, "multiple": 32, "min_ratio": 0.5, "max_ratio": 2.0}
-BUCKETS = bucket_set(BUCKET_CONFIG["size"], BUCKET_CONFIG["multiple"], BUCKET_CONFIG["min_ratio"],
-                     BUCKET_CONFIG["max_ratio"])
+BUCKETS = bucket_set(
+    BUCKET_CONFIG["size"], BUCKET_CONFIG["multiple"], BUCKET_CONFIG["min_ratio"], BUCKET_CONFIG["max_ratio"]
+)
 
 _MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 _STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -48,11 +58,7 @@ def list_images(root: str) -> list[str]:
     found = []
     for folder, dirs, names in os.walk(root, followlinks=True):
         dirs.sort()
-        found.extend(
-            os.path.join(folder, name)
-            for name in names
-            if name.lower().endswith(IMAGE_EXTENSIONS)
-        )
+        found.extend(os.path.join(folder, name) for name in names if name.lower().endswith(IMAGE_EXTENSIONS))
     return sorted(found)
 
 

@@ -28,6 +28,7 @@ A small warm-up of each method (not counted) runs first, so one-off costs
 Everything is unpublished, dropped or killed after each step, so memory stays
 at about two copies of the checkpoint per node (plus P during a broadcast).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,26 +74,47 @@ def _peers(text: str) -> list[int]:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add `checkpoint` to a `raydl bench` subparser group."""
     p = subparsers.add_parser(
-        "checkpoint", help="move one checkpoint across simulated nodes: raydl fabric vs object store vs ray.get",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "checkpoint",
+        help="move one checkpoint across simulated nodes: raydl fabric vs object store vs ray.get",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--size", type=parse_size, default=parse_size("1GiB"),
-                   help="checkpoint bytes, e.g. 1GiB, 512MiB (default: 1GiB)")
-    p.add_argument("--peers", type=_peers, default=[1, 2, 4],
-                   help="broadcast widths, comma-separated (default: 1,2,4)")
+    p.add_argument(
+        "--size",
+        type=parse_size,
+        default=parse_size("1GiB"),
+        help="checkpoint bytes, e.g. 1GiB, 512MiB (default: 1GiB)",
+    )
+    p.add_argument(
+        "--peers", type=_peers, default=[1, 2, 4], help="broadcast widths, comma-separated (default: 1,2,4)"
+    )
     p.add_argument("--nodes", type=int, default=2, help="simulated Ray nodes (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--provider", default=None,
-                   help="libfabric provider, e.g. 'tcp;ofi_rxm' or sockets (default: raydl's choice)")
+    p.add_argument(
+        "--provider",
+        default=None,
+        help="libfabric provider, e.g. 'tcp;ofi_rxm' or sockets (default: raydl's choice)",
+    )
     p.add_argument("--chunk-size", type=parse_size, default=4 << 20, help="checkpoint chunk (default: 4MiB)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per step before it counts as failed")
-    p.add_argument("--cold", action="store_true",
-                   help="time first fetches in fresh processes, phase by phase, against a warm fetch and ray.get")
-    p.add_argument("--link-gbps", type=float, default=None,
-                   help="cap every fabric link (fetch and each broadcast hop) at this many Gbit/s: a simulated "
-                        "network, so that links and not the shared CPU bound the figures")
-    p.add_argument("--window", type=parse_size, default=8 << 20,
-                   help="broadcast: bytes a peer reads between looks at its upstream's progress (default: 8MiB)")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="time first fetches in fresh processes, phase by phase, against a warm fetch and ray.get",
+    )
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=None,
+        help="cap every fabric link (fetch and each broadcast hop) at this many Gbit/s: a simulated "
+        "network, so that links and not the shared CPU bound the figures",
+    )
+    p.add_argument(
+        "--window",
+        type=parse_size,
+        default=8 << 20,
+        help="broadcast: bytes a peer reads between looks at its upstream's progress (default: 8MiB)",
+    )
     p.add_argument("--json", help="write every round, the medians and the targets here")
     p.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     p.add_argument("-v", "--verbose", action="store_true", help="show the Ray workers' logs")
@@ -125,13 +147,27 @@ def _free_port() -> int:
 def fi_rma_bw(exe: str, size: int, chunk: int, provider: str, timeout: float) -> float:
     """GB/s of fabtests' `fi_rma_bw -o read` over `provider` on 127.0.0.1 (size/chunk reads of chunk bytes)."""
     port = str(_free_port())
-    common = [exe, "-p", provider, "-e", "rdm", "-o", "read", "-S", str(chunk), "-I", str(max(10, size // chunk))]
-    server = subprocess.Popen([*common, "-s", "127.0.0.1", "-B", port], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    common = [
+        exe,
+        "-p",
+        provider,
+        "-e",
+        "rdm",
+        "-o",
+        "read",
+        "-S",
+        str(chunk),
+        "-I",
+        str(max(10, size // chunk)),
+    ]
+    server = subprocess.Popen(
+        [*common, "-s", "127.0.0.1", "-B", port], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         time.sleep(0.5)  # let the server listen
-        client = subprocess.run([*common, "-P", port, "127.0.0.1"], capture_output=True, text=True,
-                                timeout=timeout)
+        client = subprocess.run(
+            [*common, "-P", port, "127.0.0.1"], capture_output=True, text=True, timeout=timeout
+        )
     finally:
         try:
             server.wait(timeout=10)
@@ -139,7 +175,9 @@ def fi_rma_bw(exe: str, size: int, chunk: int, provider: str, timeout: float) ->
             server.kill()
             server.wait()
     if client.returncode != 0:
-        raise RuntimeError(f"fi_rma_bw exited {client.returncode}: {(client.stderr or client.stdout).strip()[-300:]}")
+        raise RuntimeError(
+            f"fi_rma_bw exited {client.returncode}: {(client.stderr or client.stdout).strip()[-300:]}"
+        )
     lines = [ln.split() for ln in client.stdout.splitlines() if ln.strip()]
     for i, cols in enumerate(lines[:-1]):
         if "MB/sec" in cols:
@@ -187,11 +225,16 @@ class _Bench:
 
         from raydl.bench._ckpt_actors import Sink, Source
 
-        self.source = ray.remote(Source).options(**self._affinity(self.node_ids[0])).remote(
-            self.args.size, _WARM_SIZE, self.provider)
+        self.source = (
+            ray.remote(Source)
+            .options(**self._affinity(self.node_ids[0]))
+            .remote(self.args.size, _WARM_SIZE, self.provider)
+        )
         self.sink = ray.remote(Sink).options(**self._affinity(self.peer_nodes[0])).remote()
         # building the state dict (normal_ over --size bytes) takes a while on a busy core
-        got = ray.get([self.source.node_id.remote(), self.sink.node_id.remote()], timeout=max(self.timeout, 600))
+        got = ray.get(
+            [self.source.node_id.remote(), self.sink.node_id.remote()], timeout=max(self.timeout, 600)
+        )
         assert got == [self.node_ids[0], self.peer_nodes[0]], got
 
     def restart_actors(self) -> None:
@@ -215,10 +258,14 @@ class _Bench:
     def fetch(self, transport: str, kind: str = "full") -> dict:
         import ray
 
-        ref = ray.get(self.source.publish.remote(kind, (transport,), self.args.chunk_size), timeout=self.timeout)
+        ref = ray.get(
+            self.source.publish.remote(kind, (transport,), self.args.chunk_size), timeout=self.timeout
+        )
         try:
-            out = ray.get(self.sink.fetch.remote(ref, transport, min(self.timeout, 60.0), self.args.link_gbps),
-                          timeout=self.timeout)
+            out = ray.get(
+                self.sink.fetch.remote(ref, transport, min(self.timeout, 60.0), self.args.link_gbps),
+                timeout=self.timeout,
+            )
         finally:
             ray.get(self.source.unpublish.remote(ref.key), timeout=self.timeout)
             del ref  # the last handle on an object-store copy
@@ -253,30 +300,45 @@ class _Bench:
 
         from raydl import checkpoint
 
-        peers = [checkpoint.peer_actor(self.peer_nodes[i % len(self.peer_nodes)], provider=self.provider)
-                 for i in range(n)]
+        peers = [
+            checkpoint.peer_actor(self.peer_nodes[i % len(self.peer_nodes)], provider=self.provider)
+            for i in range(n)
+        ]
         keys = []
         try:
             ray.get([p.name.remote() for p in peers], timeout=self.timeout)
-            warm = ray.get(self.source.publish.remote("warm", ("fabric",), self.args.chunk_size),
-                           timeout=self.timeout)
+            warm = ray.get(
+                self.source.publish.remote("warm", ("fabric",), self.args.chunk_size), timeout=self.timeout
+            )
             keys.append(warm.key)
-            checkpoint.broadcast(warm, peers, timeout=self.timeout, link_gbps=self.args.link_gbps,
-                                 window_bytes=self.args.window)
-            ref = ray.get(self.source.publish.remote("full", ("fabric",), self.args.chunk_size),
-                          timeout=self.timeout)
+            checkpoint.broadcast(
+                warm,
+                peers,
+                timeout=self.timeout,
+                link_gbps=self.args.link_gbps,
+                window_bytes=self.args.window,
+            )
+            ref = ray.get(
+                self.source.publish.remote("full", ("fabric",), self.args.chunk_size), timeout=self.timeout
+            )
             keys.append(ref.key)
             t0, wall0 = time.perf_counter(), time.time()
-            results = checkpoint.broadcast(ref, peers, timeout=self.timeout, link_gbps=self.args.link_gbps,
-                                           window_bytes=self.args.window)
+            results = checkpoint.broadcast(
+                ref, peers, timeout=self.timeout, link_gbps=self.args.link_gbps, window_bytes=self.args.window
+            )
             seconds = time.perf_counter() - t0
             firsts = [r.get("first_window_at") for r in results]
-            return {"seconds": seconds, "bytes": ref.size, "peers": n,
-                    # the chain's fill: from the call until the last peer has its first verified chunk
-                    "fill_seconds": max(firsts) - wall0 if None not in firsts else None,
-                    "slowest_peer_seconds": max(r["seconds"] for r in results),
-                    "peer_cpu_seconds": [r.get("cpu_seconds") for r in results],
-                    "sources": [r["source"] for r in results], "retried": sum(r["retried"] for r in results)}
+            return {
+                "seconds": seconds,
+                "bytes": ref.size,
+                "peers": n,
+                # the chain's fill: from the call until the last peer has its first verified chunk
+                "fill_seconds": max(firsts) - wall0 if None not in firsts else None,
+                "slowest_peer_seconds": max(r["seconds"] for r in results),
+                "peer_cpu_seconds": [r.get("cpu_seconds") for r in results],
+                "sources": [r["source"] for r in results],
+                "retried": sum(r["retried"] for r in results),
+            }
         finally:
             for key in keys:
                 try:
@@ -294,8 +356,13 @@ def _row(round_no: int, step: str, fn, *a, **kw) -> dict:
     try:
         out = fn(*a, **kw)
     except Exception as exc:  # noqa: BLE001 - a failed step is a row in the report, not the end of the run
-        return {"round": round_no, "step": step, "ok": False, "error": _error(exc),
-                "wall_s": time.perf_counter() - t0}
+        return {
+            "round": round_no,
+            "step": step,
+            "ok": False,
+            "error": _error(exc),
+            "wall_s": time.perf_counter() - t0,
+        }
     row = {"round": round_no, "step": step, "ok": True, **out, "wall_s": time.perf_counter() - t0}
     if step != "broadcast":
         row["gbps"] = out["bytes"] / out["seconds"] / 1e9
@@ -311,17 +378,22 @@ def _progress(rounds: int, row: dict) -> None:
         cpu = [c for c in row.get("peer_cpu_seconds") or () if c is not None]
         cpu_text = f"   CPU per peer {sum(cpu) / len(cpu):.3f} s (max {max(cpu):.3f})" if cpu else ""
         fill = f"   fill {row['fill_seconds']:.3f} s" if row.get("fill_seconds") is not None else ""
-        _log(f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s{fill}{cpu_text}"
-             f"  ({row['wall_s']:.0f} s)")
+        _log(
+            f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s{fill}{cpu_text}"
+            f"  ({row['wall_s']:.0f} s)"
+        )
     else:
         _log(f"{head} {row['gbps']:8.2f} GB/s  {row['seconds']:7.3f} s  ({row['wall_s']:.0f} s)")
 
 
 def _warm_up(bench: _Bench) -> None:
     """One small pass of every method, not counted: fabric set-up and Ray's first cross-node pull."""
-    for name, fn, a in (("fabric", bench.fetch, ("fabric", "warm")),
-                        ("object store", bench.fetch, ("object_store", "warm")),
-                        ("ray.get", bench.ray_get, ("warm",)), ("raw", bench.raw, (_WARM_SIZE,))):
+    for name, fn, a in (
+        ("fabric", bench.fetch, ("fabric", "warm")),
+        ("object store", bench.fetch, ("object_store", "warm")),
+        ("ray.get", bench.ray_get, ("warm",)),
+        ("raw", bench.raw, (_WARM_SIZE,)),
+    ):
         try:
             fn(*a)
         except Exception as exc:  # noqa: BLE001 - the counted rounds will show it
@@ -351,7 +423,9 @@ def main(args: argparse.Namespace) -> int:
     import ray
 
     if ray.is_initialized():
-        _log("error: raydl bench checkpoint starts its own simulated cluster; call it without Ray initialised")
+        _log(
+            "error: raydl bench checkpoint starts its own simulated cluster; call it without Ray initialised"
+        )
         return 2
     methods = ["raydl_fabric", "raydl_object_store", "ray_get", "pyfi_raw"]
     notes = []
@@ -359,8 +433,10 @@ def main(args: argparse.Namespace) -> int:
     if fabtests:
         methods.append("fi_rma_bw")
     else:
-        notes.append("fabtests' fi_rma_bw is not installed here (Debian's libfabric-bin ships only fi_info, "
-                     "fi_pingpong and fi_strerror; build fabtests from the libfabric sources for it)")
+        notes.append(
+            "fabtests' fi_rma_bw is not installed here (Debian's libfabric-bin ships only fi_info, "
+            "fi_pingpong and fi_strerror; build fabtests from the libfabric sources for it)"
+        )
     if args.nodes == 1:
         notes.append("--nodes 1: publisher and fetcher share a node, so ray.get reads a local object")
 
@@ -369,23 +445,30 @@ def main(args: argparse.Namespace) -> int:
     os.environ["RAYDL_CHECKPOINT_BIND"] = "127.0.0.1:0"
     here = str(Path(__file__).resolve().parents[2])
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved["PYTHONPATH"]]))
-    _log(f"checkpoint {_human(args.size)}, {args.nodes} node(s), provider {provider}, peers "
-         f"{','.join(map(str, args.peers))}, {args.rounds} round(s) of: {' '.join(methods)} broadcast")
+    _log(
+        f"checkpoint {_human(args.size)}, {args.nodes} node(s), provider {provider}, peers "
+        f"{','.join(map(str, args.peers))}, {args.rounds} round(s) of: {' '.join(methods)} broadcast"
+    )
     runs: list[dict] = []
     bench = None
     t_start = time.perf_counter()
     try:
         t0 = time.perf_counter()
         bench = _Bench(args, provider)
-        _log(f"cluster and actors up in {time.perf_counter() - t0:.0f} s "
-             f"(object store {_human(bench.object_store)} per node)")
+        _log(
+            f"cluster and actors up in {time.perf_counter() - t0:.0f} s "
+            f"(object store {_human(bench.object_store)} per node)"
+        )
         if args.cold:
             return _main_cold(args, bench, provider)
         _warm_up(bench)
         for i in range(1, args.rounds + 1):
-            steps = [("raydl_fabric", bench.fetch, ("fabric",)),
-                     ("raydl_object_store", bench.fetch, ("object_store",)),
-                     ("ray_get", bench.ray_get, ()), ("pyfi_raw", bench.raw, ())]
+            steps = [
+                ("raydl_fabric", bench.fetch, ("fabric",)),
+                ("raydl_object_store", bench.fetch, ("object_store",)),
+                ("ray_get", bench.ray_get, ()),
+                ("pyfi_raw", bench.raw, ()),
+            ]
             if fabtests:
                 steps.append(("fi_rma_bw", bench.fi_rma_bw, (fabtests,)))
             steps += [("broadcast", bench.broadcast, (n,)) for n in args.peers]
@@ -408,38 +491,62 @@ def main(args: argparse.Namespace) -> int:
                 os.environ[k] = v
 
     summary = summarize(methods, args.peers, runs, paced=bool(args.link_gbps))
-    print(format_table(summary, header=(
-        f"raydl bench checkpoint: {_human(args.size)} checkpoint (float32 + bfloat16 tensors), "
-        f"{args.nodes} simulated node(s), provider {provider}, chunks {_human(args.chunk_size)}, "
-        f"median of {args.rounds} round(s)")))
-    notes.append("GB/s = 1e9 bytes/s. raydl fetches include connecting, an XXH3-64 digest of every chunk and building "
-                 "the tensors; the raw pyfi read does none of that and reads into memory already faulted in")
-    notes.append("broadcast seconds: from the driver's broadcast() call to every peer holding a verified copy "
-                 "(peers started and warmed beforehand); fill: from that call until the last peer has its first "
-                 "verified chunk; x single = over the single-peer fabric fetch")
+    print(
+        format_table(
+            summary,
+            header=(
+                f"raydl bench checkpoint: {_human(args.size)} checkpoint (float32 + bfloat16 tensors), "
+                f"{args.nodes} simulated node(s), provider {provider}, chunks {_human(args.chunk_size)}, "
+                f"median of {args.rounds} round(s)"
+            ),
+        )
+    )
+    notes.append(
+        "GB/s = 1e9 bytes/s. raydl fetches include connecting, an XXH3-64 digest of every chunk and building "
+        "the tensors; the raw pyfi read does none of that and reads into memory already faulted in"
+    )
+    notes.append(
+        "broadcast seconds: from the driver's broadcast() call to every peer holding a verified copy "
+        "(peers started and warmed beforehand); fill: from that call until the last peer has its first "
+        "verified chunk; x single = over the single-peer fabric fetch"
+    )
     cores = len(os.sched_getaffinity(0))
-    notes.append(f"all {args.nodes} simulated nodes share this machine's {cores} core(s) and its loopback: a "
-                 "P-peer broadcast moves P copies through the same cores, so x single grows with P here; the "
-                 "<= 2x target presumes a host and NIC per peer")
+    notes.append(
+        f"all {args.nodes} simulated nodes share this machine's {cores} core(s) and its loopback: a "
+        "P-peer broadcast moves P copies through the same cores, so x single grows with P here; the "
+        "<= 2x target presumes a host and NIC per peer"
+    )
     print()
     for note in notes:
         print(f"  * {note}")
     if args.json:
         report = {
-            "size": args.size, "nodes": args.nodes, "peers": args.peers, "rounds": args.rounds,
-            "provider": provider, "chunk_size": args.chunk_size, "timeout": args.timeout,
+            "size": args.size,
+            "nodes": args.nodes,
+            "peers": args.peers,
+            "rounds": args.rounds,
+            "provider": provider,
+            "chunk_size": args.chunk_size,
+            "timeout": args.timeout,
             "object_store_memory_per_node": bench.object_store if bench else None,
-            "methods": methods, "versions": peer_versions(), "fi_rma_bw": fabtests,
-            "summary": summary, "runs": runs, "notes": notes,
+            "methods": methods,
+            "versions": peer_versions(),
+            "fi_rma_bw": fabtests,
+            "summary": summary,
+            "runs": runs,
+            "notes": notes,
             "wall_s": time.perf_counter() - t_start,
         }
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         _log(f"wrote {args.json}")
     if args.plot:
-        write_plot(summary, args.plot, title=f"checkpoint {_human(args.size)}, {args.nodes} nodes, {provider}")
+        write_plot(
+            summary, args.plot, title=f"checkpoint {_human(args.size)}, {args.nodes} nodes, {provider}"
+        )
         _log(f"wrote {args.plot}")
     ok = all(r["rounds_ok"] > 0 for r in summary["methods"]) and all(
-        c["rounds_ok"] > 0 for c in summary["broadcast"])
+        c["rounds_ok"] > 0 for c in summary["broadcast"]
+    )
     return 0 if ok else 1
 
 
@@ -454,14 +561,35 @@ def _main_cold(args, bench, provider: str) -> int:
         raw = None
     summary = summarize_cold(runs, raw)
     link = f", links capped at {args.link_gbps:g} Gbit/s" if args.link_gbps else ""
-    print(format_cold(summary, header=(
-        f"raydl bench checkpoint --cold: {_human(args.size)} checkpoint, {args.nodes} simulated node(s), "
-        f"provider {provider}{link}, median of {args.rounds} round(s)")))
+    print(
+        format_cold(
+            summary,
+            header=(
+                f"raydl bench checkpoint --cold: {_human(args.size)} checkpoint, {args.nodes} simulated node(s), "
+                f"provider {provider}{link}, median of {args.rounds} round(s)"
+            ),
+        )
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"size": args.size, "provider": provider, "cold": summary,
-                                               "runs": runs, "link_gbps": args.link_gbps}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "size": args.size,
+                    "provider": provider,
+                    "cold": summary,
+                    "runs": runs,
+                    "link_gbps": args.link_gbps,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         _log(f"wrote {args.json}")
-    return 0 if all(k in r for r in runs for k in ("cold_off", "cold", "cold_prepared", "warm", "raw", "ray_get")) else 1
+    return (
+        0
+        if all(k in r for r in runs for k in ("cold_off", "cold", "cold_prepared", "warm", "raw", "ray_get"))
+        else 1
+    )
 
 
 def _cli(argv: list[str] | None = None) -> int:

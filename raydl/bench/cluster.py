@@ -18,6 +18,7 @@ every node and what the control plane costs, not how a real cluster scales.
 With --address, the node counts are 1 and all (a real cluster's nodes cannot
 be relabelled), 1 being the driver's node.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,17 +35,24 @@ _LABEL = "raydl_bench_nodes_{}"  # node i of a simulated cluster carries the lab
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("cluster", help="the loader across the nodes of a cluster: scaling, waits, "
-                              "object store, checkpoint broadcast", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "cluster",
+        help="the loader across the nodes of a cluster: scaling, waits, object store, checkpoint broadcast",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--address", help="an existing cluster: auto, host:port or ray://host:port")
     where.add_argument("--simulate-nodes", type=int, help="start N simulated nodes on this machine")
-    p.add_argument("--config", help="a YAML config: source, pipeline, loader and bench defaults "
-                   "(e.g. configs/bench-cluster.yaml)")
+    p.add_argument(
+        "--config",
+        help="a YAML config: source, pipeline, loader and bench defaults (e.g. configs/bench-cluster.yaml)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    p.add_argument("--data", help="image folder (DIR/class/*.jpg), visible from every node; "
-                   "generated when missing (--images)")
+    p.add_argument(
+        "--data",
+        help="image folder (DIR/class/*.jpg), visible from every node; generated when missing (--images)",
+    )
     p.add_argument("--images", type=int, help="images to generate when --data is missing or absent")
     p.add_argument("--ranks", type=int, help="consumer ranks (default: the config's bench.ranks)")
     p.add_argument("--epochs", type=int, help="epochs read at each node count")
@@ -52,7 +60,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cpus-per-node", type=int, help="CPUs of each simulated node")
     p.add_argument("--checkpoint-mib", type=int, help="size of the broadcast state dict")
     p.add_argument("--json", help="write every figure here")
-    p.add_argument("--plot", help="write a PNG: images/s against nodes, and each rank's wait (needs matplotlib)")
+    p.add_argument(
+        "--plot", help="write a PNG: images/s against nodes, and each rank's wait (needs matplotlib)"
+    )
     p.set_defaults(func=main)
     return p
 
@@ -90,28 +100,58 @@ def parse_store_stats(text: str) -> tuple[int, int]:
 def format_summary(result: dict) -> str:
     """The one-screen summary."""
     c = result["cluster"]
-    lines = [f"raydl bench cluster: {c['nodes']} {'simulated ' if c['simulated'] else ''}nodes "
-             f"({c['cpus']:.0f} CPUs), {result['ranks']} ranks, {result['samples']} images, "
-             f"batch {result['batch_size']}, {result['epochs']} epoch(s) per point", ""]
-    head = ("nodes", "images/s", "per node", "efficiency", "first batch s", "max wait s", "store MiB", "spilled MiB")
+    lines = [
+        f"raydl bench cluster: {c['nodes']} {'simulated ' if c['simulated'] else ''}nodes "
+        f"({c['cpus']:.0f} CPUs), {result['ranks']} ranks, {result['samples']} images, "
+        f"batch {result['batch_size']}, {result['epochs']} epoch(s) per point",
+        "",
+    ]
+    head = (
+        "nodes",
+        "images/s",
+        "per node",
+        "efficiency",
+        "first batch s",
+        "max wait s",
+        "store MiB",
+        "spilled MiB",
+    )
     lines.append("  ".join(f"{h:>13}" for h in head))
     for r in result["rows"]:
         eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.2f}"
-        lines.append("  ".join(f"{v:>13}" for v in (
-            r["nodes"], f"{r['images_per_s']:.1f}", f"{r['images_per_s'] / r['nodes']:.1f}", eff,
-            f"{r['first_batch_s']:.2f}", f"{max(x['wait_s'] for x in r['per_rank']):.2f}",
-            r["store_peak_mib"], r["spilled_mib"])))
+        lines.append(
+            "  ".join(
+                f"{v:>13}"
+                for v in (
+                    r["nodes"],
+                    f"{r['images_per_s']:.1f}",
+                    f"{r['images_per_s'] / r['nodes']:.1f}",
+                    eff,
+                    f"{r['first_batch_s']:.2f}",
+                    f"{max(x['wait_s'] for x in r['per_rank']):.2f}",
+                    r["store_peak_mib"],
+                    r["spilled_mib"],
+                )
+            )
+        )
     last = result["rows"][-1]
-    lines += ["", f"at {last['nodes']} nodes, per node images/s: " + ", ".join(
-        f"{n[:8]} {v:.1f}" for n, v in sorted(last["per_node_images_per_s"].items())),
-        "per rank (wait s / images/s / local batches): " + ", ".join(
-        f"r{x['rank']} {x['wait_s']:.2f}/{x['images_per_s']:.0f}/{x['local_batches']}of{x['batches']}"
-        for x in last["per_rank"])]
+    lines += [
+        "",
+        f"at {last['nodes']} nodes, per node images/s: "
+        + ", ".join(f"{n[:8]} {v:.1f}" for n, v in sorted(last["per_node_images_per_s"].items())),
+        "per rank (wait s / images/s / local batches): "
+        + ", ".join(
+            f"r{x['rank']} {x['wait_s']:.2f}/{x['images_per_s']:.0f}/{x['local_batches']}of{x['batches']}"
+            for x in last["per_rank"]
+        ),
+    ]
     b = result.get("broadcast")
     if b:
-        lines.append(f"checkpoint broadcast: {b['mib']} MiB to {b['peers']} nodes in {b['seconds']:.2f} s "
-                     f"({b['mib'] * b['peers'] / max(b['seconds'], 1e-9):.0f} MiB/s delivered; "
-                     f"transports {', '.join(sorted(set(b['transports'])))})")
+        lines.append(
+            f"checkpoint broadcast: {b['mib']} MiB to {b['peers']} nodes in {b['seconds']:.2f} s "
+            f"({b['mib'] * b['peers'] / max(b['seconds'], 1e-9):.0f} MiB/s delivered; "
+            f"transports {', '.join(sorted(set(b['transports'])))})"
+        )
     return "\n".join(lines)
 
 
@@ -138,8 +178,10 @@ def write_plot(result: dict, path: str) -> None:
     ax2.bar([f"r{x['rank']}" for x in last], [x["wait_s"] for x in last])
     ax2.set_ylabel("seconds waiting for batches")
     ax2.set_title(f"per-rank wait at {rows[-1]['nodes']} nodes")
-    fig.suptitle(f"raydl bench cluster ({'simulated ' if result['cluster']['simulated'] else ''}"
-                 f"{result['cluster']['nodes']} nodes, {result['ranks']} ranks)")
+    fig.suptitle(
+        f"raydl bench cluster ({'simulated ' if result['cluster']['simulated'] else ''}"
+        f"{result['cluster']['nodes']} nodes, {result['ranks']} ranks)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -159,9 +201,17 @@ class _Rank:
             for _batch in self.it.iter_batches():
                 pass
         s = self.it.stats()
-        return {"rank": s.rank, "node": ray.get_runtime_context().get_node_id(), "images": s.samples_delivered,
-                "elapsed_s": s.elapsed_s, "wait_s": s.wait_s, "first_batch_s": s.time_to_first_batch_s,
-                "images_per_s": s.images_per_s, "batches": s.batches, "local_batches": s.local_batches}
+        return {
+            "rank": s.rank,
+            "node": ray.get_runtime_context().get_node_id(),
+            "images": s.samples_delivered,
+            "elapsed_s": s.elapsed_s,
+            "wait_s": s.wait_s,
+            "first_batch_s": s.time_to_first_batch_s,
+            "images_per_s": s.images_per_s,
+            "batches": s.batches,
+            "local_batches": s.local_batches,
+        }
 
 
 class _StoreSampler:
@@ -179,8 +229,9 @@ class _StoreSampler:
         from ray._private.internal_api import memory_summary
 
         try:  # this cluster's GCS, named: "auto" could pick another cluster on the machine
-            used, spilled = parse_store_stats(memory_summary(address=ray.get_runtime_context().gcs_address,
-                                                             stats_only=True))
+            used, spilled = parse_store_stats(
+                memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+            )
         except Exception:  # noqa: BLE001 - a missed sample is not worth failing the run
             return
         self.peak, self.spilled = max(self.peak, used), max(self.spilled, spilled)
@@ -211,18 +262,25 @@ def _node_ids(labels: bool, k: int) -> list[str]:
 
 
 def _run_point(ds, loader_config, k: int, ranks: int, epochs: int, labels: bool) -> dict:
+    from dataclasses import replace
+
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from dataclasses import replace
 
     nodes = _node_ids(labels, k)
     resource = _LABEL.format(k) if labels else (None if k > 1 else f"node:{_node_ip(nodes[0])}")
     config = replace(loader_config, world_size=ranks, node_resource=resource)
     t0 = time.perf_counter()
     with ds.loader_from_config(config) as loader, _StoreSampler() as store:
-        actors = [ray.remote(_Rank).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            nodes[r % len(nodes)], soft=False)).remote(loader, r) for r in range(ranks)]
+        actors = [
+            ray.remote(_Rank)
+            .options(
+                num_cpus=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[r % len(nodes)], soft=False),
+            )
+            .remote(loader, r)
+            for r in range(ranks)
+        ]
         per_rank = ray.get([a.run.remote(epochs) for a in actors])
         wall = time.perf_counter() - t0
         for a in actors:
@@ -233,10 +291,18 @@ def _run_point(ds, loader_config, k: int, ranks: int, epochs: int, labels: bool)
     for node in {x["node"] for x in per_rank}:  # its ranks' images over the longest of its ranks' reads
         mine = [x for x in per_rank if x["node"] == node]
         per_node[node] = sum(x["images"] for x in mine) / max(x["elapsed_s"] for x in mine)
-    return {"nodes": k, "node_ids": nodes, "images": images, "images_per_s": images / span, "wall_s": wall,
-            "first_batch_s": min(x["first_batch_s"] or 0.0 for x in per_rank),
-            "store_peak_mib": store.peak, "spilled_mib": store.spilled, "per_rank": per_rank,
-            "per_node_images_per_s": per_node}
+    return {
+        "nodes": k,
+        "node_ids": nodes,
+        "images": images,
+        "images_per_s": images / span,
+        "wall_s": wall,
+        "first_batch_s": min(x["first_batch_s"] or 0.0 for x in per_rank),
+        "store_peak_mib": store.peak,
+        "spilled_mib": store.spilled,
+        "per_rank": per_rank,
+        "per_node_images_per_s": per_node,
+    }
 
 
 def _node_ip(node_id: str) -> str:
@@ -262,29 +328,51 @@ def _broadcast(mib: int) -> dict:
     checkpoint.unpublish(ref)
     for p in peers:
         ray.kill(p)
-    return {"mib": mib, "peers": len(peers), "seconds": seconds,
-            "transports": [g.get("transport") or ("fabric" if g.get("ref") is not None else "object_store")
-                           for g in got]}
+    return {
+        "mib": mib,
+        "peers": len(peers),
+        "seconds": seconds,
+        "transports": [
+            g.get("transport") or ("fabric" if g.get("ref") is not None else "object_store") for g in got
+        ],
+    }
 
 
 def _settings(args):
     """Config defaults (configs/bench-cluster.yaml or built in), then the flags."""
-    from raydl.config import BenchConfig, Config, ImagesSource, LoaderConfig, PipelineConfig, StageSpec, load_config
+    from raydl.config import (
+        BenchConfig,
+        Config,
+        ImagesSource,
+        LoaderConfig,
+        PipelineConfig,
+        StageSpec,
+        load_config,
+    )
 
     if args.config:
         cfg = load_config(args.config, args.set)
     else:
-        cfg = Config(source=ImagesSource(path=args.data or "", generate=0) if args.data else None,
-                     pipeline=PipelineConfig((StageSpec("decode"), StageSpec("random_resized_crop", (("size", 64),)),
-                                              StageSpec("normalize", (("mean", "imagenet"),)))),
-                     loader=LoaderConfig(batch_size=32, cpus_per_worker=0.5), bench=BenchConfig())
+        cfg = Config(
+            source=ImagesSource(path=args.data or "", generate=0) if args.data else None,
+            pipeline=PipelineConfig(
+                (
+                    StageSpec("decode"),
+                    StageSpec("random_resized_crop", (("size", 64),)),
+                    StageSpec("normalize", (("mean", "imagenet"),)),
+                )
+            ),
+            loader=LoaderConfig(batch_size=32, cpus_per_worker=0.5),
+            bench=BenchConfig(),
+        )
     b = cfg.bench
     source = cfg.source
     if args.data:
         source = ImagesSource(path=args.data, generate=args.images or b.images)
     elif source is None:
-        source = ImagesSource(path=os.path.join(tempfile.gettempdir(), "raydl-bench-cluster"),
-                              generate=args.images or b.images)
+        source = ImagesSource(
+            path=os.path.join(tempfile.gettempdir(), "raydl-bench-cluster"), generate=args.images or b.images
+        )
     elif args.images and isinstance(source, ImagesSource):
         from dataclasses import replace
 
@@ -295,11 +383,16 @@ def _settings(args):
 
         loader = replace(loader, batch_size=args.batch_size)
     return {
-        "source": source, "pipeline": cfg.pipeline, "loader": loader,
-        "simulate_nodes": args.simulate_nodes if args.simulate_nodes is not None else
-        (None if args.address else b.simulate_nodes),
-        "cpus_per_node": args.cpus_per_node or b.cpus_per_node, "ranks": args.ranks or b.ranks,
-        "epochs": args.epochs or b.epochs, "checkpoint_mib": args.checkpoint_mib or b.checkpoint_mib,
+        "source": source,
+        "pipeline": cfg.pipeline,
+        "loader": loader,
+        "simulate_nodes": args.simulate_nodes
+        if args.simulate_nodes is not None
+        else (None if args.address else b.simulate_nodes),
+        "cpus_per_node": args.cpus_per_node or b.cpus_per_node,
+        "ranks": args.ranks or b.ranks,
+        "epochs": args.epochs or b.epochs,
+        "checkpoint_mib": args.checkpoint_mib or b.checkpoint_mib,
     }
 
 
@@ -314,8 +407,12 @@ def run(s: dict, *, address: str | None, progress=None) -> dict:
         cluster = Cluster()
         for i in range(n):
             labels = {_LABEL.format(k): 1 for k in range(i + 1, n + 1)}
-            cluster.add_node(num_cpus=s["cpus_per_node"], resources=labels, object_store_memory=256 << 20,
-                             include_dashboard=False)
+            cluster.add_node(
+                num_cpus=s["cpus_per_node"],
+                resources=labels,
+                object_store_memory=256 << 20,
+                include_dashboard=False,
+            )
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     else:
         ray.init(address=address or "auto", logging_level="ERROR", log_to_driver=False)
@@ -333,10 +430,19 @@ def run(s: dict, *, address: str | None, progress=None) -> dict:
         broadcast = _broadcast(s["checkpoint_mib"]) if s["checkpoint_mib"] else None
         if progress:
             progress(steps, steps, "done")
-        return {"cluster": {"nodes": nodes, "simulated": cluster is not None,
-                            "cpus": ray.cluster_resources().get("CPU", 0)},
-                "ranks": s["ranks"], "samples": len(ds), "batch_size": s["loader"].batch_size,
-                "epochs": s["epochs"], "rows": rows, "broadcast": broadcast}
+        return {
+            "cluster": {
+                "nodes": nodes,
+                "simulated": cluster is not None,
+                "cpus": ray.cluster_resources().get("CPU", 0),
+            },
+            "ranks": s["ranks"],
+            "samples": len(ds),
+            "batch_size": s["loader"].batch_size,
+            "epochs": s["epochs"],
+            "rows": rows,
+            "broadcast": broadcast,
+        }
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -349,8 +455,9 @@ def main(args) -> int:
     s = _settings(args)
     if not s["simulate_nodes"] and not args.address:
         raise SystemExit("raydl bench cluster: give --address (an existing cluster) or --simulate-nodes N")
-    with Progress(len(scaling_points(s["simulate_nodes"] or 2, relabel=bool(s["simulate_nodes"]))) + 1,
-                  "bench cluster") as bar:
+    with Progress(
+        len(scaling_points(s["simulate_nodes"] or 2, relabel=bool(s["simulate_nodes"]))) + 1, "bench cluster"
+    ) as bar:
         result = run(s, address=args.address, progress=lambda i, n, note: bar.update(i, note))
     print(format_summary(result))
     if args.json:

@@ -22,6 +22,7 @@ Coordinator calls per second assume each rank takes `--step-s` per batch.
 The goal: plan + loop + Ray call <= 1 % of a batch's decode time at 1,024 ranks x
 256 nodes, and coordinator calls per batch that do not grow with ranks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,16 +41,24 @@ IMAGENET = 1_281_167
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("control-plane", help="plan + dispatch cost per batch at 8..1,024 ranks, 1..256 nodes",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "control-plane",
+        help="plan + dispatch cost per batch at 8..1,024 ranks, 1..256 nodes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--ranks", default="8,64,256,1024", help="world sizes (default: %(default)s)")
     p.add_argument("--nodes", default="1,16,64,256", help="node counts (default: %(default)s)")
     p.add_argument("--workers-per-node", type=int, default=1)
     p.add_argument("--samples", type=int, default=IMAGENET, help="dataset size (default: ImageNet-1k's)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=200, help="batches timed per configuration")
-    p.add_argument("--step-s", type=float, default=0.1,
-                   help="seconds a trainer rank spends per batch (default %(default)s: 2,560 img/s per rank)")
+    p.add_argument(
+        "--step-s",
+        type=float,
+        default=0.1,
+        help="seconds a trainer rank spends per batch (default %(default)s: 2,560 img/s per rank)",
+    )
     p.add_argument("--json", help="write the rows here")
     p.set_defaults(func=main)
     return p
@@ -64,8 +73,9 @@ class _StubCall:
         from raydl.actors.loader_worker import BatchResult
 
         ids = task.ids.astype(np.int64, copy=False)
-        return BatchResult(batch={"image": ids, "label": ids, "id": ids, "key": []}, skipped=[], unreadable=[],
-                           **self.result)
+        return BatchResult(
+            batch={"image": ids, "label": ids, "id": ids, "key": []}, skipped=[], unreadable=[], **self.result
+        )
 
 
 class _StubHandle:
@@ -92,7 +102,12 @@ def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list
     loader = Loader.__new__(Loader)
     loader.config, loader.num_samples, loader.fingerprint = config, num_samples, "0" * 32
     loader.samples_fingerprint = "0" * 32
-    loader.buckets, loader.bucket_of, loader.unlisted, loader.plan_units = None, None, (), num_samples  # no buckets
+    loader.buckets, loader.bucket_of, loader.unlisted, loader.plan_units = (
+        None,
+        None,
+        (),
+        num_samples,
+    )  # no buckets
     loader._lock, loader._closed, loader._owner = threading.Lock(), False, False
     loader.batch_bytes, loader.object_store_budget = 1, 1 << 40
     loader._version, loader._workers, loader._fetched = 1, list(workers), time.monotonic()
@@ -117,12 +132,23 @@ def _workers(nodes: int, per_node: int):
     _MEMBERSHIP.clear()
     if "membership" in BatchResult.__dataclass_fields__:
         _MEMBERSHIP["membership"] = 1
-    return [WorkerInfo(_StubHandle(_MEMBERSHIP), f"node{n:04d}", f"host{n}:{1000 + w}")
-            for n in range(nodes) for w in range(per_node)]
+    return [
+        WorkerInfo(_StubHandle(_MEMBERSHIP), f"node{n:04d}", f"host{n}:{1000 + w}")
+        for n in range(nodes)
+        for w in range(per_node)
+    ]
 
 
-def measure_loop(ranks: int, nodes: int, *, per_node: int, samples: int, batch_size: int, batches: int,
-                 seconds_per_batch: float) -> dict:
+def measure_loop(
+    ranks: int,
+    nodes: int,
+    *,
+    per_node: int,
+    samples: int,
+    batch_size: int,
+    batches: int,
+    seconds_per_batch: float,
+) -> dict:
     """One rank's loop (the last rank: it gets the pad rows) for `batches` batches; coordinator calls counted.
 
     Half-way the worker list changes once (a node joins): the calls that change
@@ -143,7 +169,9 @@ def measure_loop(ranks: int, nodes: int, *, per_node: int, samples: int, batch_s
     clock = _VirtualClock()
     with clock.patch():
         while done < batches:
-            t0 = time.thread_time()  # CPU time of this thread: what the loop costs, whatever the machine's load
+            t0 = (
+                time.thread_time()
+            )  # CPU time of this thread: what the loop costs, whatever the machine's load
             for _batch in it.iter_batches():
                 done += 1
                 clock.advance(seconds_per_batch)
@@ -159,13 +187,21 @@ def measure_loop(ranks: int, nodes: int, *, per_node: int, samples: int, batch_s
         plan = EpochPlan(samples, ranks, batch_size, False)
         t0 = time.thread_time()
         for k in range(batches):
-            order = EpochOrder(samples, seed=0, epoch=k // plan.batches_per_rank, shuffle=True, fingerprint="0" * 32)
+            order = EpochOrder(
+                samples, seed=0, epoch=k // plan.batches_per_rank, shuffle=True, fingerprint="0" * 32
+            )
             ids = plan.batch_ids(order, ranks - 1, k % plan.batches_per_rank)
             augmentation_seeds(ids, seed=0, epoch=0)
         plan_s = time.thread_time() - t0
-    return {"ranks": ranks, "nodes": nodes, "workers": len(workers), "plan_us": 1e6 * plan_s / batches,
-            "loop_us": 1e6 * loop_s / done, "coordinator_calls_per_batch": steady / (batches // 2),
-            "coordinator_calls_per_change": len(calls) - steady - steady * (done - batches // 2) / (batches // 2)}
+    return {
+        "ranks": ranks,
+        "nodes": nodes,
+        "workers": len(workers),
+        "plan_us": 1e6 * plan_s / batches,
+        "loop_us": 1e6 * loop_s / done,
+        "coordinator_calls_per_batch": steady / (batches // 2),
+        "coordinator_calls_per_change": len(calls) - steady - steady * (done - batches // 2) / (batches // 2),
+    }
 
 
 class _VirtualClock:
@@ -238,8 +274,14 @@ def measure_decode(batch_size: int, images: int = 20) -> float:
 
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:375, 0:500].astype(np.float32)
-    program = compile_stages((Decode(), RandomResizedCrop(224, (0.08, 1.0), (3 / 4, 4 / 3)), RandomHFlip(0.5),
-                              Normalize.make("imagenet", None)))
+    program = compile_stages(
+        (
+            Decode(),
+            RandomResizedCrop(224, (0.08, 1.0), (3 / 4, 4 / 3)),
+            RandomHFlip(0.5),
+            Normalize.make("imagenet", None),
+        )
+    )
     blobs = []
     for i in range(images):
         img = np.stack([127 + 100 * np.sin(0.02 * (c + 1) * (xx + i * yy) / 3) for c in range(3)], -1)
@@ -256,17 +298,36 @@ def measure_decode(batch_size: int, images: int = 20) -> float:
     return (time.thread_time() - t0) / len(blobs) * batch_size
 
 
-def measure(ranks: list[int], nodes: list[int], *, per_node: int = 1, samples: int = IMAGENET,
-            batch_size: int = 256, batches: int = 200, step_s: float = 0.1, progress=None) -> dict:
+def measure(
+    ranks: list[int],
+    nodes: list[int],
+    *,
+    per_node: int = 1,
+    samples: int = IMAGENET,
+    batch_size: int = 256,
+    batches: int = 200,
+    step_s: float = 0.1,
+    progress=None,
+) -> dict:
     """Every (ranks, nodes) row, plus the Ray call and the decode time they are compared with."""
     import ray
 
     started_ray = not ray.is_initialized()
     if started_ray:  # also what the iterators ask for their node id: never someone else's cluster
-        ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(
+            address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+        )
     try:
-        return _measure(ranks, nodes, per_node=per_node, samples=samples, batch_size=batch_size, batches=batches,
-                        step_s=step_s, progress=progress)
+        return _measure(
+            ranks,
+            nodes,
+            per_node=per_node,
+            samples=samples,
+            batch_size=batch_size,
+            batches=batches,
+            step_s=step_s,
+            progress=progress,
+        )
     finally:
         if started_ray:
             ray.shutdown()
@@ -278,8 +339,15 @@ def _measure(ranks, nodes, *, per_node, samples, batch_size, batches, step_s, pr
     rows = []
     grid = [(r, n) for r in ranks for n in nodes]
     for i, (r, n) in enumerate(grid):
-        row = measure_loop(r, n, per_node=per_node, samples=samples, batch_size=batch_size, batches=batches,
-                           seconds_per_batch=step_s)
+        row = measure_loop(
+            r,
+            n,
+            per_node=per_node,
+            samples=samples,
+            batch_size=batch_size,
+            batches=batches,
+            seconds_per_batch=step_s,
+        )
         row["coordinator_calls_per_s"] = row["coordinator_calls_per_batch"] * r / step_s  # all ranks together
         row["ray_call_us"] = 1e6 * ray_call
         row["total_us"] = row["loop_us"] + row["ray_call_us"]  # the loop includes planning the batch
@@ -288,23 +356,55 @@ def _measure(ranks, nodes, *, per_node, samples, batch_size, batches, step_s, pr
         rows.append(row)
         if progress:
             progress(i + 1, len(grid))
-    return {"samples": samples, "batch_size": batch_size, "batches": batches, "step_s": step_s,
-            "ray_call_us": 1e6 * ray_call, "ray_round_trip_us": 1e6 * ray_wall,
-            "decode_ms_per_batch": 1e3 * decode, "rows": rows}
+    return {
+        "samples": samples,
+        "batch_size": batch_size,
+        "batches": batches,
+        "step_s": step_s,
+        "ray_call_us": 1e6 * ray_call,
+        "ray_round_trip_us": 1e6 * ray_wall,
+        "decode_ms_per_batch": 1e3 * decode,
+        "rows": rows,
+    }
 
 
 def format_rows(result: dict) -> str:
-    head = ("ranks", "nodes", "plan us", "loop us", "Ray CPU us", "total us", "% of decode", "coord/batch",
-            "coord calls/s", "calls/change")
-    lines = [f"control plane per batch (n={result['samples']:,}, batch {result['batch_size']}, "
-             f"decode {result['decode_ms_per_batch']:.0f} ms/batch on one core; a Ray call costs the caller "
-             f"{result['ray_call_us']:.0f} us of CPU, {result['ray_round_trip_us']:.0f} us round trip)",
-             "  ".join(f"{h:>12}" for h in head)]
+    head = (
+        "ranks",
+        "nodes",
+        "plan us",
+        "loop us",
+        "Ray CPU us",
+        "total us",
+        "% of decode",
+        "coord/batch",
+        "coord calls/s",
+        "calls/change",
+    )
+    lines = [
+        f"control plane per batch (n={result['samples']:,}, batch {result['batch_size']}, "
+        f"decode {result['decode_ms_per_batch']:.0f} ms/batch on one core; a Ray call costs the caller "
+        f"{result['ray_call_us']:.0f} us of CPU, {result['ray_round_trip_us']:.0f} us round trip)",
+        "  ".join(f"{h:>12}" for h in head),
+    ]
     for r in result["rows"]:
-        lines.append("  ".join(f"{v:>12}" for v in (
-            r["ranks"], r["nodes"], f"{r['plan_us']:.0f}", f"{r['loop_us']:.0f}", f"{r['ray_call_us']:.0f}",
-            f"{r['total_us']:.0f}", f"{100 * r['share_of_decode']:.2f}", f"{r['coordinator_calls_per_batch']:.4f}",
-            f"{r['coordinator_calls_per_s']:.1f}", f"{r['coordinator_calls_per_change'] * r['ranks']:.0f}")))
+        lines.append(
+            "  ".join(
+                f"{v:>12}"
+                for v in (
+                    r["ranks"],
+                    r["nodes"],
+                    f"{r['plan_us']:.0f}",
+                    f"{r['loop_us']:.0f}",
+                    f"{r['ray_call_us']:.0f}",
+                    f"{r['total_us']:.0f}",
+                    f"{100 * r['share_of_decode']:.2f}",
+                    f"{r['coordinator_calls_per_batch']:.4f}",
+                    f"{r['coordinator_calls_per_s']:.1f}",
+                    f"{r['coordinator_calls_per_change'] * r['ranks']:.0f}",
+                )
+            )
+        )
     return "\n".join(lines)
 
 
@@ -314,9 +414,16 @@ def main(args) -> int:
     ranks = [int(x) for x in args.ranks.split(",")]
     nodes = [int(x) for x in args.nodes.split(",")]
     with Progress(len(ranks) * len(nodes), "control plane") as bar:
-        result = measure(ranks, nodes, per_node=args.workers_per_node, samples=args.samples,
-                         batch_size=args.batch_size, batches=args.batches, step_s=args.step_s,
-                         progress=lambda i, n: bar.update(i))
+        result = measure(
+            ranks,
+            nodes,
+            per_node=args.workers_per_node,
+            samples=args.samples,
+            batch_size=args.batch_size,
+            batches=args.batches,
+            step_s=args.step_s,
+            progress=lambda i, n: bar.update(i),
+        )
     print(format_rows(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -9,6 +9,7 @@ Used by the S3 tests (the latency-hiding check) and `raydl bench storage`.
     with LatencyProxy("127.0.0.1", 9000, delay_s=0.05) as proxy:
         boto3.client("s3", endpoint_url=proxy.url)
 """
+
 from __future__ import annotations
 
 import queue

@@ -41,6 +41,7 @@ time, per image). They leave out the one-off start-up (Ray, actor processes, the
 first batches), which a long run pays once. Every other column keeps its meaning:
 it is the first epoch's, as without --epochs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,38 +67,69 @@ _COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")]
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add `loader` to a `raydl bench` subparser group."""
     p = subparsers.add_parser(
-        "loader", help="compare raydl with other loaders on one image folder",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "loader",
+        help="compare raydl with other loaders on one image folder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--data", required=True,
-                   help="image folder (DIR/class/*.jpg), or with --source the shards/files; local or s3://")
-    p.add_argument("--source", default="images", choices=["images", "webdataset", "parquet"],
-                   help="how --data is laid out (default: %(default)s)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="image folder (DIR/class/*.jpg), or with --source the shards/files; local or s3://",
+    )
+    p.add_argument(
+        "--source",
+        default="images",
+        choices=["images", "webdataset", "parquet"],
+        help="how --data is laid out (default: %(default)s)",
+    )
     p.add_argument("--endpoint-url", help="S3 endpoint for s3:// data (default: boto3's configuration)")
     p.add_argument("--image-column", default="image", help="parquet: the image column")
     p.add_argument("--label-column", default="label", help="parquet: the label column")
     p.add_argument("--baseline-data", help="a second raydl row (raydl-base) reading this data, same --source")
-    p.add_argument("--workload", default="train", choices=["train", "buckets"],
-                   help="train: decode, RandomResizedCrop(224), flip, normalize, float32 NCHW; "
-                        "buckets: decode, crop+resize into datago's 512 aspect buckets, uint8 NHWC")
-    p.add_argument("--compare", default="torch,raydata",
-                   help=f"comma-separated peers from {','.join(_COMPARABLE)} (default: %(default)s)")
-    p.add_argument("--cpus", type=int, default=len(os.sched_getaffinity(0)),
-                   help="CPU budget of every peer (default: all usable cores)")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="run the raydl rows on a local ray.cluster_utils.Cluster of N nodes sharing --cpus "
-                        "(each max(1, cpus // N) CPUs, default threads); the other peers are unaffected")
+    p.add_argument(
+        "--workload",
+        default="train",
+        choices=["train", "buckets"],
+        help="train: decode, RandomResizedCrop(224), flip, normalize, float32 NCHW; "
+        "buckets: decode, crop+resize into datago's 512 aspect buckets, uint8 NHWC",
+    )
+    p.add_argument(
+        "--compare",
+        default="torch,raydata",
+        help=f"comma-separated peers from {','.join(_COMPARABLE)} (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cpus",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="CPU budget of every peer (default: all usable cores)",
+    )
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="run the raydl rows on a local ray.cluster_utils.Cluster of N nodes sharing --cpus "
+        "(each max(1, cpus // N) CPUs, default threads); the other peers are unaffected",
+    )
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=1,
-                   help="epochs of the same loader per run; > 1 adds the later epochs' img/s and CPU (default: 1)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        help="epochs of the same loader per run; > 1 adds the later epochs' img/s and CPU (default: 1)",
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--limit", type=int, help="use only the first N images (sorted by path)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write every round and the medians here")
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
     p.add_argument("--no-ceiling", action="store_true", help="skip the decode-only ceiling line")
-    p.add_argument("--no-pin", action="store_true",
-                   help="do not pin each run to --cpus cores (pinning keeps native pools in budget)")
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin each run to --cpus cores (pinning keeps native pools in budget)",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
     p.add_argument("-v", "--verbose", action="store_true", help="show each run's own stderr")
     p.set_defaults(func=main)
@@ -128,10 +160,31 @@ def _subset(files: list[str], root: str, into: Path) -> str:
 
 
 def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
-    cmd = [sys.executable, "-m", "raydl.bench._runner", "--peer", peer, "--data", data,
-           "--cpus", str(args.cpus), "--expected", str(expected),
-           "--batch-size", str(args.batch_size), "--seed", str(args.seed), "--workload", args.workload,
-           "--source", args.source, "--image-column", args.image_column, "--label-column", args.label_column]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raydl.bench._runner",
+        "--peer",
+        peer,
+        "--data",
+        data,
+        "--cpus",
+        str(args.cpus),
+        "--expected",
+        str(expected),
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--workload",
+        args.workload,
+        "--source",
+        args.source,
+        "--image-column",
+        args.image_column,
+        "--label-column",
+        args.label_column,
+    ]
     if args.endpoint_url:
         cmd += ["--endpoint-url", args.endpoint_url]
     if args.nodes > 1 and peer.startswith("raydl"):
@@ -149,8 +202,14 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
     log = logdir / f"{peer}.log"
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None if args.verbose else err,
-                                env=env, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=None if args.verbose else err,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, _ = proc.communicate(timeout=args.timeout)
         except subprocess.TimeoutExpired:
@@ -160,8 +219,11 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if not lines:
         tail = "" if args.verbose else "".join(log.read_text().splitlines(True)[-15:])
-        return {"peer": peer, "ok": False,
-                "error": f"runner exited {proc.returncode} without a result\n{tail}"}
+        return {
+            "peer": peer,
+            "ok": False,
+            "error": f"runner exited {proc.returncode} without a result\n{tail}",
+        }
     row = json.loads(lines[-1])
     if not row.get("ok") and not args.verbose:
         row["stderr_tail"] = "".join(log.read_text().splitlines(True)[-15:])
@@ -173,8 +235,17 @@ def _count(args, data: str) -> int:
     from raydl.bench._clock import PeerSpec
     from raydl.bench.peers import raydl_source
 
-    spec = PeerSpec(data=data, cpus=1, batch_size=1, seed=0, expected=0, source=args.source,
-                    endpoint_url=args.endpoint_url, image_column=args.image_column, label_column=args.label_column)
+    spec = PeerSpec(
+        data=data,
+        cpus=1,
+        batch_size=1,
+        seed=0,
+        expected=0,
+        source=args.source,
+        endpoint_url=args.endpoint_url,
+        image_column=args.image_column,
+        label_column=args.label_column,
+    )
     return len(raydl_source(spec))
 
 
@@ -195,9 +266,11 @@ def _kill_tree(pid: int) -> None:
 def _progress(i: int, rounds: int, row: dict, took: float) -> None:
     head = f"[round {i}/{rounds}] {row['peer']:<8}"
     if row.get("ok"):
-        _log(f"{head} {row['images_per_s']:8.1f} img/s  first batch {row['first_batch_s']:6.2f} s  "
-             f"peak {row['peak_pss_mib']:7.0f} MiB  {1000 * row['cpu_s_per_image']:6.2f} CPU ms/img"
-             f"  ({took:.0f} s)" + (f"  WARNING {row['warning']}" if "warning" in row else ""))
+        _log(
+            f"{head} {row['images_per_s']:8.1f} img/s  first batch {row['first_batch_s']:6.2f} s  "
+            f"peak {row['peak_pss_mib']:7.0f} MiB  {1000 * row['cpu_s_per_image']:6.2f} CPU ms/img"
+            f"  ({took:.0f} s)" + (f"  WARNING {row['warning']}" if "warning" in row else "")
+        )
     else:
         _log(f"{head} FAILED: {row.get('error', '?')}")
         if row.get("stderr_tail"):
@@ -213,10 +286,12 @@ def _memory_note(mem: dict) -> str:
     mib = 1 << 20
     arrays = mem["worker_batch_arrays"]
     counts = mem["worker_batch_array_count"]
-    return (f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; reused batch arrays "
-            f"{sum(arrays) / mib:.0f} MiB in {len(arrays)} worker(s) ({sum(counts)} arrays, one per concurrent "
-            f"batch call); object store at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches "
-            f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)")
+    return (
+        f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; reused batch arrays "
+        f"{sum(arrays) / mib:.0f} MiB in {len(arrays)} worker(s) ({sum(counts)} arrays, one per concurrent "
+        f"batch call); object store at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches "
+        f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)"
+    )
 
 
 _RAYDL_PROCESSES = ("this process", "ray::LoaderWorker", "ray::LoaderCoordinator")
@@ -225,14 +300,17 @@ _RAYDL_PROCESSES = ("this process", "ray::LoaderWorker", "ray::LoaderCoordinator
 def _process_note(run: dict) -> str:
     """raydl's peak PSS split by process (the runner's kinds: this process is the driver)."""
     shmem = run.get("peak_shmem_by_process_mib", {})
-    parts = ", ".join(f"{kind.removeprefix('ray::')} {mib:.0f}"
-                      + (f" ({shmem[kind]:.0f} shared)" if kind in shmem else "")
-                      for kind, mib in run["peak_pss_by_process_mib"].items())
+    parts = ", ".join(
+        f"{kind.removeprefix('ray::')} {mib:.0f}" + (f" ({shmem[kind]:.0f} shared)" if kind in shmem else "")
+        for kind, mib in run["peak_pss_by_process_mib"].items()
+    )
     by = run["peak_pss_by_process_mib"]
     ours = sum(mib for kind, mib in by.items() if kind in _RAYDL_PROCESSES)
-    return (f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver; "
-            f"'shared': its share of shared-memory pages, i.e. the object store's batches): {parts}; "
-            f"raydl's processes {ours:.0f}, Ray's own {sum(by.values()) - ours:.0f}")
+    return (
+        f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver; "
+        f"'shared': its share of shared-memory pages, i.e. the object store's batches): {parts}; "
+        f"raydl's processes {ours:.0f}, Ray's own {sum(by.values()) - ours:.0f}"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -252,8 +330,13 @@ def main(args: argparse.Namespace) -> int:
         _log(f"error: unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
         return 2
     skipped = {p: why for p in ["raydl", *wanted] if (why := _missing(p))}
-    skipped.update({p: f"{p} skipped: it has no {args.workload} workload" for p in wanted
-                    if p not in skipped and args.workload not in WORKLOADS[p]})
+    skipped.update(
+        {
+            p: f"{p} skipped: it has no {args.workload} workload"
+            for p in wanted
+            if p not in skipped and args.workload not in WORKLOADS[p]
+        }
+    )
     for why in skipped.values():
         _log(why)
     peers = [p for p in dict.fromkeys(["raydl", *wanted]) if p not in skipped]
@@ -264,7 +347,9 @@ def main(args: argparse.Namespace) -> int:
     if not folder:
         others = [p for p in peers if p not in ("raydl", "raydl-base")]
         for p in others:
-            skipped[p] = f"{p} skipped: it reads local image folders only (--source {args.source}, --data {args.data})"
+            skipped[p] = (
+                f"{p} skipped: it reads local image folders only (--source {args.source}, --data {args.data})"
+            )
             _log(skipped[p])
         peers = [p for p in peers if p not in others]
         if args.limit:
@@ -285,13 +370,17 @@ def main(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
     try:
         data = _subset(files, args.data, tmp / "data") if args.limit else args.data
-        _log(f"{len(files)} images, batch {args.batch_size}, {args.cpus} CPUs, "
-             f"{args.rounds} round(s) of: {' '.join(peers)}")
+        _log(
+            f"{len(files)} images, batch {args.batch_size}, {args.cpus} CPUs, "
+            f"{args.rounds} round(s) of: {' '.join(peers)}"
+        )
         runs = []
         for i in range(1, args.rounds + 1):
             for peer in peers:
                 t0 = time.perf_counter()
-                row = _run_once(peer, args, args.baseline_data if peer == "raydl-base" else data, len(files), tmp)
+                row = _run_once(
+                    peer, args, args.baseline_data if peer == "raydl-base" else data, len(files), tmp
+                )
                 _progress(i, args.rounds, row, time.perf_counter() - t0)
                 runs.append({"round": i, **row})
     finally:
@@ -309,48 +398,87 @@ def main(args: argparse.Namespace) -> int:
         notes.append(_process_note(by_process))
     phased = [r for r in runs if r["peer"] == "raydl" and r.get("first_batch_phases_s")]
     if phased:
-        notes.append("raydl first batch, per round: " + "; ".join(
-            ", ".join(f"{name} {s:.2f} s" for name, s in r["first_batch_phases_s"].items())
-            + " (CPU meanwhile: " + ", ".join(f"{kind.removeprefix('ray::')} {s:.2f} s" for kind, s
-                                              in r.get("first_batch_cpu_s_by_process", {}).items()) + ")"
-            for r in phased))
+        notes.append(
+            "raydl first batch, per round: "
+            + "; ".join(
+                ", ".join(f"{name} {s:.2f} s" for name, s in r["first_batch_phases_s"].items())
+                + " (CPU meanwhile: "
+                + ", ".join(
+                    f"{kind.removeprefix('ray::')} {s:.2f} s"
+                    for kind, s in r.get("first_batch_cpu_s_by_process", {}).items()
+                )
+                + ")"
+                for r in phased
+            )
+        )
     steady = [r for r in runs if r["peer"] == "raydl" and r.get("steady_cpu_ms_per_image_by_process")]
     if steady:
-        notes.append("raydl steady CPU by process, ms/img (epoch 1 after its first batch; the sampler's own CPU "
-                     "is in 'this process'), per round: " + "; ".join(_by_process(r["steady_cpu_ms_per_image_by_process"])
-                                                                    for r in steady))
+        notes.append(
+            "raydl steady CPU by process, ms/img (epoch 1 after its first batch; the sampler's own CPU "
+            "is in 'this process'), per round: "
+            + "; ".join(_by_process(r["steady_cpu_ms_per_image_by_process"]) for r in steady)
+        )
     later = [r for r in runs if r["peer"] == "raydl" and r.get("later_cpu_ms_per_image_by_process")]
     if later:
-        notes.append(f"raydl later CPU by process, ms/img (epochs 2-{args.epochs}), per round: "
-                     + "; ".join(_by_process(r["later_cpu_ms_per_image_by_process"]) for r in later))
-    driver = [(r["driver_batches"], r["steady_batches"] + 1) for r in runs
-              if r["peer"] == "raydl" and r.get("ok") and "driver_batches" in r]
+        notes.append(
+            f"raydl later CPU by process, ms/img (epochs 2-{args.epochs}), per round: "
+            + "; ".join(_by_process(r["later_cpu_ms_per_image_by_process"]) for r in later)
+        )
+    driver = [
+        (r["driver_batches"], r["steady_batches"] + 1)
+        for r in runs
+        if r["peer"] == "raydl" and r.get("ok") and "driver_batches" in r
+    ]
     if driver:
-        notes.append("raydl batches made in the driver while its workers started, per round: "
-                     + ", ".join(f"{d} of {n}" for d, n in driver))
+        notes.append(
+            "raydl batches made in the driver while its workers started, per round: "
+            + ", ".join(f"{d} of {n}" for d, n in driver)
+        )
     if args.nodes > 1:
-        notes.append(f"raydl rows ran on a local {args.nodes}-node ray.cluster_utils.Cluster sharing the "
-                     f"{args.cpus} CPUs ({max(1, args.cpus // args.nodes)} per node); the other peers on one")
+        notes.append(
+            f"raydl rows ran on a local {args.nodes}-node ray.cluster_utils.Cluster sharing the "
+            f"{args.cpus} CPUs ({max(1, args.cpus // args.nodes)} per node); the other peers on one"
+        )
     if args.epochs > 1:
-        notes.append(f"later img/s, later CPU ms/img: epochs 2-{args.epochs} of the same loader, after its "
-                     "start-up (the other columns are epoch 1's)"
-                     + "".join(f"; {p} runs one epoch only" for p in peers if p not in MULTI_EPOCH))
+        notes.append(
+            f"later img/s, later CPU ms/img: epochs 2-{args.epochs} of the same loader, after its "
+            "start-up (the other columns are epoch 1's)"
+            + "".join(f"; {p} runs one epoch only" for p in peers if p not in MULTI_EPOCH)
+        )
     if len(files) < 8 * args.batch_size:
         # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.
-        notes.append(f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "
-                     f"noisy and flattered by prefetch; use >= {8 * args.batch_size} images")
-    print(format_table(summary, header=(
-        f"raydl bench loader: workload {args.workload}, {len(files)} images from {args.data}, "
-        f"batch {args.batch_size}, {args.cpus} CPUs, median of {args.rounds} round(s)")))
+        notes.append(
+            f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "
+            f"noisy and flattered by prefetch; use >= {8 * args.batch_size} images"
+        )
+    print(
+        format_table(
+            summary,
+            header=(
+                f"raydl bench loader: workload {args.workload}, {len(files)} images from {args.data}, "
+                f"batch {args.batch_size}, {args.cpus} CPUs, median of {args.rounds} round(s)"
+            ),
+        )
+    )
     print()
     for note in notes:
         print(f"  * {note}")
     if args.json:
         report = {
-            "workload": args.workload, "data": args.data, "images": len(files),
-            "batch_size": args.batch_size, "cpus": args.cpus, "rounds": args.rounds, "epochs": args.epochs,
-            "pinned": not args.no_pin, "peers": peers, "versions": peer_versions(),
-            "summary": summary, "runs": runs, "skipped": skipped, "notes": notes,
+            "workload": args.workload,
+            "data": args.data,
+            "images": len(files),
+            "batch_size": args.batch_size,
+            "cpus": args.cpus,
+            "rounds": args.rounds,
+            "epochs": args.epochs,
+            "pinned": not args.no_pin,
+            "peers": peers,
+            "versions": peer_versions(),
+            "summary": summary,
+            "runs": runs,
+            "skipped": skipped,
+            "notes": notes,
         }
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         _log(f"wrote {args.json}")

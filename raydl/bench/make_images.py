@@ -14,6 +14,7 @@ The photos come from --photos (every *.jpg in it), by default the project's
 generated scenes (smooth gradients, shapes, texture and noise) and the command
 says so: the images then decode somewhat faster than real photos.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,9 @@ def make_one(rng: random.Random, sources: list[Image.Image], profile: str) -> by
     return buf.getvalue()
 
 
-def generated_sources(count: int = 7, *, seed: int = 0, size: tuple[int, int] = (1600, 1200)) -> list[Image.Image]:
+def generated_sources(
+    count: int = 7, *, seed: int = 0, size: tuple[int, int] = (1600, 1200)
+) -> list[Image.Image]:
     """Stand-in "photos" when none are available: gradients, discs and bars, texture and sensor-like noise."""
     rng = np.random.default_rng(seed)
     w, h = size
@@ -78,8 +81,10 @@ def generated_sources(count: int = 7, *, seed: int = 0, size: tuple[int, int] = 
             cy, cx, r = rng.integers(0, h), rng.integers(0, w), rng.integers(20, 300)
             img[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = rng.integers(0, 255, size=3)
             x0, y0 = rng.integers(0, w), rng.integers(0, h)
-            img[y0:y0 + rng.integers(5, 60), x0:x0 + rng.integers(50, 600)] = rng.integers(0, 255, size=3)
-        img += 25 * np.sin(xx * rng.uniform(0.2, 0.6))[..., None] * np.sin(yy * rng.uniform(0.2, 0.6))[..., None]
+            img[y0 : y0 + rng.integers(5, 60), x0 : x0 + rng.integers(50, 600)] = rng.integers(0, 255, size=3)
+        img += (
+            25 * np.sin(xx * rng.uniform(0.2, 0.6))[..., None] * np.sin(yy * rng.uniform(0.2, 0.6))[..., None]
+        )
         img += rng.normal(0, 10, size=img.shape)
         out.append(Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)))
     return out
@@ -92,8 +97,9 @@ def load_sources(photos: Path) -> list[Image.Image]:
     return [Image.open(p).convert("RGB") for p in sorted(photos.glob("*.jpg"))]
 
 
-def make_dataset(out: Path, n: int, *, profile: str, classes: int, seed: int,
-                 sources: list[Image.Image]) -> tuple[int, int]:
+def make_dataset(
+    out: Path, n: int, *, profile: str, classes: int, seed: int, sources: list[Image.Image]
+) -> tuple[int, int]:
     """Write `n` images into out/cNNN/ and out/labels.csv; returns (images, total bytes)."""
     rng = random.Random(seed)
     rows = []
@@ -112,15 +118,23 @@ def make_dataset(out: Path, n: int, *, profile: str, classes: int, seed: int,
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("make-images", help="write an image-folder dataset from real photos (for benchmarks)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "make-images",
+        help="write an image-folder dataset from real photos (for benchmarks)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("out", type=Path, metavar="DIR")
     p.add_argument("--n", type=int, default=2000, help="images to write (default %(default)s)")
     p.add_argument("--profile", choices=["in1k", "hires"], default="in1k")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--photos", type=Path, default=DEFAULT_PHOTOS,
-                   help="folder of source photographs, *.jpg (default: %(default)s)")
+    p.add_argument(
+        "--photos",
+        type=Path,
+        default=DEFAULT_PHOTOS,
+        help="folder of source photographs, *.jpg (default: %(default)s)",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -132,13 +146,16 @@ def main(args: argparse.Namespace) -> int:
     if sources:
         what = f"{len(sources)} photos from {args.photos}"
     else:
-        print(f"raydl make-images: no photos (*.jpg) in {args.photos}; using generated scenes as sources "
-              "instead (they decode somewhat faster than real photos). Pass --photos DIR to use your own.",
-              flush=True)
+        print(
+            f"raydl make-images: no photos (*.jpg) in {args.photos}; using generated scenes as sources "
+            "instead (they decode somewhat faster than real photos). Pass --photos DIR to use your own.",
+            flush=True,
+        )
         sources = generated_sources(seed=args.seed)
         what = "generated scenes"
-    n, total = make_dataset(args.out, args.n, profile=args.profile, classes=args.classes, seed=args.seed,
-                            sources=sources)
+    n, total = make_dataset(
+        args.out, args.n, profile=args.profile, classes=args.classes, seed=args.seed, sources=sources
+    )
     print(f"{n} images, {total / 1e6:.1f} MB, {total / n / 1e3:.0f} KB mean, from {what} -> {args.out}")
     return 0
 

@@ -7,6 +7,7 @@ not charged to the first batch, and `clock.batch(images)` for every batch in
 hand. The function returns the clock's `Measurement`. Memory and CPU are the
 runner's business (`_runner.py`); this module only says what each peer does.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
-from raydl.config import LoaderConfig
 from raydl.bench._native_peers import run_dali, run_floor, run_spdl
 from raydl.bench._transform import (
     BUCKET_CONFIG,
@@ -31,6 +31,7 @@ from raydl.bench._transform import (
     open_rgb,
     train_transform,
 )
+from raydl.config import LoaderConfig
 
 __all__ = ["BUCKET_NOTES", "MULTI_EPOCH", "NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
 
@@ -88,7 +89,9 @@ def raydl_source(spec: PeerSpec):
     if spec.source == "webdataset":
         return raydl.read_webdataset(spec.data, s3=s3)
     if spec.source == "parquet":
-        return raydl.read_parquet(spec.data, image_column=spec.image_column, label_column=spec.label_column, s3=s3)
+        return raydl.read_parquet(
+            spec.data, image_column=spec.image_column, label_column=spec.label_column, s3=s3
+        )
     return raydl.read_images(spec.data, s3=s3)
 
 
@@ -103,8 +106,12 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
             ds = ds.random_resized_crop(CROP).random_hflip().normalize("imagenet")
         t1 = time.perf_counter()
         # On simulated nodes, the default threads: one per CPU of a node, all cores for the first batches.
-        loader = ds.loader(batch_size=spec.batch_size, seed=spec.seed, num_workers=1,
-                           threads_per_worker=spec.cpus if spec.nodes <= 1 else None)
+        loader = ds.loader(
+            batch_size=spec.batch_size,
+            seed=spec.seed,
+            num_workers=1,
+            threads_per_worker=spec.cpus if spec.nodes <= 1 else None,
+        )
         t2 = time.perf_counter()
         try:
             it = loader.iterator(0)
@@ -114,7 +121,10 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
                         raise RuntimeError("raydl batch: len(id) != len(image)")
                     if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
                         clock.extra["first_batch_phases_s"] = {
-                            "listing": t1 - t0, "loader()": t2 - t1, "batch": time.perf_counter() - t2}
+                            "listing": t1 - t0,
+                            "loader()": t2 - t1,
+                            "batch": time.perf_counter() - t2,
+                        }
                     clock.batch(batch["image"])
             result = clock.result()
             clock.extra["memory"] = loader.memory()
@@ -164,8 +174,11 @@ def run_torch(spec: PeerSpec, clock: EpochClock) -> Measurement:
     clock.start()
     buckets = spec.workload == "buckets"
     loader = torch.utils.data.DataLoader(
-        _FolderDataset(spec.data, spec.workload), batch_size=spec.batch_size, shuffle=True,
-        num_workers=spec.cpus, worker_init_fn=_torch_worker_init,
+        _FolderDataset(spec.data, spec.workload),
+        batch_size=spec.batch_size,
+        shuffle=True,
+        num_workers=spec.cpus,
+        worker_init_fn=_torch_worker_init,
         generator=torch.Generator().manual_seed(spec.seed),
         collate_fn=_bucket_collate if buckets else None,
     )
@@ -204,7 +217,9 @@ def run_raydata(spec: PeerSpec, clock: EpochClock) -> Measurement:
         ray.data.DataContext.get_current().enable_progress_bars = False
         clock.start()
         ds = ray.data.read_binary_files(
-            spec.data, include_paths=True, shuffle="files",
+            spec.data,
+            include_paths=True,
+            shuffle="files",
             file_extensions=["jpg", "jpeg", "png", "webp", "bmp"],  # not labels.csv
         ).map_batches(_raydata_transform, batch_format="numpy")
         for batch in ds.iter_batches(batch_size=spec.batch_size, batch_format="numpy"):
@@ -220,10 +235,11 @@ def run_dataio(spec: PeerSpec, clock: EpochClock) -> Measurement:
     clock.start()
     records = [{"key": path, "image": path} for path in list_images(spec.data)]
     pipe = dataio.pipeline(
-        dataio.slot("image").decode_image(mode="rgb")
-        .random_resized_crop(h=CROP, w=CROP, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
-                             interp="bilinear")
-        .hflip(prob=0.5).normalize("imagenet"),
+        dataio.slot("image")
+        .decode_image(mode="rgb")
+        .random_resized_crop(h=CROP, w=CROP, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), interp="bilinear")
+        .hflip(prob=0.5)
+        .normalize("imagenet"),
         # raydl's prefetch depth (LoaderConfig.prefetch_batches): dataio's own default (4) holds
         # twice the batches, which its peak memory would show rather than the loader's design.
         dataio.batch(spec.batch_size, drop_last=False, prefetch=LoaderConfig.prefetch_batches),
@@ -268,15 +284,16 @@ def run_datago(spec: PeerSpec, clock: EpochClock) -> Measurement:
     clock.start()
     config = {
         "source_type": "file",
-        "source_config": {"root_path": spec.data, "random_sampling": True,
-                          "rank": 0, "world_size": 1},
+        "source_config": {"root_path": spec.data, "random_sampling": True, "rank": 0, "world_size": 1},
         "limit": spec.expected,
         "samples_buffer_size": 2 * spec.batch_size,
     }
     if spec.workload == "buckets":
         config["image_config"] = {
-            "crop_and_resize": True, "default_image_size": BUCKET_CONFIG["size"],
-            "downsampling_ratio": BUCKET_CONFIG["multiple"], "min_aspect_ratio": BUCKET_CONFIG["min_ratio"],
+            "crop_and_resize": True,
+            "default_image_size": BUCKET_CONFIG["size"],
+            "downsampling_ratio": BUCKET_CONFIG["multiple"],
+            "min_aspect_ratio": BUCKET_CONFIG["min_ratio"],
             "max_aspect_ratio": BUCKET_CONFIG["max_ratio"],
         }
         return _datago_buckets(datago.DatagoClient(json.dumps(config)), spec, clock)
@@ -305,7 +322,7 @@ def run_datago(spec: PeerSpec, clock: EpochClock) -> Measurement:
                     hand_over()
             if not futures:
                 break
-            pending.append((out[:len(futures)], futures))
+            pending.append((out[: len(futures)], futures))
         while pending:
             hand_over()
         return clock.result()
@@ -331,15 +348,23 @@ def run_ceiling(spec: PeerSpec, clock: EpochClock) -> Measurement:
     with ThreadPoolExecutor(spec.cpus) as pool:  # simplejpeg releases the GIL
         for _epoch in range(spec.epochs):
             for i in range(0, len(blobs), spec.batch_size):
-                decoded = list(pool.map(decode, blobs[i:i + spec.batch_size]))
+                decoded = list(pool.map(decode, blobs[i : i + spec.batch_size]))
                 clock.batch(np.empty((len(decoded), 0), dtype=np.uint8))  # only the count matters
     return clock.result()
 
 
 PEERS: dict[str, Callable[[PeerSpec, EpochClock], Measurement]] = {
-    "raydl": run_raydl, "raydl-base": run_raydl, "raydl-fast": run_raydl_fast, "torch": run_torch, "raydata": run_raydata,
-    "dataio": run_dataio, "datago": run_datago, "dali": run_dali, "spdl": run_spdl,
-    "ceiling": run_ceiling, "floor": run_floor,
+    "raydl": run_raydl,
+    "raydl-base": run_raydl,
+    "raydl-fast": run_raydl_fast,
+    "torch": run_torch,
+    "raydata": run_raydata,
+    "dataio": run_dataio,
+    "datago": run_datago,
+    "dali": run_dali,
+    "spdl": run_spdl,
+    "ceiling": run_ceiling,
+    "floor": run_floor,
 }
 
 # The peers that run `--epochs N` epochs of one loader; the others run one and have no later-epoch figures.
@@ -347,9 +372,16 @@ MULTI_EPOCH = frozenset({"raydl", "raydl-base", "raydl-fast", "torch", "dataio",
 
 # The workloads each peer can run (the others are skipped with a note).
 WORKLOADS: dict[str, tuple[str, ...]] = {
-    "raydl": ("train", "buckets"), "raydl-base": ("train", "buckets"), "raydl-fast": ("train", "buckets"), "torch": ("train", "buckets"),
-    "raydata": ("train",), "dataio": ("train",), "datago": ("train", "buckets"),
-    "dali": ("train", "buckets"), "spdl": ("train", "buckets"), "ceiling": ("train", "buckets"),
+    "raydl": ("train", "buckets"),
+    "raydl-base": ("train", "buckets"),
+    "raydl-fast": ("train", "buckets"),
+    "torch": ("train", "buckets"),
+    "raydata": ("train",),
+    "dataio": ("train",),
+    "datago": ("train", "buckets"),
+    "dali": ("train", "buckets"),
+    "spdl": ("train", "buckets"),
+    "ceiling": ("train", "buckets"),
     "floor": ("train",),
 }
 
@@ -359,9 +391,12 @@ REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
     "raydl-base": (("ray",), "pip install raydl"),
     "raydl-fast": (("ray",), "pip install raydl"),
     "dali": (("nvidia.dali",), "pip install 'raydl[bench]'  (or: pip install nvidia-dali-cuda120)"),
-    "spdl": (("spdl.io",), "pip install 'raydl[bench]'  (or: pip install spdl), and FFmpeg 5's shared "
-                           "libraries (Debian 12: apt-get install libavutil57 libavcodec59 libavformat59 "
-                           "libavfilter8 libavdevice59 libswscale6 libswresample4)"),
+    "spdl": (
+        ("spdl.io",),
+        "pip install 'raydl[bench]'  (or: pip install spdl), and FFmpeg 5's shared "
+        "libraries (Debian 12: apt-get install libavutil57 libavcodec59 libavformat59 "
+        "libavfilter8 libavdevice59 libswscale6 libswresample4)",
+    ),
     "floor": (("simplejpeg",), "pip install simplejpeg"),
     "torch": (("torch",), "pip install torch"),
     "raydata": (("ray", "pandas"), "pip install 'ray[data]'"),
@@ -373,41 +408,41 @@ REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
 # What each peer does differently from the workload; printed under the table.
 NOTES: dict[str, str] = {
     "torch": "torch: DataLoader(shuffle=True, num_workers=cpus) + PIL full decode; crop/flip/"
-             "normalize in PIL+numpy (torchvision's RandomResizedCrop params); the main "
-             "process is one more process on top of the cpus workers.",
+    "normalize in PIL+numpy (torchvision's RandomResizedCrop params); the main "
+    "process is one more process on top of the cpus workers.",
     "raydata": "raydata: read_binary_files(shuffle='files') + map_batches (PIL decode, same "
-               "PIL+numpy transform, one block per task) + iter_batches re-batching to B.",
+    "PIL+numpy transform, one block per task) + iter_batches re-batching to B.",
     "dataio": "dataio: native decode + random_resized_crop(interp='bilinear') + hflip + "
-              "normalize('imagenet'), its own RNG; DATAIO_CPU_WORKERS=cpus; prefetch 2 batches "
-              "(raydl's prefetch_batches; dataio's default is 4).",
+    "normalize('imagenet'), its own RNG; DATAIO_CPU_WORKERS=cpus; prefetch 2 batches "
+    "(raydl's prefetch_batches; dataio's default is 4).",
     "datago": "datago: decodes in Rust (DATAGO_MAX_TASKS=cpus) but has no random-resized-crop "
-              "(only aspect-bucket crop+resize), so crop/flip/normalize run in a Python "
-              "thread pool of cpus threads with the PIL+numpy transform; shuffle is datago's "
-              "random_sampling (unseeded).",
+    "(only aspect-bucket crop+resize), so crop/flip/normalize run in a Python "
+    "thread pool of cpus threads with the PIL+numpy transform; shuffle is datago's "
+    "random_sampling (unseeded).",
     "ceiling": "ceiling: libjpeg-turbo (simplejpeg) decode alone of bytes already in memory, "
-               "one thread per CPU; no crop, no batch; its memory includes all file bytes.",
+    "one thread per CPU; no crop, no batch; its memory includes all file bytes.",
     "raydl-fast": "raydl-fast: raydl with decode(fast=True): DCT scale down to 1x the output, IFAST IDCT, "
-                  "no fancy upsampling (changes pixels; see the README).",
+    "no fancy upsampling (changes pixels; see the README).",
     "dali": "dali: NVIDIA DALI's CPU pipeline (device_id=None, num_threads=cpus): readers.file shuffled, "
-            "decoders.image_random_crop + resize(antialias) + crop_mirror_normalize; buckets: "
-            "decoders.image_slice to the bucket crop + resize, sizes from PIL headers.",
+    "decoders.image_random_crop + resize(antialias) + crop_mirror_normalize; buckets: "
+    "decoders.image_slice to the bucket crop + resize, sizes from PIL headers.",
     "spdl": "spdl: spdl.io.load_image (FFmpeg) with a crop+scale(bilinear) filter per sample on a thread "
-            "pool of cpus threads; flip and normalize in numpy.",
+    "pool of cpus threads; flip and normalize in numpy.",
     "floor": "floor: the entropy-decoding floor of the train crops: raydl's region decoder at DCT scale 1/8 "
-             "(IFAST) on raydl's own boxes, into an 8x8 slot, bytes in memory; no batch.",
+    "(IFAST) on raydl's own boxes, into an 8x8 slot, bytes in memory; no batch.",
 }
 
 # The same for the "buckets" workload, where it differs.
 BUCKET_NOTES: dict[str, str] = {
     "raydl": "raydl: read_images().decode().aspect_buckets(512, multiple=32, min_ratio=0.5, max_ratio=2.0): "
-             "bucket-pure uint8 NHWC batches (a bucket's last batch is shorter).",
+    "bucket-pure uint8 NHWC batches (a bucket's last batch is shorter).",
     "torch": "torch: DataLoader(shuffle=True, num_workers=cpus), PIL full decode, centred crop to the nearest "
-             "bucket's ratio + bilinear resize; each batch is split by bucket.",
+    "bucket's ratio + bilinear resize; each batch is split by bucket.",
     "datago": "datago: its own crop_and_resize image config (default_image_size 512, downsampling_ratio 32, "
-              "aspect ratios 0.5-2.0: the same bucket set), Lanczos3 resize in Rust; samples grouped into "
-              "bucket-pure batches in Python; shuffle is datago's random_sampling (unseeded).",
+    "aspect ratios 0.5-2.0: the same bucket set), Lanczos3 resize in Rust; samples grouped into "
+    "bucket-pure batches in Python; shuffle is datago's random_sampling (unseeded).",
     "spdl": "spdl: spdl.io.load_image (FFmpeg) with a crop to the bucket's ratio + scale(bilinear) filter per "
-            "sample on a thread pool of cpus threads; each batch split by bucket.",
+    "sample on a thread pool of cpus threads; each batch split by bucket.",
     "ceiling": "ceiling: libjpeg-turbo (simplejpeg) full decode alone of bytes already in memory, one thread "
-               "per CPU; no crop, no resize, no batch.",
+    "per CPU; no crop, no resize, no batch.",
 }

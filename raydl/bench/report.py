@@ -1,4 +1,5 @@
 """Turn per-round rows into medians, a text table and a bar chart. Pure functions."""
+
 from __future__ import annotations
 
 import statistics
@@ -6,8 +7,16 @@ from importlib import metadata
 
 __all__ = ["format_table", "peer_versions", "summarize", "write_plot"]
 
-_FIGURES = ("images_per_s", "first_batch_s", "first_batch_from_start_s", "peak_pss_mib", "cpu_s_per_image",
-            "steady_cpu_s_per_image", "later_images_per_s", "later_cpu_s_per_image")
+_FIGURES = (
+    "images_per_s",
+    "first_batch_s",
+    "first_batch_from_start_s",
+    "peak_pss_mib",
+    "cpu_s_per_image",
+    "steady_cpu_s_per_image",
+    "later_images_per_s",
+    "later_cpu_s_per_image",
+)
 # A steady-state window shorter than this (or with fewer batches after the first) says more about
 # prefetch and timer resolution than about throughput: its images/s is shown greyed, with no ratio.
 MIN_WINDOW_S = 1.0
@@ -16,8 +25,10 @@ MIN_STEADY_BATCHES = 3
 
 def short_window(run: dict) -> bool:
     """Whether one run's images/s rests on too short a measurement window to compare."""
-    return (run.get("steady_s", MIN_WINDOW_S) < MIN_WINDOW_S
-            or run.get("steady_batches", MIN_STEADY_BATCHES) < MIN_STEADY_BATCHES)
+    return (
+        run.get("steady_s", MIN_WINDOW_S) < MIN_WINDOW_S
+        or run.get("steady_batches", MIN_STEADY_BATCHES) < MIN_STEADY_BATCHES
+    )
 
 
 def summarize(peers: list[str], runs: list[dict]) -> list[dict]:
@@ -28,8 +39,7 @@ def summarize(peers: list[str], runs: list[dict]) -> list[dict]:
     rows = []
     for peer in peers:
         ok = [r for r in runs if r["peer"] == peer and r.get("ok")]
-        row = {"peer": peer, "rounds_ok": len(ok),
-               "rounds": sum(1 for r in runs if r["peer"] == peer)}
+        row = {"peer": peer, "rounds_ok": len(ok), "rounds": sum(1 for r in runs if r["peer"] == peer)}
         for key in _FIGURES:
             values = [r[key] for r in ok if r.get(key) is not None]
             row[key] = statistics.median(values) if values else None
@@ -51,8 +61,18 @@ def _cell(value, fmt: str) -> str:
 
 def format_table(summary: list[dict], *, header: str) -> str:
     later = any(row.get("later_images_per_s") is not None for row in summary)  # --epochs N
-    cols = ("peer", "images/s", "x raydl", "first batch s", "from start s", "peak PSS MiB", "CPU ms/img",
-            "steady CPU ms/img", *(("later img/s", "later CPU ms/img") if later else ()), "ok")
+    cols = (
+        "peer",
+        "images/s",
+        "x raydl",
+        "first batch s",
+        "from start s",
+        "peak PSS MiB",
+        "CPU ms/img",
+        "steady CPU ms/img",
+        *(("later img/s", "later CPU ms/img") if later else ()),
+        "ok",
+    )
     lines = [header, ""]
     body = []
     for row in summary:
@@ -64,26 +84,45 @@ def format_table(summary: list[dict], *, header: str) -> str:
         ips = _cell(row["images_per_s"], ".1f")
         if row.get("short_window") and row["images_per_s"] is not None:
             ips = f"({ips})"  # greyed: not comparable
-        body.append((
-            row["peer"], ips, _cell(row["ratio_to_raydl"], ".2f"),
-            _cell(first, ".2f"), _cell(from_start, ".2f"), _cell(row["peak_pss_mib"], ".0f"),
-            _cell(None if cpu is None else 1000 * cpu, ".2f"),
-            _cell(None if steady is None else 1000 * steady, ".2f"),
-            *((_cell(row.get("later_images_per_s"), ".1f"),
-               _cell(None if row.get("later_cpu_s_per_image") is None else 1000 * row["later_cpu_s_per_image"],
-                     ".2f")) if later else ()),
-            f"{row['rounds_ok']}/{row['rounds']}",
-        ))
+        body.append(
+            (
+                row["peer"],
+                ips,
+                _cell(row["ratio_to_raydl"], ".2f"),
+                _cell(first, ".2f"),
+                _cell(from_start, ".2f"),
+                _cell(row["peak_pss_mib"], ".0f"),
+                _cell(None if cpu is None else 1000 * cpu, ".2f"),
+                _cell(None if steady is None else 1000 * steady, ".2f"),
+                *(
+                    (
+                        _cell(row.get("later_images_per_s"), ".1f"),
+                        _cell(
+                            None
+                            if row.get("later_cpu_s_per_image") is None
+                            else 1000 * row["later_cpu_s_per_image"],
+                            ".2f",
+                        ),
+                    )
+                    if later
+                    else ()
+                ),
+                f"{row['rounds_ok']}/{row['rounds']}",
+            )
+        )
     widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
     fmt_row = lambda cells: "  ".join(  # noqa: E731 - the first column left, numbers right
-        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+    )
     lines.append(fmt_row(cols))
     lines.append("  ".join("-" * w for w in widths))
     lines.extend(fmt_row(b) for b in body)
     if any(r.get("short_window") for r in summary):
-        lines.append(f"  (images/s) in brackets: measured over less than {MIN_WINDOW_S:g} s or "
-                     f"{MIN_STEADY_BATCHES} batches after the first, so not comparable and no ratio is given; "
-                     "use more images (--limit, raydl make-images --n)")
+        lines.append(
+            f"  (images/s) in brackets: measured over less than {MIN_WINDOW_S:g} s or "
+            f"{MIN_STEADY_BATCHES} batches after the first, so not comparable and no ratio is given; "
+            "use more images (--limit, raydl make-images --n)"
+        )
     failed = [(r["peer"], e) for r in summary for e in r.get("errors", [])]
     lines.extend(f"  ! {peer} failed: {err}" for peer, err in failed)
     return "\n".join(lines)
@@ -109,20 +148,27 @@ def write_plot(summary: list[dict], path: str, *, title: str) -> None:
     matplotlib.use("Agg")  # no display on a training node
     import matplotlib.pyplot as plt
 
-    panels = (("images_per_s", "images/s (higher is better)", 1.0),
-              ("first_batch_s", "time to first batch, s", 1.0),
-              ("first_batch_from_start_s", "first batch from process start, s", 1.0),
-              ("peak_pss_mib", "peak memory (PSS), MiB", 1.0),
-              ("cpu_s_per_image", "CPU ms per image", 1000.0))
+    panels = (
+        ("images_per_s", "images/s (higher is better)", 1.0),
+        ("first_batch_s", "time to first batch, s", 1.0),
+        ("first_batch_from_start_s", "first batch from process start, s", 1.0),
+        ("peak_pss_mib", "peak memory (PSS), MiB", 1.0),
+        ("cpu_s_per_image", "CPU ms per image", 1000.0),
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
     for ax, (key, label, scale) in zip(axes, panels):
-        rows = [r for r in summary if r.get(key) is not None
-                and not (key.startswith("first_batch") and r["peer"] == "ceiling")
-                and not (key == "images_per_s" and r.get("short_window"))]
+        rows = [
+            r
+            for r in summary
+            if r.get(key) is not None
+            and not (key.startswith("first_batch") and r["peer"] == "ceiling")
+            and not (key == "images_per_s" and r.get("short_window"))
+        ]
         names = [r["peer"] for r in rows]
         values = [scale * r[key] for r in rows]
-        colors = ["tab:blue" if n == "raydl" else "tab:gray" if n == "ceiling" else "tab:orange"
-                  for n in names]
+        colors = [
+            "tab:blue" if n == "raydl" else "tab:gray" if n == "ceiling" else "tab:orange" for n in names
+        ]
         bars = ax.bar(names, values, color=colors)
         ax.bar_label(bars, fmt="%.3g", fontsize=8)
         ax.set_title(label, fontsize=10)

@@ -8,6 +8,7 @@ OUT_DIR/wds/shard-000000.tar ... hold the images in sorted key order, each as
 OUT_DIR/parquet/data.parquet holds columns image (bytes), label (int64), key.
 With --upload both trees are copied to the S3 prefix.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,12 @@ def write_webdataset(folder: str, out: str, *, per_shard: int = 256) -> list[str
     for s in range(0, len(keys), per_shard):
         path = os.path.join(out, f"shard-{s // per_shard:06d}.tar")
         with tarfile.open(path, "w") as tar:
-            for key, label in zip(keys[s:s + per_shard], labels[s:s + per_shard]):
+            for key, label in zip(keys[s : s + per_shard], labels[s : s + per_shard]):
                 stem = key.rsplit(".", 1)[0]
-                for name, data in ((key, Path(folder, key).read_bytes()), (stem + ".cls", str(label).encode())):
+                for name, data in (
+                    (key, Path(folder, key).read_bytes()),
+                    (stem + ".cls", str(label).encode()),
+                ):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -72,14 +76,19 @@ def _upload(root: str, prefix: str, endpoint_url: str | None) -> int:
     n = 0
     for path in sorted(Path(root).rglob("*")):
         if path.is_file():
-            client.upload_file(str(path), bucket, f"{key_prefix.rstrip('/')}/{path.relative_to(root).as_posix()}")
+            client.upload_file(
+                str(path), bucket, f"{key_prefix.rstrip('/')}/{path.relative_to(root).as_posix()}"
+            )
             n += 1
     return n
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m raydl.bench.shards", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m raydl.bench.shards",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("folder")
     p.add_argument("out")
     p.add_argument("--per-shard", type=int, default=256)

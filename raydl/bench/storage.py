@@ -18,6 +18,7 @@ round by round:
 The table gives the median requests/s and MB/s per peer and delay, and the goal
 line: raydl at the largest delay against min(concurrency / delay, ceiling).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,21 +35,32 @@ __all__ = ["add_parser", "main"]
 
 PEERS = ("raydl", "boto3", "s3dlio", "s3torchconnector")
 _BUCKET = "raydl-bench-storage"
-_CREDS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-          "AWS_REGION": "us-east-1"}
+_CREDS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("storage", help="S3 fetch rate: raydl vs boto3, s3dlio, s3torchconnector",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "storage",
+        help="S3 fetch rate: raydl vs boto3, s3dlio, s3torchconnector",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--endpoint-url", help="an S3-compatible server (default: start moto on 127.0.0.1)")
     p.add_argument("--objects", type=int, default=256, help="objects to fetch per measurement")
     p.add_argument("--size", type=int, default=64 << 10, help="bytes per object")
     p.add_argument("--concurrency", type=int, default=32, help="requests in flight, every peer")
     p.add_argument("--delays", default="0,20,50", help="added milliseconds per request (comma-separated)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--compare", default="boto3,s3dlio,s3torchconnector",
-                   help=f"peers besides raydl, from {','.join(PEERS[1:])}")
+    p.add_argument(
+        "--compare",
+        default="boto3,s3dlio,s3torchconnector",
+        help=f"peers besides raydl, from {','.join(PEERS[1:])}",
+    )
     p.add_argument("--json", help="write every measurement and the medians here")
     p.set_defaults(func=main)
     return p
@@ -59,14 +71,17 @@ def _log(msg: str) -> None:
 
 
 def _child(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
 
 
 def _start_moto(env: dict) -> tuple[subprocess.Popen, str]:
-    code = ("import logging,threading;logging.getLogger('werkzeug').setLevel(logging.ERROR);"
-            "from moto.server import ThreadedMotoServer as S;s=S(ip_address='127.0.0.1',port=0,verbose=False);"
-            "s.start();print(s.get_host_and_port()[1],flush=True);threading.Event().wait()")
+    code = (
+        "import logging,threading;logging.getLogger('werkzeug').setLevel(logging.ERROR);"
+        "from moto.server import ThreadedMotoServer as S;s=S(ip_address='127.0.0.1',port=0,verbose=False);"
+        "s.start();print(s.get_host_and_port()[1],flush=True);threading.Event().wait()"
+    )
     proc = _child(["-c", code], env)
     return proc, f"http://127.0.0.1:{proc.stdout.readline().strip()}"
 
@@ -130,7 +145,9 @@ def _measure(peer: str, endpoint: str, uris: list[str], size: int, concurrency: 
         from s3torchconnector import S3ClientConfig
         from s3torchconnector._s3client import S3Client
 
-        client = S3Client("us-east-1", endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True))
+        client = S3Client(
+            "us-east-1", endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True)
+        )
         tpool = ThreadPoolExecutor(concurrency)
 
         def get(uri):
@@ -155,8 +172,15 @@ _REQUIRES = {"raydl": "boto3", "boto3": "boto3", "s3dlio": "s3dlio", "s3torchcon
 
 
 def _run_child(peer, endpoint, uris, size, concurrency, env, timeout=600.0) -> dict:
-    cmd = [sys.executable, "-m", "raydl.bench.storage", "--_measure", json.dumps(
-        {"peer": peer, "endpoint": endpoint, "uris": uris, "size": size, "concurrency": concurrency})]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raydl.bench.storage",
+        "--_measure",
+        json.dumps(
+            {"peer": peer, "endpoint": endpoint, "uris": uris, "size": size, "concurrency": concurrency}
+        ),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -201,8 +225,10 @@ def main(args: argparse.Namespace) -> int:
             proxy, url = _start_proxy(endpoint, d, env)
             children.append(proxy)
             targets.append((f"{d:g} ms", d, url))
-        _log(f"{args.objects} objects of {args.size} B, concurrency {args.concurrency}, {args.rounds} round(s); "
-             f"server {endpoint}")
+        _log(
+            f"{args.objects} objects of {args.size} B, concurrency {args.concurrency}, {args.rounds} round(s); "
+            f"server {endpoint}"
+        )
         runs = []
         for r in range(1, args.rounds + 1):
             for label, delay, url in targets:
@@ -210,9 +236,14 @@ def main(args: argparse.Namespace) -> int:
                     row = _run_child(peer, url, uris, args.size, args.concurrency, env)
                     row.update(round=r, peer=peer, target=label, delay_ms=delay)
                     runs.append(row)
-                    _log(f"[round {r}] {label:>7} {peer:<17} " + (
-                        f"{row['req_s']:8.1f} req/s {row['mb_s']:8.2f} MB/s" if row["ok"] else
-                        f"FAILED: {row['error']}"))
+                    _log(
+                        f"[round {r}] {label:>7} {peer:<17} "
+                        + (
+                            f"{row['req_s']:8.1f} req/s {row['mb_s']:8.2f} MB/s"
+                            if row["ok"]
+                            else f"FAILED: {row['error']}"
+                        )
+                    )
     finally:
         for c in children:
             c.kill()
@@ -221,11 +252,22 @@ def main(args: argparse.Namespace) -> int:
     ceiling = max((v["req_s"] for (p, t), v in summary.items() if t == "direct" and v), default=0.0)
     print(_table(peers, targets, summary, args, ceiling))
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "objects": args.objects, "size": args.size, "concurrency": args.concurrency, "rounds": args.rounds,
-            "endpoint": args.endpoint_url or "moto (child process)", "ceiling_req_s": ceiling,
-            "summary": [{"peer": p, "target": t, **(v or {})} for (p, t), v in summary.items()], "runs": runs,
-        }, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "objects": args.objects,
+                    "size": args.size,
+                    "concurrency": args.concurrency,
+                    "rounds": args.rounds,
+                    "endpoint": args.endpoint_url or "moto (child process)",
+                    "ceiling_req_s": ceiling,
+                    "summary": [{"peer": p, "target": t, **(v or {})} for (p, t), v in summary.items()],
+                    "runs": runs,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         _log(f"wrote {args.json}")
     return 0 if all(v for (p, t), v in summary.items() if p == "raydl") else 1
 
@@ -235,16 +277,26 @@ def _summarize(peers, targets, runs) -> dict:
     for p in peers:
         for label, _, _ in targets:
             ok = [r for r in runs if r["peer"] == p and r["target"] == label and r["ok"]]
-            out[(p, label)] = ({"req_s": statistics.median(r["req_s"] for r in ok),
-                                "mb_s": statistics.median(r["mb_s"] for r in ok), "rounds_ok": len(ok)}
-                               if ok else None)
+            out[(p, label)] = (
+                {
+                    "req_s": statistics.median(r["req_s"] for r in ok),
+                    "mb_s": statistics.median(r["mb_s"] for r in ok),
+                    "rounds_ok": len(ok),
+                }
+                if ok
+                else None
+            )
     return out
 
 
 def _table(peers, targets, summary, args, ceiling) -> str:
     head = f"{'peer':<17}" + "".join(f"{label:>22}" for label, _, _ in targets)
-    lines = [f"raydl bench storage: {args.objects} x {args.size} B, concurrency {args.concurrency}, "
-             f"median of {args.rounds} round(s); requests/s (MB/s)", head, "-" * len(head)]
+    lines = [
+        f"raydl bench storage: {args.objects} x {args.size} B, concurrency {args.concurrency}, "
+        f"median of {args.rounds} round(s); requests/s (MB/s)",
+        head,
+        "-" * len(head),
+    ]
     for p in peers:
         cells = []
         for label, _, _ in targets:
@@ -260,9 +312,11 @@ def _table(peers, targets, summary, args, ceiling) -> str:
         v = summary[("raydl", label)]
         best = max((summary[(p, label)]["req_s"] for p in peers if summary[(p, label)]), default=0.0)
         if v:
-            lines.append(f"  * {label}: raydl {v['req_s']:.1f} req/s = {v['req_s'] / ideal:.2f} x "
-                         f"min({args.concurrency}/{delay / 1000:g} s, ceiling) (goal >= 0.8); "
-                         f"{v['req_s'] / best:.2f} x the best peer")
+            lines.append(
+                f"  * {label}: raydl {v['req_s']:.1f} req/s = {v['req_s'] / ideal:.2f} x "
+                f"min({args.concurrency}/{delay / 1000:g} s, ceiling) (goal >= 0.8); "
+                f"{v['req_s'] / best:.2f} x the best peer"
+            )
     return "\n".join(lines)
 
 
@@ -271,7 +325,11 @@ def _cli(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     if argv[:1] == ["--_measure"]:
         spec = json.loads(argv[1])
-        print(json.dumps(_measure(spec["peer"], spec["endpoint"], spec["uris"], spec["size"], spec["concurrency"])))
+        print(
+            json.dumps(
+                _measure(spec["peer"], spec["endpoint"], spec["uris"], spec["size"], spec["concurrency"])
+            )
+        )
         return 0
     parser = argparse.ArgumentParser(prog="raydl bench")
     add_parser(parser.add_subparsers(dest="bench", required=True))

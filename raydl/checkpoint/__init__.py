@@ -24,12 +24,23 @@ Importing it starts libfabric and opens this process's fabric endpoint on a
 background thread (checkpoint.prepare(); RAYDL_CHECKPOINT_PREPARE=0 turns it
 off, a size such as 512MiB also faults a receive buffer that large in).
 """
+
 from raydl.checkpoint.api import DEFAULT_CHUNK, broadcast, fetch, peer_actor, prepare, publish, unpublish
 from raydl.checkpoint.api import prepare_at_import as _prepare_at_import
 from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint
 from raydl.errors import CheckpointError
 
-__all__ = ["DEFAULT_CHUNK", "CheckpointError", "CheckpointRef", "FetchedCheckpoint", "broadcast", "fetch",
-           "peer_actor", "prepare", "publish", "unpublish"]
+__all__ = [
+    "DEFAULT_CHUNK",
+    "CheckpointError",
+    "CheckpointRef",
+    "FetchedCheckpoint",
+    "broadcast",
+    "fetch",
+    "peer_actor",
+    "prepare",
+    "publish",
+    "unpublish",
+]
 
 _prepare_at_import()

@@ -7,6 +7,7 @@ libfabric is unloaded). Importing raydl.checkpoint starts prepare()'s fabric
 work on a background thread (RAYDL_CHECKPOINT_PREPARE=0 turns that off), so a
 fresh process's first fetch finds libfabric started and its endpoint open.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -31,8 +32,17 @@ from raydl.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_CHUNK", "TRANSPORTS", "broadcast", "choose_transport", "fetch", "peer_actor", "prepare",
-           "publish", "unpublish"]
+__all__ = [
+    "DEFAULT_CHUNK",
+    "TRANSPORTS",
+    "broadcast",
+    "choose_transport",
+    "fetch",
+    "peer_actor",
+    "prepare",
+    "publish",
+    "unpublish",
+]
 
 DEFAULT_CHUNK = 4 << 20
 TRANSPORTS = ("auto", "fabric", "object_store")
@@ -45,14 +55,16 @@ class _Process:
         self.published = HeldCopies()
         self.buffers = BufferPool(max_free=1)
         self._fabric: FabricClient | None = None
-        self._endpoints: dict[tuple[str | None, str | None], Any] = {}   # (bind, provider) -> ServerEndpoint
+        self._endpoints: dict[tuple[str | None, str | None], Any] = {}  # (bind, provider) -> ServerEndpoint
         self._preparing: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def start_preparing(self, target) -> threading.Thread:
         with self._lock:
             if self._preparing is None:
-                self._preparing = threading.Thread(target=target, name="raydl-checkpoint-prepare", daemon=True)
+                self._preparing = threading.Thread(
+                    target=target, name="raydl-checkpoint-prepare", daemon=True
+                )
                 self._preparing.start()
             return self._preparing
 
@@ -67,7 +79,11 @@ class _Process:
         """In a forked child: the parent's endpoint and threads are not this process's. Dropped, not
         closed (closing would act on the parent's libfabric state); the next fetch opens its own."""
         self._lock = threading.Lock()
-        self._leftovers = (self._fabric, self._preparing, self._endpoints)  # never closed here, never collected
+        self._leftovers = (
+            self._fabric,
+            self._preparing,
+            self._endpoints,
+        )  # never closed here, never collected
         self._fabric = None
         self._endpoints = {}
         self._preparing = None
@@ -89,7 +105,7 @@ class _Process:
             endpoint = self._endpoints.get((bind, provider))
             if endpoint is None or endpoint.closed:
                 if endpoint is not None:
-                    endpoint.close()   # its serving thread stopped: free its stack, serve from a new one
+                    endpoint.close()  # its serving thread stopped: free its stack, serve from a new one
                 endpoint = self._endpoints[(bind, provider)] = pyfi.ServerEndpoint(provider, bind=bind)
             return endpoint
 
@@ -124,8 +140,12 @@ def prepare(*, buffer_bytes: int | None = None, wait: bool = False) -> None:
     thread = _PROCESS.start_preparing(_prepare_fabric)
     prefault = None
     if buffer_bytes:
-        prefault = threading.Thread(target=_PROCESS.buffers.prefault, args=(buffer_bytes,),
-                                    name="raydl-checkpoint-prefault", daemon=True)
+        prefault = threading.Thread(
+            target=_PROCESS.buffers.prefault,
+            args=(buffer_bytes,),
+            name="raydl-checkpoint-prefault",
+            daemon=True,
+        )
         prefault.start()
     if wait:
         thread.join()
@@ -201,7 +221,9 @@ def publish(
     if bad or not transports:
         raise ValueError(f"transports must name 'fabric' and/or 'object_store', got {transports!r}")
     if "fabric" in transports and not pyfi.available():
-        raise CheckpointError(f"transport 'fabric' asked for, but libfabric is unusable: {pyfi.unavailable_reason()}")
+        raise CheckpointError(
+            f"transport 'fabric' asked for, but libfabric is unusable: {pyfi.unavailable_reason()}"
+        )
     key = secrets.token_hex(16)
     memory = None
     if isinstance(state, (str, os.PathLike)):
@@ -211,21 +233,31 @@ def publish(
         nonlocal memory
         memory = SharedBuffer.anonymous(n, f"ckpt-{key}")
         return memory.array
+
     try:
         if memory is None:
             layout.pack_into(state, alloc)
         buf = memory.array
         header, _start = layout.parse_header(buf)
-        server = (_PROCESS.server_endpoint(_bind(bind), pyfi.choose_provider(provider)).serve(buf)
-                  if "fabric" in transports else None)
+        server = (
+            _PROCESS.server_endpoint(_bind(bind), pyfi.choose_provider(provider)).serve(buf)
+            if "fabric" in transports
+            else None
+        )
     except BaseException:
         if memory is not None:
             memory.close()
         raise
     ref = CheckpointRef(
-        key=key, size=len(buf), chunk_size=chunk_size, checksums=layout.checksums(buf, chunk_size),
-        header=json.dumps(header), holder=holder_name(), fabric=server.address if server else None,
-        location=memory.location, object_store="object_store" in transports,
+        key=key,
+        size=len(buf),
+        chunk_size=chunk_size,
+        checksums=layout.checksums(buf, chunk_size),
+        header=json.dumps(header),
+        holder=holder_name(),
+        fabric=server.address if server else None,
+        location=memory.location,
+        object_store="object_store" in transports,
     )
     _PROCESS.published.add(HeldCopy(key, memory, server))
     logger.info("raydl: published checkpoint %s (%d bytes) over %s", key[:8], ref.size, ref.transports)
@@ -239,7 +271,7 @@ def unpublish(ref: CheckpointRef) -> None:
 
 
 def choose_transport(ref: CheckpointRef, transport: str) -> str:
-    """"fabric" or "object_store" for fetching `ref` here with `transport` ("auto", "fabric", "object_store")."""
+    """ "fabric" or "object_store" for fetching `ref` here with `transport` ("auto", "fabric", "object_store")."""
     from raydl.native import pyfi
 
     if transport not in TRANSPORTS:
@@ -251,10 +283,14 @@ def choose_transport(ref: CheckpointRef, transport: str) -> str:
         why = "the publisher serves no fabric address" if ref.fabric is None else pyfi.unavailable_reason()
         raise CheckpointError(f"transport='fabric' for {ref!r}, but {why}")
     if "object_store" not in ref.transports:
-        raise CheckpointError(f"{ref!r} cannot be served through the object store (its holder has no Ray, or "
-                              "it was published with transports=('fabric',)), and fabric is not usable here")
+        raise CheckpointError(
+            f"{ref!r} cannot be served through the object store (its holder has no Ray, or "
+            "it was published with transports=('fabric',)), and fabric is not usable here"
+        )
     if transport == "auto":
-        logger.warning("raydl: fetching checkpoint %s through the Ray object store (no fabric path)", ref.key[:8])
+        logger.warning(
+            "raydl: fetching checkpoint %s through the Ray object store (no fabric path)", ref.key[:8]
+        )
     return "object_store"
 
 
@@ -295,8 +331,16 @@ def fetch(
         phases["probe"] = time.perf_counter() - t
         peer = f"{ref.holder} ({ref.fabric.peer})" if chosen == "fabric" else f"object store ({ref.holder})"
         if chosen == "fabric":
-            pull(_PROCESS.fabric, ref, target.buffer, timeout=timeout, chunk_size=chunk_size or ref.chunk_size,
-                 max_inflight=max_inflight, link_gbps=link_gbps, phases=phases)
+            pull(
+                _PROCESS.fabric,
+                ref,
+                target.buffer,
+                timeout=timeout,
+                chunk_size=chunk_size or ref.chunk_size,
+                max_inflight=max_inflight,
+                link_gbps=link_gbps,
+                phases=phases,
+            )
         else:
             t = time.perf_counter()
             object_store.fetch_bytes(ref, target.buffer, timeout=timeout)
@@ -316,8 +360,14 @@ def fetch(
     phases["build"] = time.perf_counter() - t
     state.transport, state.peer, state.path = chosen, peer, target.path
     state.seconds, state.phases = time.perf_counter() - t0, phases
-    logger.info("raydl: fetched checkpoint %s (%d bytes) over %s from %s in %.2f s",
-                ref.key[:8], ref.size, chosen, peer, state.seconds)
+    logger.info(
+        "raydl: fetched checkpoint %s (%d bytes) over %s from %s in %.2f s",
+        ref.key[:8],
+        ref.size,
+        chosen,
+        peer,
+        state.seconds,
+    )
     return state
 
 
@@ -345,8 +395,13 @@ class _Target:
         lock only briefly, which opening the stack meanwhile also needs. From the end: the reads fill
         (and fault) the buffer from its start, so the two meet in the middle instead of racing."""
         if self._fresh is not None:
-            threading.Thread(target=populate_in_slices, args=(self._fresh,), kwargs={"from_end": True},
-                             name="raydl-prefault", daemon=True).start()
+            threading.Thread(
+                target=populate_in_slices,
+                args=(self._fresh,),
+                kwargs={"from_end": True},
+                name="raydl-prefault",
+                daemon=True,
+            ).start()
             self._fresh = None
 
     def commit(self) -> None:

@@ -10,6 +10,7 @@ faulted in. Faulting uses madvise(MADV_POPULATE_WRITE), which runs without the
 GIL (ctypes), so it can overlap a transfer; a fetch starts it on a fresh buffer
 at once, in slices, so it also overlaps the fabric set-up.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -57,19 +58,20 @@ def populate(mm: mmap.mmap, start: int = 0, length: int | None = None, *, touch:
     if _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), _MADV_POPULATE_WRITE) == 0:
         return True
     if touch:
-        view[start:start + length:mmap.PAGESIZE] = 0
+        view[start : start + length : mmap.PAGESIZE] = 0
     return False
 
 
-def populate_in_slices(mm: mmap.mmap, slice_bytes: int = 8 << 20, *, touch: bool = False,
-                       from_end: bool = False) -> None:
+def populate_in_slices(
+    mm: mmap.mmap, slice_bytes: int = 8 << 20, *, touch: bool = False, from_end: bool = False
+) -> None:
     """populate() all of mm, `slice_bytes` at a time: each slice holds the process's mmap lock only
     briefly, so another thread's mmap (a fetch's buffer, the fabric stack's set-up) is not held up
     for the whole buffer. touch as in populate(); touch=False (reads may be landing in mm): without
     MADV_POPULATE_WRITE it stops, and the reads fault the pages. from_end: last slice first, for a
     buffer being filled from its start (the reads fault the front, this the back, on two cores)."""
     starts = range(0, len(mm), slice_bytes)
-    for start in (reversed(starts) if from_end else starts):
+    for start in reversed(starts) if from_end else starts:
         if not populate(mm, start, min(slice_bytes, len(mm) - start), touch=touch) and not touch:
             return
 
@@ -112,7 +114,7 @@ class BufferPool:
             self._refs.pop(id(ref), None)
             self._free.append(mm)
             self._free.sort(key=len, reverse=True)
-            del self._free[self._max_free:]   # the smallest go: their munmap comes with the last reference
+            del self._free[self._max_free :]  # the smallest go: their munmap comes with the last reference
 
     def prefault(self, n: int) -> None:
         """Have a buffer of at least n bytes faulted in and free (reuses a free one when it fits).
@@ -129,7 +131,7 @@ class BufferPool:
             with self._lock:
                 self._free.append(mm)
                 self._free.sort(key=len, reverse=True)
-                del self._free[self._max_free:]
+                del self._free[self._max_free :]
         finally:
             with self._lock:
                 self._pending.remove((n, done))

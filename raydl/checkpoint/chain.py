@@ -10,6 +10,7 @@ and a look at the word, about a chunk's time apart). When a holder fails, the
 peers after it carry on from the publisher (then from earlier holders).
 Without an RMA provider every peer fetches through the object store instead.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,7 +20,7 @@ from raydl.errors import CheckpointError
 
 __all__ = ["broadcast", "chain_sources"]
 
-DEFAULT_WINDOW = 8 << 20   # the most a peer reads in one go before it looks at its upstream's progress again
+DEFAULT_WINDOW = 8 << 20  # the most a peer reads in one go before it looks at its upstream's progress again
 
 
 def chain_sources(publisher: CheckpointRef, peers: list[CheckpointRef]) -> list[list[CheckpointRef]]:
@@ -27,12 +28,19 @@ def chain_sources(publisher: CheckpointRef, peers: list[CheckpointRef]) -> list[
     earlier holders nearest first. Pure."""
     out = []
     for i in range(len(peers)):
-        out.append([peers[i - 1], publisher, *peers[:max(0, i - 1)][::-1]] if i else [publisher])
+        out.append([peers[i - 1], publisher, *peers[: max(0, i - 1)][::-1]] if i else [publisher])
     return out
 
 
-def broadcast(ref: CheckpointRef, targets: list, *, timeout: float = 120.0, transport: str = "auto",
-              window_bytes: int = DEFAULT_WINDOW, link_gbps: float | None = None) -> list[dict[str, Any]]:
+def broadcast(
+    ref: CheckpointRef,
+    targets: list,
+    *,
+    timeout: float = 120.0,
+    transport: str = "auto",
+    window_bytes: int = DEFAULT_WINDOW,
+    link_gbps: float | None = None,
+) -> list[dict[str, Any]]:
     """Get `ref` to every target, a CheckpointPeer actor handle (see `peer_actor`).
 
     Over fabric the targets form a chain (each serving on what it has);
@@ -56,8 +64,10 @@ def broadcast(ref: CheckpointRef, targets: list, *, timeout: float = 120.0, tran
         results = ray.get([t.fetch.remote(ref, transport="object_store") for t in targets], timeout=timeout)
         return [dict(r, ref=None) for r in results]
     refs = ray.get([t.prepare.remote(ref) for t in targets], timeout=timeout)
-    calls = [t.pull.remote(sources, timeout=timeout, window_bytes=window_bytes, link_gbps=link_gbps)
-             for t, sources in zip(targets, chain_sources(ref, refs))]
+    calls = [
+        t.pull.remote(sources, timeout=timeout, window_bytes=window_bytes, link_gbps=link_gbps)
+        for t, sources in zip(targets, chain_sources(ref, refs))
+    ]
     results, failed = [], []
     for i, call in enumerate(calls):
         try:
@@ -65,6 +75,8 @@ def broadcast(ref: CheckpointRef, targets: list, *, timeout: float = 120.0, tran
         except (ray.exceptions.RayError, CheckpointError) as exc:
             failed.append(f"target {i} ({refs[i].holder}): {exc}")
     if failed:
-        raise CheckpointError(f"broadcast of checkpoint {ref.key[:8]} failed for {len(failed)} of "
-                              f"{len(targets)} targets: " + "; ".join(failed))
+        raise CheckpointError(
+            f"broadcast of checkpoint {ref.key[:8]} failed for {len(failed)} of "
+            f"{len(targets)} targets: " + "; ".join(failed)
+        )
     return results

@@ -10,6 +10,7 @@ When the reads stop making progress, pull() asks what became of the holder
 (see object_store.holder_status): a dead or unpublished holder ends the pull
 within about a second, naming it, instead of after the read timeout.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,9 +26,11 @@ from raydl.errors import CheckpointError, FabricError
 
 __all__ = ["FabricClient", "UpstreamPace", "pull", "verify"]
 
-WATCH_EVERY_S = 1.0       # no completion for this long: ask whether the holder is still there
-UPSTREAM_POLL_S = 0.003   # a broadcast peer's next look at its upstream's progress word, before it knows its pace
-UPSTREAM_POLL_RANGE_S = (0.001, 0.02)   # ... and once it does: about one upstream chunk, within this range
+WATCH_EVERY_S = 1.0  # no completion for this long: ask whether the holder is still there
+UPSTREAM_POLL_S = (
+    0.003  # a broadcast peer's next look at its upstream's progress word, before it knows its pace
+)
+UPSTREAM_POLL_RANGE_S = (0.001, 0.02)  # ... and once it does: about one upstream chunk, within this range
 
 
 class FabricClient:
@@ -35,8 +38,8 @@ class FabricClient:
     ahead of need by prepare(), and a connection per holder read from (up to `max_connections`) on it."""
 
     def __init__(self, max_connections: int = 16) -> None:
-        self._endpoints: dict[Any, Any] = {}   # Client.key -> pyfi.Client
-        self._idle: dict[Any, Any] = {}        # FabricAddress -> Connection
+        self._endpoints: dict[Any, Any] = {}  # Client.key -> pyfi.Client
+        self._idle: dict[Any, Any] = {}  # FabricAddress -> Connection
         self._lock = threading.Lock()
         self._max = max_connections
 
@@ -52,8 +55,14 @@ class FabricClient:
             else:
                 self._endpoints[key] = client
 
-    def connection(self, address, phases: dict[str, float] | None = None, *, timeout: float = 30.0,
-                   watchdog: Callable[[], None] | None = None) -> _Lease:
+    def connection(
+        self,
+        address,
+        phases: dict[str, float] | None = None,
+        *,
+        timeout: float = 30.0,
+        watchdog: Callable[[], None] | None = None,
+    ) -> _Lease:
         """A context manager lending a connection to `address`; a failed transfer drops it.
         A new connection makes its first read now (timeout, watchdog as in pull)."""
         return _Lease(self, address, phases, timeout, watchdog)
@@ -76,8 +85,14 @@ class FabricClient:
         t1 = time.perf_counter()
         conn = client.connect(address)
         try:  # rxm connects on first use
-            conn.read_into(np.empty(8, np.uint8), 0, min(8, address.size), timeout=timeout, watchdog=watchdog,
-                           watch_every=WATCH_EVERY_S)
+            conn.read_into(
+                np.empty(8, np.uint8),
+                0,
+                min(8, address.size),
+                timeout=timeout,
+                watchdog=watchdog,
+                watch_every=WATCH_EVERY_S,
+            )
         except BaseException:
             conn.close()
             raise
@@ -128,20 +143,27 @@ def verify(buf: np.ndarray, ref: CheckpointRef, first: int, last: int, peer: str
     bad = first_corrupt(buf, ref.checksums, ref.chunk_size, first, last)
     if bad is not None:
         i, got = bad
-        raise CheckpointError(f"checkpoint {ref.key[:8]}: chunk {i} from {peer} is corrupt "
-                              f"(xxh3-64 {got:#018x}, expected {ref.checksums[i]:#018x})")
+        raise CheckpointError(
+            f"checkpoint {ref.key[:8]}: chunk {i} from {peer} is corrupt "
+            f"(xxh3-64 {got:#018x}, expected {ref.checksums[i]:#018x})"
+        )
 
 
 def holder_watchdog(ref: CheckpointRef) -> Callable[[], None]:
     """Raises CheckpointError when the holder of `ref` is dead or no longer serves it."""
+
     def watch() -> None:
         state = holder_status(ref.location)
         if state == DEAD:
-            raise CheckpointError(f"checkpoint {ref.key[:8]}: its holder {ref.holder} "
-                                  f"({ref.fabric.peer}) is dead")
+            raise CheckpointError(
+                f"checkpoint {ref.key[:8]}: its holder {ref.holder} ({ref.fabric.peer}) is dead"
+            )
         if state == UNPUBLISHED:
-            raise CheckpointError(f"checkpoint {ref.key[:8]} is no longer published by {ref.holder} "
-                                  f"({ref.fabric.peer}): it was unpublished")
+            raise CheckpointError(
+                f"checkpoint {ref.key[:8]} is no longer published by {ref.holder} "
+                f"({ref.fabric.peer}): it was unpublished"
+            )
+
     return watch
 
 
@@ -153,12 +175,13 @@ class UpstreamPace:
     of a 1 Gbit/s link, and on a starved CPU those looks took the cycles the upstream needed.
     Pure: the caller passes the times."""
 
-    def __init__(self, first_s: float = UPSTREAM_POLL_S,
-                 range_s: tuple[float, float] = UPSTREAM_POLL_RANGE_S) -> None:
+    def __init__(
+        self, first_s: float = UPSTREAM_POLL_S, range_s: tuple[float, float] = UPSTREAM_POLL_RANGE_S
+    ) -> None:
         self._first, (self._lo, self._hi) = first_s, range_s
         self._t: float | None = None
         self._n = -1
-        self._moving = False   # seen it grow once: later growths measure its pace
+        self._moving = False  # seen it grow once: later growths measure its pace
         self._per_chunk: float | None = None
 
     def saw(self, t: float, n: int) -> None:
@@ -187,11 +210,17 @@ class _Landing:
     order, so a chunk past a gap waits for it): a chain peer publishes that to the next one at
     once, chunk by chunk, not window by window."""
 
-    def __init__(self, dst: np.ndarray, ref: CheckpointRef, peer: str, start: int = 0,
-                 on_prefix: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        dst: np.ndarray,
+        ref: CheckpointRef,
+        peer: str,
+        start: int = 0,
+        on_prefix: Callable[[int], None] | None = None,
+    ) -> None:
         self._dst, self._ref, self._peer = dst, ref, peer
-        self._have: dict[int, int] = {}   # digest chunk -> bytes landed so far
-        self._ahead: set[int] = set()     # verified chunks past the prefix
+        self._have: dict[int, int] = {}  # digest chunk -> bytes landed so far
+        self._ahead: set[int] = set()  # verified chunks past the prefix
         self.prefix = start
         self._on_prefix = on_prefix
         self.seconds = 0.0
@@ -223,10 +252,21 @@ class _Landing:
             self._on_prefix(self.prefix)
 
 
-def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: int = 0, timeout: float,
-         chunk_size: int, max_inflight: int, window_bytes: int | None = None, link_gbps: float | None = None,
-         progress_at: int | None = None, on_done: Callable[[int], None] | None = None,
-         phases: dict[str, float] | None = None) -> None:
+def pull(
+    client: FabricClient,
+    ref: CheckpointRef,
+    dst: np.ndarray,
+    *,
+    start: int = 0,
+    timeout: float,
+    chunk_size: int,
+    max_inflight: int,
+    window_bytes: int | None = None,
+    link_gbps: float | None = None,
+    progress_at: int | None = None,
+    on_done: Callable[[int], None] | None = None,
+    phases: dict[str, float] | None = None,
+) -> None:
     """Read chunks [start, end) of the checkpoint from ref.fabric into dst, verifying each as it lands.
 
     progress_at: where in the source's region its progress word sits (a
@@ -243,7 +283,7 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
     n = len(ref.checksums)
     c = ref.chunk_size
     if window_bytes is None and progress_at is None and on_done is None:
-        window = n   # nobody watches the progress: one pipelined read, no drain between windows
+        window = n  # nobody watches the progress: one pipelined read, no drain between windows
     else:
         window = max(1, (window_bytes or 4 * chunk_size * max_inflight) // c)
     done = start
@@ -266,8 +306,13 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
                     if progress_at is None:
                         avail = n
                     else:
-                        conn.read_into(word, offset=progress_at, timeout=timeout, watchdog=watch,
-                                       watch_every=WATCH_EVERY_S)
+                        conn.read_into(
+                            word,
+                            offset=progress_at,
+                            timeout=timeout,
+                            watchdog=watch,
+                            watch_every=WATCH_EVERY_S,
+                        )
                         avail = min(n, int(word[0]))
                         pace.saw(time.monotonic(), avail)
                 if avail <= done:  # the upstream holder has nothing new yet
@@ -275,9 +320,17 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
                     continue
                 end = min(avail, done + window)
                 lo, hi = done * c, min(end * c, ref.size)
-                conn.read_into(dst[lo:hi], offset=lo, chunk_size=chunk_size, max_inflight=max_inflight,
-                               timeout=timeout, watchdog=watch, watch_every=WATCH_EVERY_S, pacer=pacer,
-                               on_chunk=lambda pos, length, lo=lo: landing.landed(lo + pos, length))
+                conn.read_into(
+                    dst[lo:hi],
+                    offset=lo,
+                    chunk_size=chunk_size,
+                    max_inflight=max_inflight,
+                    timeout=timeout,
+                    watchdog=watch,
+                    watch_every=WATCH_EVERY_S,
+                    pacer=pacer,
+                    on_chunk=lambda pos, length, lo=lo: landing.landed(lo + pos, length),
+                )
                 done = end  # every chunk of the window landed, so every one was checked (and on_done heard)
             t2 = time.perf_counter()
     except FabricError as exc:
@@ -286,8 +339,8 @@ def pull(client: FabricClient, ref: CheckpointRef, dst: np.ndarray, *, start: in
         except CheckpointError as why:
             raise why from exc
         raise CheckpointError(
-            f"checkpoint {ref.key[:8]}: transfer from {ref.holder} ({peer}) failed at chunk {done}: "
-            f"{exc}") from exc
+            f"checkpoint {ref.key[:8]}: transfer from {ref.holder} ({peer}) failed at chunk {done}: {exc}"
+        ) from exc
     if phases is not None:
         phases["transfer"] = phases.get("transfer", 0.0) + (t2 - t1) - landing.seconds
         phases["verify"] = phases.get("verify", 0.0) + landing.seconds

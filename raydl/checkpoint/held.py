@@ -7,6 +7,7 @@ map the same pages through /proc/<pid>/fd/<fd> - which is how the object-store
 path serves any held copy on demand, with no copy at rest (see object_store.py).
 Closing a copy closes its descriptor, so a fetcher can tell "unpublished".
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,9 @@ class SharedBuffer:
     def __init__(self, fd: int, size: int, *, writable: bool) -> None:
         self.fd = fd
         self.size = size
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
-                       prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        mm = mmap.mmap(
+            fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        )
         self.array = np.frombuffer(mm, np.uint8)
         self.location = HolderLocation.here(fd)
 
@@ -73,8 +75,8 @@ class HeldCopy:
 
     key: str
     memory: SharedBuffer
-    server: Any = None             # pyfi.Server of the bytes, or None
-    progress: np.ndarray | None = None   # chunks held so far (a receiving peer), served with the bytes
+    server: Any = None  # pyfi.Server of the bytes, or None
+    progress: np.ndarray | None = None  # chunks held so far (a receiving peer), served with the bytes
 
     @property
     def buffer(self) -> np.ndarray:

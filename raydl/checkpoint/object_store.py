@@ -18,6 +18,7 @@ a live one whose copy was unpublished (the descriptor is closed): fetch()
 consults it when a fabric read stops making progress, so a dead publisher is
 an error within seconds rather than after the read timeout.
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,12 +56,15 @@ def _map_holder(loc: HolderLocation, size: int) -> np.ndarray:
     try:
         fd = os.open(f"/proc/{loc.pid}/fd/{loc.fd}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise CheckpointError(f"holder pid {loc.pid} serves nothing at fd {loc.fd} any more "
-                              f"({local_status(loc)}): {exc.strerror}") from exc
+        raise CheckpointError(
+            f"holder pid {loc.pid} serves nothing at fd {loc.fd} any more "
+            f"({local_status(loc)}): {exc.strerror}"
+        ) from exc
     try:
         if os.readlink(f"/proc/self/fd/{fd}") != loc.link or start_time(loc.pid) != loc.started:
-            raise CheckpointError(f"holder pid {loc.pid}: fd {loc.fd} is no longer the checkpoint "
-                                  f"({local_status(loc)})")
+            raise CheckpointError(
+                f"holder pid {loc.pid}: fd {loc.fd} is no longer the checkpoint ({local_status(loc)})"
+            )
         mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
@@ -80,8 +84,9 @@ def _on_node(fn, node_id: str):
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(fn).options(num_cpus=0, max_retries=0,
-                                  scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+    return ray.remote(fn).options(
+        num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+    )
 
 
 def fetch_bytes(ref: CheckpointRef, dst: np.ndarray, *, timeout: float) -> None:
@@ -90,7 +95,9 @@ def fetch_bytes(ref: CheckpointRef, dst: np.ndarray, *, timeout: float) -> None:
 
     loc = ref.location
     if loc is None or loc.node_id is None:
-        raise CheckpointError(f"{ref!r}: its holder has no Ray, so nothing can serve it through the object store")
+        raise CheckpointError(
+            f"{ref!r}: its holder has no Ray, so nothing can serve it through the object store"
+        )
     try:
         src = ray.get(_on_node(_serve_task, loc.node_id).remote(loc, ref.size), timeout=timeout)
     except CheckpointError:
@@ -99,8 +106,9 @@ def fetch_bytes(ref: CheckpointRef, dst: np.ndarray, *, timeout: float) -> None:
         cause = exc.cause if isinstance(getattr(exc, "cause", None), CheckpointError) else None
         if cause is not None:
             raise CheckpointError(f"checkpoint {ref.key[:8]} from {ref.holder}: {cause}") from exc
-        raise CheckpointError(f"checkpoint {ref.key[:8]}: the object store could not serve it from "
-                              f"{ref.holder}: {exc}") from exc
+        raise CheckpointError(
+            f"checkpoint {ref.key[:8]}: the object store could not serve it from {ref.holder}: {exc}"
+        ) from exc
     dst[:] = src
     del src  # the plasma copy can go now
 
@@ -137,5 +145,7 @@ def holder_status(loc: HolderLocation | None, *, timeout: float = 2.0) -> str:
     try:
         return ray.get(_on_node(_status_task, loc.node_id).remote(loc), timeout=timeout)
     except (ray.exceptions.RayError, TimeoutError) as exc:
-        logger.debug("raydl: no answer about holder pid %d after %.1f s: %s", loc.pid, time.monotonic() - t0, exc)
+        logger.debug(
+            "raydl: no answer about holder pid %d after %.1f s: %s", loc.pid, time.monotonic() - t0, exc
+        )
         return DEAD if _node_alive(loc.node_id) is False else UNKNOWN

@@ -1,5 +1,6 @@
 """What travels through Ray: CheckpointRef (where a checkpoint is served, and its digests), and what
 fetch() returns: FetchedCheckpoint."""
+
 from __future__ import annotations
 
 import os
@@ -45,12 +46,12 @@ class HolderLocation:
     copy on demand, and how a fetcher tells a dead holder (no such process)
     from an unpublished copy (the descriptor is gone)."""
 
-    node_id: str | None   # the holder's Ray node, None when it has no Ray
-    machine: str          # this_machine() of the holder
+    node_id: str | None  # the holder's Ray node, None when it has no Ray
+    machine: str  # this_machine() of the holder
     pid: int
-    started: int | None   # start_time(pid)
+    started: int | None  # start_time(pid)
     fd: int
-    link: str             # os.readlink(/proc/<pid>/fd/<fd>) while published
+    link: str  # os.readlink(/proc/<pid>/fd/<fd>) while published
 
     @classmethod
     def here(cls, fd: int) -> HolderLocation:
@@ -63,8 +64,14 @@ class HolderLocation:
         except Exception:  # noqa: BLE001 - no Ray here: no object-store path
             pass
         pid = os.getpid()
-        return cls(node_id=node_id, machine=this_machine(), pid=pid, started=start_time(pid), fd=fd,
-                   link=os.readlink(f"/proc/self/fd/{fd}"))
+        return cls(
+            node_id=node_id,
+            machine=this_machine(),
+            pid=pid,
+            started=start_time(pid),
+            fd=fd,
+            link=os.readlink(f"/proc/self/fd/{fd}"),
+        )
 
 
 def holder_name() -> str:
@@ -95,8 +102,10 @@ class CheckpointRef:
         return tuple(t for t, ok in (("fabric", self.fabric is not None), ("object_store", store)) if ok)
 
     def __repr__(self) -> str:
-        return (f"CheckpointRef(key={self.key[:8]}…, size={self.size}, chunks={len(self.checksums)}, "
-                f"holder={self.holder!r}, transports={self.transports})")
+        return (
+            f"CheckpointRef(key={self.key[:8]}…, size={self.size}, chunks={len(self.checksums)}, "
+            f"holder={self.holder!r}, transports={self.transports})"
+        )
 
 
 class FetchedCheckpoint(dict):

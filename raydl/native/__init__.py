@@ -5,6 +5,7 @@ calls the C kernel (cffi, GIL released) when it was built, and otherwise a
 numpy/Pillow fallback that gives the same geometry, after one warning that says
 why the kernel is missing and how to build it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,8 +21,15 @@ from raydl.errors import DecodeError, NativeKernelError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["crop_resize_into", "jpeg_available", "jpeg_crop_resize_into", "jpeg_crop_resize_many", "kernel_status",
-           "native_available", "simd"]
+__all__ = [
+    "crop_resize_into",
+    "jpeg_available",
+    "jpeg_crop_resize_into",
+    "jpeg_crop_resize_many",
+    "kernel_status",
+    "native_available",
+    "simd",
+]
 
 _OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED = 0, -1, -2, -3, -4
 _ERR_LEN = 200  # bytes for one native error message
@@ -43,8 +51,11 @@ def _import(module: str, missing: str) -> tuple[Any, Any, str]:
 @functools.lru_cache(maxsize=1)
 def _load() -> tuple[Any, Any, str]:
     """The crop/resize kernels."""
-    return _import("_kernels", "reinstall raydl with a C compiler present (`pip install -e .`) or run "
-                               "`python -m raydl.native._build_kernels`")
+    return _import(
+        "_kernels",
+        "reinstall raydl with a C compiler present (`pip install -e .`) or run "
+        "`python -m raydl.native._build_kernels`",
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,7 +79,9 @@ def kernel_status() -> str:
     ffi, lib, reason = _load()
     if lib is None:
         return f"numpy/Pillow fallback: {reason}"
-    jpeg = "region JPEG decode (libjpeg-turbo)" if jpeg_available() else f"whole-JPEG decode ({_load_jpeg()[2]})"
+    jpeg = (
+        "region JPEG decode (libjpeg-turbo)" if jpeg_available() else f"whole-JPEG decode ({_load_jpeg()[2]})"
+    )
     path = "AVX2" if lib.raydl_simd(-1) else "portable C"
     return f"native C kernel (cffi, fixed-point resampler, {path}), {jpeg}"
 
@@ -124,9 +137,21 @@ def crop_resize_into(
         return
     scale_c, bias_c = _affine(ffi, fmt, scale, bias)
     rc = lib.raydl_crop_resize(
-        ffi.from_buffer("uint8_t[]", src), src.shape[0], src.shape[1], src.strides[0],
-        float(box[0]), float(box[1]), float(box[2]), float(box[3]),
-        out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, ffi.from_buffer(out, require_writable=True),
+        ffi.from_buffer("uint8_t[]", src),
+        src.shape[0],
+        src.shape[1],
+        src.strides[0],
+        float(box[0]),
+        float(box[1]),
+        float(box[2]),
+        float(box[3]),
+        out_h,
+        out_w,
+        int(bool(flip)),
+        fmt,
+        scale_c,
+        bias_c,
+        ffi.from_buffer(out, require_writable=True),
     )
     if rc != _OK:
         raise NativeKernelError(
@@ -161,10 +186,23 @@ def jpeg_crop_resize_into(
     scale_c, bias_c = _affine(ffi, fmt, scale, bias)
     err = ffi.new("char[]", _ERR_LEN)
     rc = lib.raydl_jpeg_crop_resize(
-        ffi.from_buffer("uint8_t[]", data), len(data),
-        float(box[0]), float(box[1]), float(box[2]), float(box[3]),
-        out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, ffi.from_buffer(out, require_writable=True),
-        int(scale_denom), int(bool(fast)), err, _ERR_LEN,
+        ffi.from_buffer("uint8_t[]", data),
+        len(data),
+        float(box[0]),
+        float(box[1]),
+        float(box[2]),
+        float(box[3]),
+        out_h,
+        out_w,
+        int(bool(flip)),
+        fmt,
+        scale_c,
+        bias_c,
+        ffi.from_buffer(out, require_writable=True),
+        int(scale_denom),
+        int(bool(fast)),
+        err,
+        _ERR_LEN,
     )
     status = _jpeg_status(rc, ffi.string(err), box, out.shape)
     if isinstance(status, Exception):
@@ -195,8 +233,10 @@ def jpeg_crop_resize_many(
     if lib is None:
         return None
     if not hasattr(lib, "raydl_jpeg_crop_resize_many"):  # a module built before it existed: one call each
-        return [_try_one(d, b, o, flip=f, scale=scale, bias=bias, scale_denom=s, fast=fast)
-                for d, b, o, f, s in zip(data, boxes, outs, flips, scale_denoms, strict=True)]
+        return [
+            _try_one(d, b, o, flip=f, scale=scale, bias=bias, scale_denom=s, fast=fast)
+            for d, b, o, f, s in zip(data, boxes, outs, flips, scale_denoms, strict=True)
+        ]
     n = len(data)
     if not (len(boxes) == len(outs) == len(flips) == len(scale_denoms) == n):
         raise ValueError("data, boxes, outs, flips and scale_denoms must have one entry per sample")
@@ -205,7 +245,9 @@ def jpeg_crop_resize_many(
     out_h, out_w, fmt = _out_format(outs[0], scale, bias)
     for out in outs:
         if out.shape != outs[0].shape or out.dtype != outs[0].dtype or not out.flags.c_contiguous:
-            raise ValueError(f"outs must be C-contiguous slots of one shape and dtype, got {out.dtype} {out.shape}")
+            raise ValueError(
+                f"outs must be C-contiguous slots of one shape and dtype, got {out.dtype} {out.shape}"
+            )
     scale_c, bias_c = _affine(ffi, fmt, scale, bias)
     keep = [ffi.from_buffer("uint8_t[]", d) for d in data]
     dsts = [ffi.from_buffer(out, require_writable=True) for out in outs]
@@ -214,13 +256,27 @@ def jpeg_crop_resize_many(
     ints[0], ints[1] = [bool(f) for f in flips], scale_denoms
     err = ffi.new("char[]", _ERR_LEN * n)
     lib.raydl_jpeg_crop_resize_many(
-        n, ffi.new("uint8_t *[]", keep), ffi.new("size_t[]", [len(d) for d in data]),
-        ffi.from_buffer("double[]", box_arr), ffi.from_buffer("int[]", ints[0]), ffi.from_buffer("int[]", ints[1]),
-        out_h, out_w, fmt, scale_c, bias_c, ffi.new("void *[]", dsts), int(bool(fast)),
-        ffi.from_buffer("int[]", ints[2], require_writable=True), err, _ERR_LEN,
+        n,
+        ffi.new("uint8_t *[]", keep),
+        ffi.new("size_t[]", [len(d) for d in data]),
+        ffi.from_buffer("double[]", box_arr),
+        ffi.from_buffer("int[]", ints[0]),
+        ffi.from_buffer("int[]", ints[1]),
+        out_h,
+        out_w,
+        fmt,
+        scale_c,
+        bias_c,
+        ffi.new("void *[]", dsts),
+        int(bool(fast)),
+        ffi.from_buffer("int[]", ints[2], require_writable=True),
+        err,
+        _ERR_LEN,
     )
-    return [_jpeg_status(int(rc), ffi.string(err + i * _ERR_LEN) if rc != _OK else b"", boxes[i], outs[i].shape)
-            for i, rc in enumerate(ints[2].tolist())]
+    return [
+        _jpeg_status(int(rc), ffi.string(err + i * _ERR_LEN) if rc != _OK else b"", boxes[i], outs[i].shape)
+        for i, rc in enumerate(ints[2].tolist())
+    ]
 
 
 def _try_one(data: bytes, box, out: np.ndarray, **kwargs) -> bool | Exception:
@@ -251,7 +307,9 @@ def _out_format(out: np.ndarray, scale, bias) -> tuple[int, int, int]:
         for name, v in (("scale", scale), ("bias", bias)):
             a = None if v is None else np.asarray(v, dtype=np.float32)
             if a is None or a.shape != (3,) or not np.isfinite(a).all():
-                raise ValueError(f"float32 output needs {name} of 3 finite values (one per channel), got {v!r}")
+                raise ValueError(
+                    f"float32 output needs {name} of 3 finite values (one per channel), got {v!r}"
+                )
         return out.shape[1], out.shape[2], 1
     raise ValueError(f"out must be uint8 (H, W, 3) or float32 (3, H, W), got {out.dtype} {out.shape}")
 
@@ -267,8 +325,10 @@ def _affine(ffi, fmt: int, scale, bias):
     """C pointers to the per-channel scale and bias (checked by _out_format; NULL for uint8 output)."""
     if fmt == 0:
         return ffi.NULL, ffi.NULL
-    return (ffi.from_buffer("float[]", np.ascontiguousarray(scale, dtype=np.float32)),
-            ffi.from_buffer("float[]", np.ascontiguousarray(bias, dtype=np.float32)))
+    return (
+        ffi.from_buffer("float[]", np.ascontiguousarray(scale, dtype=np.float32)),
+        ffi.from_buffer("float[]", np.ascontiguousarray(bias, dtype=np.float32)),
+    )
 
 
 def _crop_resize_python(src, box, out, *, flip, scale, bias) -> None:
@@ -286,6 +346,7 @@ def _crop_resize_python(src, box, out, *, flip, scale, bias) -> None:
     if out.dtype == np.uint8:
         out[...] = arr
     else:
-        out[...] = arr.transpose(2, 0, 1) * np.asarray(scale, np.float32)[:, None, None] + np.asarray(
-            bias, np.float32
-        )[:, None, None]
+        out[...] = (
+            arr.transpose(2, 0, 1) * np.asarray(scale, np.float32)[:, None, None]
+            + np.asarray(bias, np.float32)[:, None, None]
+        )

@@ -9,6 +9,7 @@
 setup.py builds both at install time (`cffi_modules`); by hand:
 `python -m raydl.native._build_kernels` builds them in place.
 """
+
 from cffi import FFI
 
 _COMMON = """
@@ -39,18 +40,23 @@ void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t
 # Paths relative to the project root: setup.py runs the build from there.
 # -ffp-contract=off: value * scale + bias stays a multiply then an add (no FMA) in every path, so the AVX2
 # and portable float outputs are the same floats.
-_ARGS = dict(include_dirs=["raydl/native"], extra_compile_args=["-O3", "-std=gnu99", "-ffp-contract=off"],
-             libraries=["m"])
+_ARGS = dict(
+    include_dirs=["raydl/native"],
+    extra_compile_args=["-O3", "-std=gnu99", "-ffp-contract=off"],
+    libraries=["m"],
+)
 
 ffibuilder = FFI()
 ffibuilder.cdef(_COMMON)
-ffibuilder.set_source("raydl.native._kernels", '#include "kernels.h"',
-                      sources=["raydl/native/kernels.c"], **_ARGS)
+ffibuilder.set_source(
+    "raydl.native._kernels", '#include "kernels.h"', sources=["raydl/native/kernels.c"], **_ARGS
+)
 
 jpeg_ffibuilder = FFI()
 jpeg_ffibuilder.cdef(_COMMON + _JPEG)
 jpeg_ffibuilder.set_source(
-    "raydl.native._jpeg", '#include "kernels.h"',
+    "raydl.native._jpeg",
+    '#include "kernels.h"',
     sources=["raydl/native/jpeg.c", "raydl/native/kernels.c"],
     **{**_ARGS, "libraries": ["jpeg", "m"]},
 )

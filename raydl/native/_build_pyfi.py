@@ -15,6 +15,7 @@ the headers are missing; by hand: `python -m raydl.native._build_pyfi`.
 Structs are declared partially (`...;`) so the compiler fills in the layout of
 the installed libfabric.
 """
+
 from cffi import FFI
 
 _CDEF = """

@@ -6,6 +6,7 @@
 
 Unbalanced braces are a ValueError naming the pattern.
 """
+
 from __future__ import annotations
 
 import re
@@ -70,11 +71,13 @@ def expand_braces(pattern: str) -> list[str]:
     close_only = pattern.find("}")
     if i < 0:
         if close_only >= 0:
-            raise ValueError(f"malformed brace pattern {pattern!r}: a '}}' at position {close_only} has no '{{'")
+            raise ValueError(
+                f"malformed brace pattern {pattern!r}: a '}}' at position {close_only} has no '{{'"
+            )
         return [pattern]
     if 0 <= close_only < i:
         raise ValueError(f"malformed brace pattern {pattern!r}: a '}}' at position {close_only} has no '{{'")
     j = _matching(pattern, i)
-    head, body, tail = pattern[:i], pattern[i + 1:j], pattern[j + 1:]
+    head, body, tail = pattern[:i], pattern[i + 1 : j], pattern[j + 1 :]
     tails = expand_braces(tail)
     return [head + mid + t for mid in _alternatives(body, pattern) for t in tails]

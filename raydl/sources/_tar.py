@@ -7,6 +7,7 @@ pax `path`/`size` records are honoured, as Python's tarfile (and so the
 webdataset library) reads them. A header that does not parse or a member that
 runs past the end is a DataSourceError naming the shard and the offset.
 """
+
 from __future__ import annotations
 
 import tarfile
@@ -33,7 +34,9 @@ class Member:
 @dataclass
 class TarIndex:
     members: list[Member]
-    small: dict[int, bytes]  # member index -> payload, for members that came with the headers (<= small_limit)
+    small: dict[
+        int, bytes
+    ]  # member index -> payload, for members that came with the headers (<= small_limit)
 
 
 def _round_up(n: int) -> int:
@@ -42,7 +45,7 @@ def _round_up(n: int) -> int:
 
 def _pax_records(data: bytes, uri: str, offset: int) -> dict[str, str]:
     out, pos = {}, 0
-    while pos < len(data) and data[pos:pos + 1] not in (b"\0", b""):
+    while pos < len(data) and data[pos : pos + 1] not in (b"\0", b""):
         space = data.find(b" ", pos)
         try:
             length = int(data[pos:space])
@@ -50,15 +53,16 @@ def _pax_records(data: bytes, uri: str, offset: int) -> dict[str, str]:
             raise DataSourceError(f"{uri}: corrupt pax header at offset {offset}", uri=uri) from exc
         if length <= 0:
             raise DataSourceError(f"{uri}: corrupt pax header at offset {offset}", uri=uri)
-        record = data[space + 1:pos + length - 1]
+        record = data[space + 1 : pos + length - 1]
         key, _, value = record.partition(b"=")
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return out
 
 
-def index_tar(read: Callable[[int, int], bytes], size: int, uri: str, *, window: int = 16 << 10,
-              small_limit: int = 4096) -> TarIndex:
+def index_tar(
+    read: Callable[[int, int], bytes], size: int, uri: str, *, window: int = 16 << 10, small_limit: int = 4096
+) -> TarIndex:
     """Members of the uncompressed tar `uri` of `size` bytes; `read(offset, length)` fetches bytes."""
     buf_start, buf = 0, b""
 
@@ -66,10 +70,14 @@ def index_tar(read: Callable[[int, int], bytes], size: int, uri: str, *, window:
         nonlocal buf_start, buf
         if not (buf_start <= off and off + n <= buf_start + len(buf)):
             buf_start, buf = off, read(off, min(max(n, window), size - off))
-        return buf[off - buf_start:off - buf_start + n]
+        return buf[off - buf_start : off - buf_start + n]
 
     def cached(off: int, n: int) -> bytes | None:
-        return buf[off - buf_start:off - buf_start + n] if buf_start <= off and off + n <= buf_start + len(buf) else None
+        return (
+            buf[off - buf_start : off - buf_start + n]
+            if buf_start <= off and off + n <= buf_start + len(buf)
+            else None
+        )
 
     members: list[Member] = []
     small: dict[int, bytes] = {}
@@ -83,13 +91,21 @@ def index_tar(read: Callable[[int, int], bytes], size: int, uri: str, *, window:
         try:
             info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
         except tarfile.HeaderError as exc:
-            raise DataSourceError(f"{uri}: corrupt tar header at offset {pos} ({exc}); the shard is damaged",
-                                  uri=uri) from exc
+            raise DataSourceError(
+                f"{uri}: corrupt tar header at offset {pos} ({exc}); the shard is damaged", uri=uri
+            ) from exc
         data_at = pos + BLOCK
-        n = int(pax.get("size", info.size)) if info.type not in (tarfile.XHDTYPE, tarfile.XGLTYPE) else info.size
+        n = (
+            int(pax.get("size", info.size))
+            if info.type not in (tarfile.XHDTYPE, tarfile.XGLTYPE)
+            else info.size
+        )
         if data_at + n > size:
-            raise DataSourceError(f"{uri}: truncated tar shard: the member at offset {pos} needs {n} bytes from "
-                                  f"offset {data_at}, but the shard ends at {size}", uri=uri)
+            raise DataSourceError(
+                f"{uri}: truncated tar shard: the member at offset {pos} needs {n} bytes from "
+                f"offset {data_at}, but the shard ends at {size}",
+                uri=uri,
+            )
         if info.type == tarfile.GNUTYPE_LONGNAME:
             long_name = get(data_at, n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif info.type == tarfile.XHDTYPE:
@@ -108,5 +124,7 @@ def index_tar(read: Callable[[int, int], bytes], size: int, uri: str, *, window:
         pos = data_at + _round_up(n)
     else:
         if pos < size and size - pos < BLOCK:  # not a whole header left
-            raise DataSourceError(f"{uri}: truncated tar shard: {size - pos} stray bytes at offset {pos}", uri=uri)
+            raise DataSourceError(
+                f"{uri}: truncated tar shard: {size - pos} stray bytes at offset {pos}", uri=uri
+            )
     return TarIndex(members, small)

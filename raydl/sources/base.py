@@ -1,4 +1,5 @@
 """The source interface, as the loader worker uses it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

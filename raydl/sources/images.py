@@ -1,4 +1,5 @@
 """Image folders: every image file under a root is a sample, labelled by its top-level folder."""
+
 from __future__ import annotations
 
 from raydl.catalog import Catalog, make_catalog
@@ -32,7 +33,7 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     prefix = root if scheme == "file" or root.endswith("/") else root + "/"
     entries = []
     for obj in storage.list(prefix):
-        key = obj.uri[len(prefix):].lstrip("/") if obj.uri.startswith(prefix) else obj.uri
+        key = obj.uri[len(prefix) :].lstrip("/") if obj.uri.startswith(prefix) else obj.uri
         if scheme == "file":
             key = key.replace("\\", "/")
         if key.lower().endswith(IMAGE_EXTENSIONS):
@@ -58,7 +59,14 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     n = len(entries)
     objects = [obj for _, obj in entries]
     return make_catalog(
-        root=root, storage=storage, source=WholeRanges(), shards=objects,
-        shard=range(n), offset=[0] * n, length=[obj.size for _, obj in entries], label=label_values,
-        key=keys, classes=classes,
+        root=root,
+        storage=storage,
+        source=WholeRanges(),
+        shards=objects,
+        shard=range(n),
+        offset=[0] * n,
+        length=[obj.size for _, obj in entries],
+        label=label_values,
+        key=keys,
+        classes=classes,
     )

@@ -8,6 +8,7 @@ worker fetches each needed column chunk once per batch (equal ranges
 coalesce), decodes it with pyarrow over just those bytes and the footer, and
 keeps the last few decoded row groups, so neighbouring rows cost nothing more.
 """
+
 from __future__ import annotations
 
 import collections
@@ -61,26 +62,28 @@ class _SparseFile(io.RawIOBase):
         n = min(n, self._size - self._pos)
         for start, data in self._pieces.items():
             if start <= self._pos and self._pos + n <= start + len(data):
-                out = data[self._pos - start:self._pos - start + n]
+                out = data[self._pos - start : self._pos - start + n]
                 self._pos += n
                 return out
         raise OSError(f"{self._uri}: bytes [{self._pos}, {self._pos + n}) were not fetched")
 
     def readinto(self, b) -> int:
         data = self.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
 
 def parse_footer(tail: bytes) -> pq.FileMetaData:
     """The FileMetaData in a file's tail (its last bytes: metadata, length, magic), without the rest of the file."""
     (meta_len,) = struct.unpack("<I", tail[-8:-4])
-    return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-(meta_len + 8):]))
+    return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-(meta_len + 8) :]))
 
 
 def _open(uri: str, size: int, md: pq.FileMetaData, pieces: dict[int, bytes]) -> pq.ParquetFile:
     """A ParquetFile over the fetched `pieces` only; the metadata is given, so its footer is not read again."""
-    return pq.ParquetFile(pa.PythonFile(_SparseFile(uri, size, pieces), mode="r"), metadata=md, pre_buffer=False)
+    return pq.ParquetFile(
+        pa.PythonFile(_SparseFile(uri, size, pieces), mode="r"), metadata=md, pre_buffer=False
+    )
 
 
 def read_footer(storage: Storage, info: ObjectInfo) -> tuple[int, bytes]:
@@ -95,7 +98,9 @@ def read_footer(storage: Storage, info: ObjectInfo) -> tuple[int, bytes]:
     (meta_len,) = struct.unpack("<I", tail[-8:-4])
     need = meta_len + 8
     if need > info.size - 4:
-        raise DataSourceError(f"{info.uri}: corrupt Parquet footer (metadata length {meta_len})", uri=info.uri)
+        raise DataSourceError(
+            f"{info.uri}: corrupt Parquet footer (metadata length {meta_len})", uri=info.uri
+        )
     if need > len(tail):
         start = info.size - need
         tail = storage.read_range(info.uri, start, need, etag=etag)
@@ -143,7 +148,9 @@ def _index_file(storage: Storage, info: ObjectInfo, image_column: str, label_col
         for rg in range(md.num_row_groups):
             col = pf.read_row_group(rg, columns=[label_column]).column(0)
             if not (pa.types.is_integer(col.type)):
-                raise ValueError(f"{info.uri}: label column {label_column!r} is {col.type}, not an integer column")
+                raise ValueError(
+                    f"{info.uri}: label column {label_column!r} is {col.type}, not an integer column"
+                )
             labels.append(col.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
     return _FileIndex(footer, md, leaf), labels
 
@@ -153,7 +160,7 @@ def expand_paths(paths, storage: Storage) -> list[ObjectInfo]:
     from raydl.sources.webdataset import expand_urls
 
     out: list[ObjectInfo] = []
-    for p in ([paths] if isinstance(paths, str) else list(paths)):
+    for p in [paths] if isinstance(paths, str) else list(paths):
         scheme, _ = split_scheme(p)
         is_dir = os.path.isdir(p) if scheme == "file" else p.endswith("/")
         if is_dir:
@@ -188,11 +195,24 @@ def list_parquet(paths, *, storage: Storage, image_column: str, label_column: st
     if not key:
         raise DataSourceError(f"no rows in {len(files)} Parquet file(s) of {paths!r}", uri=files[0].uri)
     root = os.path.commonprefix([f.uri for f in files])
-    root = root[:root.rfind("/") + 1] if "/" in root else ""
-    source = ParquetSource(image_column=image_column, footers=tuple(fi.footer for fi, _ in indexed),
-                           image_leaves=tuple(fi.image_leaf for fi, _ in indexed))
-    return make_catalog(root=root, storage=storage, source=source, shards=files, shard=shard, offset=offset,
-                        length=length, row=row, label=np.concatenate(label), key=key)
+    root = root[: root.rfind("/") + 1] if "/" in root else ""
+    source = ParquetSource(
+        image_column=image_column,
+        footers=tuple(fi.footer for fi, _ in indexed),
+        image_leaves=tuple(fi.image_leaf for fi, _ in indexed),
+    )
+    return make_catalog(
+        root=root,
+        storage=storage,
+        source=source,
+        shards=files,
+        shard=shard,
+        offset=offset,
+        length=length,
+        row=row,
+        label=np.concatenate(label),
+        key=key,
+    )
 
 
 _cache: collections.OrderedDict = collections.OrderedDict()
@@ -230,14 +250,19 @@ class ParquetSource:
                 md = parse_footer(footer[1])
                 pf = _open(f"Parquet file {shard}", footer[0] + len(footer[1]), md, {offset: data})
                 leaf = self.image_leaves[shard]
-                rg = next((g for g in range(md.num_row_groups) if _chunk_range(md, g, leaf)[0] == offset), None)
+                rg = next(
+                    (g for g in range(md.num_row_groups) if _chunk_range(md, g, leaf)[0] == offset), None
+                )
                 if rg is None:
-                    raise DataSourceError(f"no row group's {self.image_column!r} chunk starts at offset {offset}")
+                    raise DataSourceError(
+                        f"no row group's {self.image_column!r} chunk starts at offset {offset}"
+                    )
                 path = md.schema.column(leaf).path  # "image", or "image.bytes" of a struct column
                 col = pf.read_row_group(rg, columns=[path]).column(0).combine_chunks()
             except (OSError, pa.ArrowException) as exc:
-                raise DataSourceError(f"cannot decode the {self.image_column!r} column chunk at offset {offset}: "
-                                      f"{exc}") from exc
+                raise DataSourceError(
+                    f"cannot decode the {self.image_column!r} column chunk at offset {offset}: {exc}"
+                ) from exc
             while pa.types.is_struct(col.type):
                 col = col.field(0)
             with _cache_lock:

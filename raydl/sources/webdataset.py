@@ -14,6 +14,7 @@ Compressed shards (.tar.gz, .tgz) cannot be read by range: they are read
 whole, decompressed, indexed in memory, and in the loader read whole again
 (a few are cached per process); prefer uncompressed shards for shuffled reads.
 """
+
 from __future__ import annotations
 
 import collections
@@ -73,8 +74,9 @@ def group_samples(names: list[str], uri: str) -> list[WdsSample]:
             cur = WdsSample(key, {})
             out.append(cur)
         if ext in cur.fields:
-            raise DataSourceError(f"{uri}: duplicate member {name!r} in sample {key!r} (field {ext!r} twice)",
-                                  uri=uri)
+            raise DataSourceError(
+                f"{uri}: duplicate member {name!r} in sample {key!r} (field {ext!r} twice)", uri=uri
+            )
         cur.fields[ext] = i
     return out
 
@@ -103,8 +105,10 @@ def expand_urls(urls: str | list[str] | tuple[str, ...], storage_of) -> list[Obj
                     found += [storage.stat(p) for p in sorted(glob.glob(url)) if os.path.isfile(p)]
                 else:
                     head = re.split(r"[*?\[]", url, maxsplit=1)[0]
-                    found += sorted((o for o in storage.list(head) if fnmatch.fnmatchcase(o.uri, url)),
-                                    key=lambda o: o.uri)
+                    found += sorted(
+                        (o for o in storage.list(head) if fnmatch.fnmatchcase(o.uri, url)),
+                        key=lambda o: o.uri,
+                    )
                 continue
             try:
                 found.append(storage.stat(url))
@@ -124,17 +128,20 @@ def expand_urls(urls: str | list[str] | tuple[str, ...], storage_of) -> list[Obj
 def _index_shard(storage: Storage, info: ObjectInfo) -> TarIndex:
     if _is_compressed(info.uri):
         stream = _decompressed(storage, info.uri, info.etag, info.size)
-        return index_tar(lambda off, n: stream[off:off + n], len(stream), info.uri, small_limit=1 << 20)
-    return index_tar(lambda off, n: storage.read_range(info.uri, off, n, etag=info.etag or None),
-                     info.size, info.uri)
+        return index_tar(lambda off, n: stream[off : off + n], len(stream), info.uri, small_limit=1 << 20)
+    return index_tar(
+        lambda off, n: storage.read_range(info.uri, off, n, etag=info.etag or None), info.size, info.uri
+    )
 
 
 def _label(payload: bytes, uri: str, key: str, field: str) -> int:
     try:
         return int(payload.decode("utf-8").strip())
     except (UnicodeDecodeError, ValueError) as exc:
-        raise DataSourceError(f"{uri}: sample {key!r} has a {field!r} member {payload[:40]!r} that is not an "
-                              "integer label", uri=uri) from exc
+        raise DataSourceError(
+            f"{uri}: sample {key!r} has a {field!r} member {payload[:40]!r} that is not an integer label",
+            uri=uri,
+        ) from exc
 
 
 def list_webdataset(urls, *, storage_of, image_fields: tuple[str, ...], label_field: str | None) -> Catalog:
@@ -168,20 +175,34 @@ def list_webdataset(urls, *, storage_of, image_fields: tuple[str, ...], label_fi
             label.append(value)
             key.append(sample.key)
     if no_image:
-        logger.warning("raydl: %d webdataset samples have none of the image fields %s and are left out",
-                       no_image, list(fields))
+        logger.warning(
+            "raydl: %d webdataset samples have none of the image fields %s and are left out",
+            no_image,
+            list(fields),
+        )
     if not key:
-        raise DataSourceError(f"no samples with an image field {list(fields)} in {len(shards)} shard(s) of "
-                              f"{urls!r}", uri=shards[0].uri)
+        raise DataSourceError(
+            f"no samples with an image field {list(fields)} in {len(shards)} shard(s) of {urls!r}",
+            uri=shards[0].uri,
+        )
     root = os.path.commonprefix([s.uri for s in shards])
-    root = root[:root.rfind("/") + 1] if "/" in root else ""
-    return make_catalog(root=root, storage=storages[0], source=WebDatasetSource(), shards=shards,
-                        shard=shard_col, offset=offset, length=length, label=label, key=key)
+    root = root[: root.rfind("/") + 1] if "/" in root else ""
+    return make_catalog(
+        root=root,
+        storage=storages[0],
+        source=WebDatasetSource(),
+        shards=shards,
+        shard=shard_col,
+        offset=offset,
+        length=length,
+        label=label,
+        key=key,
+    )
 
 
 def _member_bytes(storage: Storage, info: ObjectInfo, m: Member) -> bytes:
     if _is_compressed(info.uri):
-        return _decompressed(storage, info.uri, info.etag, info.size)[m.offset:m.offset + m.size]
+        return _decompressed(storage, info.uri, info.etag, info.size)[m.offset : m.offset + m.size]
     return storage.read_range(info.uri, m.offset, m.size, etag=info.etag or None)
 
 
@@ -220,9 +241,12 @@ class WebDatasetSource:
         if _is_compressed(shard.uri):
             stream = _decompressed(storage, shard.uri, shard.etag, shard.size)
             if offset + length > len(stream):
-                raise ObjectChangedError(f"{shard.uri} changed after it was listed: its stream ends before offset "
-                                         f"{offset + length}", uri=shard.uri)
-            return stream[offset:offset + length]
+                raise ObjectChangedError(
+                    f"{shard.uri} changed after it was listed: its stream ends before offset "
+                    f"{offset + length}",
+                    uri=shard.uri,
+                )
+            return stream[offset : offset + length]
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
     def cut(self, shard: int, offset: int, length: int, row: int, data: bytes) -> bytes:

@@ -1,4 +1,5 @@
 """Where sample bytes come from: one small interface (base.py), local disk and S3 behind it."""
+
 from __future__ import annotations
 
 from raydl.storage.base import ObjectInfo, Storage, split_scheme
@@ -18,13 +19,15 @@ def storage_for(uri: str, s3=None) -> Storage:
         from raydl.storage.s3 import S3Storage
 
         return S3Storage(s3)
-    raise ValueError(f"unsupported URL scheme {scheme!r} in {uri!r}; raydl reads {', '.join(_SCHEMES)} "
-                     "(local paths need no scheme)")
+    raise ValueError(
+        f"unsupported URL scheme {scheme!r} in {uri!r}; raydl reads {', '.join(_SCHEMES)} "
+        "(local paths need no scheme)"
+    )
 
 
 def resolve(uri: str, s3=None) -> tuple[Storage, str]:
     """(storage, uri as that storage names it): "file:///x" becomes "/x"."""
     storage = storage_for(uri, s3)
     if uri.startswith("file://"):
-        uri = uri[len("file://"):]
+        uri = uri[len("file://") :]
     return storage, uri

@@ -7,6 +7,7 @@ process (open files, a boto3 client) is built lazily in that process and
 never pickled. Every failure is a DataSourceError naming the URI, and the
 offset when there is one, raised `from` the lower-level error.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

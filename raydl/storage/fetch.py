@@ -10,6 +10,7 @@ Retry: a pure policy says whether an attempt that failed with a given kind of
 error is tried again and after how long (exponential backoff with full
 jitter), bounded in count and in total time.
 """
+
 from __future__ import annotations
 
 import random
@@ -37,8 +38,12 @@ class Block:
         return self.offset + self.length
 
 
-def coalesce(ranges: Sequence[tuple[int, int, int]], *, max_gap: int = DEFAULT_MAX_GAP,
-             max_block: int = DEFAULT_MAX_BLOCK) -> list[Block]:
+def coalesce(
+    ranges: Sequence[tuple[int, int, int]],
+    *,
+    max_gap: int = DEFAULT_MAX_GAP,
+    max_block: int = DEFAULT_MAX_BLOCK,
+) -> list[Block]:
     """Merge (shard, offset, length) ranges into blocks; every range lies wholly inside exactly one block.
 
     Ranges of one shard, sorted by offset, join the current block while the
@@ -99,15 +104,21 @@ class RetryPolicy:
         """
         if not retryable or attempt + 1 >= self.attempts:
             return None
-        wait = rand * min(self.max_delay_s, self.base_delay_s * (2 ** attempt))
+        wait = rand * min(self.max_delay_s, self.base_delay_s * (2**attempt))
         if elapsed_s + wait > self.deadline_s:
             return None
         return wait
 
 
-def call_with_retries(fn: Callable[[], bytes], policy: RetryPolicy, *, is_retryable: Callable[[BaseException], bool],
-                      clock: Callable[[], float], sleep: Callable[[float], None],
-                      rng: random.Random | None = None):
+def call_with_retries(
+    fn: Callable[[], bytes],
+    policy: RetryPolicy,
+    *,
+    is_retryable: Callable[[BaseException], bool],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    rng: random.Random | None = None,
+):
     """fn() under `policy`: the last failure is re-raised when the policy gives up."""
     rng = rng or random.Random()
     start = clock()
@@ -116,7 +127,9 @@ def call_with_retries(fn: Callable[[], bytes], policy: RetryPolicy, *, is_retrya
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - is_retryable decides; the rest re-raise unchanged
-            wait = policy.delay(attempt, retryable=is_retryable(exc), elapsed_s=clock() - start, rand=rng.random())
+            wait = policy.delay(
+                attempt, retryable=is_retryable(exc), elapsed_s=clock() - start, rand=rng.random()
+            )
             if wait is None:
                 raise
         sleep(wait)

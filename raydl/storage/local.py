@@ -1,4 +1,5 @@
 """Local disk: os.pread through a per-process cache of open files."""
+
 from __future__ import annotations
 
 import collections
@@ -91,8 +92,9 @@ class LocalStorage:
             raise DataSourceError(f"{prefix!r} {what}", uri=prefix)
 
         def on_error(exc: OSError) -> None:
-            raise DataSourceError(f"cannot list {exc.filename!r} under {prefix!r}: {exc}",
-                                  uri=exc.filename) from exc
+            raise DataSourceError(
+                f"cannot list {exc.filename!r} under {prefix!r}: {exc}", uri=exc.filename
+            ) from exc
 
         for dirpath, _dirnames, filenames in os.walk(prefix, onerror=on_error, followlinks=True):
             for name in filenames:
@@ -119,8 +121,11 @@ class LocalStorage:
             _FILES.release(fd)
             return data
         _FILES.release(fd, forget=uri)  # it shrank: a later read must see the file as it is now
-        raise ObjectChangedError(f"{uri!r} changed after it was listed: {length} bytes at offset {offset} asked, "
-                              f"{len(data)} there", uri=uri)
+        raise ObjectChangedError(
+            f"{uri!r} changed after it was listed: {length} bytes at offset {offset} asked, "
+            f"{len(data)} there",
+            uri=uri,
+        )
 
     def read(self, uri: str) -> bytes:
         try:

@@ -11,6 +11,7 @@ bounds in S3Options are the only ones.
 botocore errors become raydl.errors types here, naming s3://bucket/key; no
 message ever carries credentials.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,10 +28,24 @@ from raydl.storage.fetch import RetryPolicy, call_with_retries
 
 __all__ = ["S3Storage", "is_retryable", "split_s3"]
 
-_RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-                          "InternalError", "ServiceUnavailable", "503", "500", "502", "504"})
-_DENIED_CODES = frozenset({"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "InvalidAccessKeyId",
-                           "SignatureDoesNotMatch"})
+_RETRY_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeTooSkewed",
+        "InternalError",
+        "ServiceUnavailable",
+        "503",
+        "500",
+        "502",
+        "504",
+    }
+)
+_DENIED_CODES = frozenset(
+    {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+)
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _CHANGED_CODES = frozenset({"PreconditionFailed", "412", "InvalidRange", "416"})
 
@@ -42,7 +57,7 @@ def split_s3(uri: str) -> tuple[str, str]:
     """("bucket", "key/prefix") of "s3://bucket/key/prefix"; a bad URI is a ValueError naming it."""
     if not uri.startswith("s3://"):
         raise ValueError(f"not an s3:// URI: {uri!r}")
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, _, key = uri[len("s3://") :].partition("/")
     if not bucket:
         raise ValueError(f"{uri!r} names no bucket (expected s3://bucket/key)")
     return bucket, key
@@ -60,18 +75,28 @@ def is_retryable(exc: BaseException) -> bool:
     from botocore.exceptions import (
         ClientError,
         ConnectionClosedError,
-        ConnectionError as BotoConnectionError,
         EndpointConnectionError,
         IncompleteReadError,
         ReadTimeoutError,
         ResponseStreamingError,
     )
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
+    )
 
     if isinstance(exc, ClientError):
         code, status = _error_code(exc)
         return code in _RETRY_CODES or status >= 500
-    transient = (BotoConnectionError, EndpointConnectionError, ConnectionClosedError, ReadTimeoutError,
-                 IncompleteReadError, ResponseStreamingError, ConnectionError, TimeoutError)
+    transient = (
+        BotoConnectionError,
+        EndpointConnectionError,
+        ConnectionClosedError,
+        ReadTimeoutError,
+        IncompleteReadError,
+        ResponseStreamingError,
+        ConnectionError,
+        TimeoutError,
+    )
     if isinstance(exc, transient):
         return True
     try:
@@ -135,29 +160,37 @@ class S3Storage:
             raise DataSourceError(f"cannot set up the S3 client: {type(exc).__name__}: {exc}") from exc
 
     # -- errors ------------------------------------------------------------------------------------
-    def _translate(self, exc: BaseException, uri: str, what: str, *, tries: int = 1,
-                   offset: int | None = None) -> DataSourceError:
+    def _translate(
+        self, exc: BaseException, uri: str, what: str, *, tries: int = 1, offset: int | None = None
+    ) -> DataSourceError:
         from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
         bucket, _ = split_s3(uri)
         at = f" at offset {offset}" if offset is not None else ""
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-            return AccessDeniedError(f"cannot {what} {uri}: no usable AWS credentials were found (set a profile, "
-                                     "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or an instance role)", uri=uri)
+            return AccessDeniedError(
+                f"cannot {what} {uri}: no usable AWS credentials were found (set a profile, "
+                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or an instance role)",
+                uri=uri,
+            )
         if isinstance(exc, ClientError):
             code, status = _error_code(exc)
             if code in _DENIED_CODES or status == 403:
                 return AccessDeniedError(
                     f"permission error: access to bucket {bucket!r} was denied ({code or status}) when trying to "
                     f"{what} {uri}; the credentials in use lack the permission (e.g. s3:GetObject, s3:ListBucket)",
-                    uri=uri)
+                    uri=uri,
+                )
             if code == "NoSuchBucket":
                 return DataSourceError(f"cannot {what} {uri}: bucket {bucket!r} does not exist", uri=uri)
             if code in _MISSING_CODES or status == 404:
-                return DataSourceError(f"cannot {what} {uri}{at}: the object does not exist (any more)", uri=uri)
+                return DataSourceError(
+                    f"cannot {what} {uri}{at}: the object does not exist (any more)", uri=uri
+                )
             if code in _CHANGED_CODES or status in (412, 416):
-                return ObjectChangedError(f"{uri} changed after it was listed ({code or status}{at}); "
-                                          "list the data again", uri=uri)
+                return ObjectChangedError(
+                    f"{uri} changed after it was listed ({code or status}{at}); list the data again", uri=uri
+                )
             detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
         else:
             detail = f"{type(exc).__name__}: {exc}"
@@ -172,8 +205,14 @@ class S3Storage:
             return fn()
 
         try:
-            return call_with_retries(attempt, self.retry_policy, is_retryable=is_retryable,
-                                     clock=time.monotonic, sleep=time.sleep, rng=random.Random())
+            return call_with_retries(
+                attempt,
+                self.retry_policy,
+                is_retryable=is_retryable,
+                clock=time.monotonic,
+                sleep=time.sleep,
+                rng=random.Random(),
+            )
         except DataSourceError:
             raise
         except Exception as exc:  # noqa: BLE001 - every botocore/urllib3 failure is translated here
@@ -193,7 +232,9 @@ class S3Storage:
             for obj in page.get("Contents", ()):
                 if obj["Key"].endswith("/"):
                     continue  # a folder marker, not data
-                yield ObjectInfo(f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag", "").strip('"'))
+                yield ObjectInfo(
+                    f"s3://{bucket}/{obj['Key']}", int(obj["Size"]), obj.get("ETag", "").strip('"')
+                )
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")
@@ -223,10 +264,15 @@ class S3Storage:
 
         data, got = self._call(get, uri, "read", offset=offset)
         if etag and got and got != etag:
-            raise ObjectChangedError(f"{uri} changed after it was listed: etag {got!r}, listed {etag!r}", uri=uri)
+            raise ObjectChangedError(
+                f"{uri} changed after it was listed: etag {got!r}, listed {etag!r}", uri=uri
+            )
         if len(data) != length:
-            raise ObjectChangedError(f"{uri} changed after it was listed: {length} bytes at offset {offset} asked, "
-                                     f"{len(data)} there", uri=uri)
+            raise ObjectChangedError(
+                f"{uri} changed after it was listed: {length} bytes at offset {offset} asked, "
+                f"{len(data)} there",
+                uri=uri,
+            )
         return data
 
     def read(self, uri: str) -> bytes:

@@ -10,8 +10,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from raydl import checkpoint
-from raydl.checkpoint import layout
-from raydl.checkpoint import peer_actor
+from raydl.checkpoint import layout, peer_actor
 from raydl.errors import CheckpointError
 from raydl.native import pyfi
 

@@ -9,10 +9,11 @@ import pytest
 from PIL import Image
 
 import raydl
-from s3_util import put_many
 from raydl.actors.loader_worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.bench.latency_proxy import LatencyProxy
 from raydl.transforms import compile_stages
+
+from s3_util import put_many
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 

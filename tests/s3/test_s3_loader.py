@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import raydl
-from s3_util import upload_folder
 from raydl.errors import DataSourceError
+
+from s3_util import upload_folder
 
 pytestmark = pytest.mark.timeout(180)
 

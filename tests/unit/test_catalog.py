@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from raydl import read_images
-from raydl.sources.images import IMAGE_EXTENSIONS, list_image_folder
 from raydl.errors import DataSourceError
+from raydl.sources.images import IMAGE_EXTENSIONS, list_image_folder
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,6 @@ import random
 import numpy as np
 import pytest
 from PIL import Image
-from pillow_reference import reference
 from test_transforms import PHOTOS, smooth_image
 
 from raydl.transforms import (
@@ -26,6 +25,8 @@ from raydl.transforms import (
     Resize,
     compile_stages,
 )
+
+from pillow_reference import reference
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,13 +20,22 @@ Importing pyfi never fails: without libfabric (or its compiled module, or
 with RAYDL_DISABLE_FABRIC=1) `available()` is False and `unavailable_reason()`
 says why and what to install.
 """
+
 from __future__ import annotations
 
 from raydl.native.pyfi import _lib, _probe
 from raydl.native.pyfi._client import Client, Connection, Pacer, connect
 from raydl.native.pyfi._lib import version_string
-from raydl.native.pyfi._objects import (AddressVector, CompletionQueue, Domain, Endpoint, Fabric,
-                                        MemoryRegion, ProviderInfo, getinfo)
+from raydl.native.pyfi._objects import (
+    AddressVector,
+    CompletionQueue,
+    Domain,
+    Endpoint,
+    Fabric,
+    MemoryRegion,
+    ProviderInfo,
+    getinfo,
+)
 from raydl.native.pyfi._probe import KNOWN_PROVIDERS, ProviderFit, choose_provider, diagnose, info
 from raydl.native.pyfi._server import Server, ServerEndpoint, serve
 from raydl.native.pyfi._stack import FabricAddress
@@ -77,15 +86,19 @@ def format_diagnosis(fits: list[ProviderFit] | None = None) -> str:
     if reason is not None:
         return f"libfabric: unavailable: {reason}\nCheckpoint transfer will use the Ray object store."
     fits = diagnose() if fits is None else fits
-    lines = [f"libfabric {version_string()} (pyfi needs FI_RMA|FI_READ|FI_WRITE|FI_REMOTE_READ "
-             "on an FI_EP_RDM endpoint)"]
+    lines = [
+        f"libfabric {version_string()} (pyfi needs FI_RMA|FI_READ|FI_WRITE|FI_REMOTE_READ "
+        "on an FI_EP_RDM endpoint)"
+    ]
     for fit in fits:
         lines.append(f"  {fit.provider:<14} {'fits' if fit.fits else 'no'}")
         if fit.fits and fit.info is not None:
             i = fit.info
-            lines.append(f"      fabric {i.fabric}, domains {', '.join(fit.domains)}; "
-                         f"mr_mode {'|'.join(i.mr_mode) or '0 (offsets, chosen keys)'}; "
-                         f"progress {i.data_progress}; max msg {i.max_msg_size}")
+            lines.append(
+                f"      fabric {i.fabric}, domains {', '.join(fit.domains)}; "
+                f"mr_mode {'|'.join(i.mr_mode) or '0 (offsets, chosen keys)'}; "
+                f"progress {i.data_progress}; max msg {i.max_msg_size}"
+            )
         else:
             lines.append(f"      {fit.reason}")
     chosen = [f.provider for f in fits if f.fits]

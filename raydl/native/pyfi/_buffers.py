@@ -3,6 +3,7 @@
 The span keeps its owner alive and, for buffer-protocol objects, holds the
 buffer export until `release()` (an mmap cannot be closed while exported).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,10 +15,10 @@ class Span:
     """A contiguous range of host memory lent by `owner`."""
 
     def __init__(self, ptr: Any, nbytes: int, owner: Any, export: Any = None) -> None:
-        self.ptr = ptr          # cffi `char *`
+        self.ptr = ptr  # cffi `char *`
         self.nbytes = nbytes
-        self.owner = owner      # keeps the memory alive while registered
-        self._export = export   # cffi from_buffer object, released explicitly
+        self.owner = owner  # keeps the memory alive while registered
+        self._export = export  # cffi from_buffer object, released explicitly
 
     @property
     def address(self) -> int:
@@ -39,8 +40,10 @@ def as_span(obj: Any, *, writable: bool) -> Span:
     ffi, _ = loaded()
     if _is_torch_tensor(obj):
         if obj.device.type != "cpu":
-            raise TypeError(f"pyfi moves host memory only; got a tensor on {obj.device} "
-                            "(device memory needs FI_HMEM, not supported yet)")
+            raise TypeError(
+                f"pyfi moves host memory only; got a tensor on {obj.device} "
+                "(device memory needs FI_HMEM, not supported yet)"
+            )
         if not obj.is_contiguous():
             raise ValueError("tensor is not contiguous; pass tensor.contiguous()")
         nbytes = obj.numel() * obj.element_size()
@@ -48,8 +51,9 @@ def as_span(obj: Any, *, writable: bool) -> Span:
     try:
         view = memoryview(obj)
     except TypeError as exc:
-        raise TypeError(f"{type(obj).__name__} does not expose a buffer (bytearray, numpy array, "
-                        "torch tensor, mmap ...)") from exc
+        raise TypeError(
+            f"{type(obj).__name__} does not expose a buffer (bytearray, numpy array, torch tensor, mmap ...)"
+        ) from exc
     if not view.c_contiguous:
         raise ValueError(f"{type(obj).__name__} is not C-contiguous")
     if writable and view.readonly:
@@ -61,4 +65,6 @@ def as_span(obj: Any, *, writable: bool) -> Span:
 
 
 def _is_torch_tensor(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "element_size")
+    return (
+        type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "element_size")
+    )

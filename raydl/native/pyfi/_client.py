@@ -8,6 +8,7 @@ it within `timeout`, never a hang. After a failed transfer the connection is
 closed (that cancels reads still in flight into the caller's memory); connect
 again to retry.
 """
+
 from __future__ import annotations
 
 import errno
@@ -35,7 +36,7 @@ _CLIENT_SLEEP_US = 20
 # socket buffers hold far more than a millisecond of such a link), so a chain of paced peers leaves
 # the cores to the copies.
 _PACED_SLEEP_US = 1000
-_MAX_EAGAIN = 100_000          # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
+_MAX_EAGAIN = 100_000  # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
 
 
 class Pacer:
@@ -77,16 +78,24 @@ class Connection(Closeable):
     Made by connect() (its own endpoint, closed with it) or Client.connect()
     (the client's shared endpoint: many servers, one endpoint per process)."""
 
-    def __init__(self, address: FabricAddress, *, provider: str | None = None,
-                 client: Client | None = None) -> None:
+    def __init__(
+        self, address: FabricAddress, *, provider: str | None = None, client: Client | None = None
+    ) -> None:
         if provider is not None and provider != address.provider:
-            raise FabricError(f"the address is served over {address.provider}, not {provider}",
-                              call="connect", code=errno.EPROTONOSUPPORT, strerror="provider mismatch")
+            raise FabricError(
+                f"the address is served over {address.provider}, not {provider}",
+                call="connect",
+                code=errno.EPROTONOSUPPORT,
+                strerror="provider mismatch",
+            )
         self.address = address
         self.peer = address.peer
         self._stack: Stack | None = None
-        self._client = client if client is not None else Client(address.provider, host=_client_host(address),
-                                                                 fabric_name=address.fabric)
+        self._client = (
+            client
+            if client is not None
+            else Client(address.provider, host=_client_host(address), fabric_name=address.fabric)
+        )
         self._owns_client = client is None
         # Re-entrant: a failed transfer, or a progress callback, may close the
         # connection from inside an operation; other threads wait for it.
@@ -100,11 +109,21 @@ class Connection(Closeable):
             raise
 
     # ------------------------------------------------------------ public --
-    def read_into(self, dst: Any, offset: int = 0, size: int | None = None, *,
-                  chunk_size: int = 4 << 20, max_inflight: int = 8, timeout: float = 30.0,
-                  progress: Callable[[int], None] | None = None,
-                  watchdog: Callable[[], None] | None = None, watch_every: float = 1.0,
-                  pacer: Pacer | None = None, on_chunk: Callable[[int, int], None] | None = None) -> int:
+    def read_into(
+        self,
+        dst: Any,
+        offset: int = 0,
+        size: int | None = None,
+        *,
+        chunk_size: int = 4 << 20,
+        max_inflight: int = 8,
+        timeout: float = 30.0,
+        progress: Callable[[int], None] | None = None,
+        watchdog: Callable[[], None] | None = None,
+        watch_every: float = 1.0,
+        pacer: Pacer | None = None,
+        on_chunk: Callable[[int, int], None] | None = None,
+    ) -> int:
         """Pull `size` bytes (default: all of dst) from the region at `offset` into dst.
 
         dst: bytearray, numpy array, CPU torch tensor, writable mmap ...; it is
@@ -124,25 +143,49 @@ class Connection(Closeable):
             try:
                 size = span.nbytes if size is None else size
                 self._check_request("read_into", offset, size, span.nbytes, chunk_size, max_inflight)
-                return self._transfer("fi_read", span, offset, size, chunk_size, max_inflight,
-                                      timeout, progress, watchdog, watch_every, pacer, on_chunk, owner=dst)
+                return self._transfer(
+                    "fi_read",
+                    span,
+                    offset,
+                    size,
+                    chunk_size,
+                    max_inflight,
+                    timeout,
+                    progress,
+                    watchdog,
+                    watch_every,
+                    pacer,
+                    on_chunk,
+                    owner=dst,
+                )
             finally:
                 span.release()
 
-    def write(self, data: Any, offset: int = 0, *, chunk_size: int = 4 << 20, max_inflight: int = 8,
-              timeout: float = 30.0) -> int:
+    def write(
+        self,
+        data: Any,
+        offset: int = 0,
+        *,
+        chunk_size: int = 4 << 20,
+        max_inflight: int = 8,
+        timeout: float = 30.0,
+    ) -> int:
         """Write data into the region at `offset` (only a region served writable=True).
         Returns when the target holds the bytes (FI_DELIVERY_COMPLETE)."""
         if not self.address.writable:
-            raise FabricError(f"write refused: the region served by {self.peer} is read-only "
-                              "(serve it with writable=True)", call="write", code=errno.EACCES,
-                              strerror=os.strerror(errno.EACCES))
+            raise FabricError(
+                f"write refused: the region served by {self.peer} is read-only (serve it with writable=True)",
+                call="write",
+                code=errno.EACCES,
+                strerror=os.strerror(errno.EACCES),
+            )
         with self._lock:
             span = as_span(data, writable=False)
             try:
                 self._check_request("write", offset, span.nbytes, span.nbytes, chunk_size, max_inflight)
-                return self._transfer("fi_write", span, offset, span.nbytes, chunk_size, max_inflight,
-                                      timeout, None)
+                return self._transfer(
+                    "fi_write", span, offset, span.nbytes, chunk_size, max_inflight, timeout, None
+                )
             finally:
                 span.release()
 
@@ -161,42 +204,87 @@ class Connection(Closeable):
         raise TypeError("a pyfi Connection is bound to this process; send the FabricAddress instead")
 
     # ---------------------------------------------------------- internal --
-    def _check_request(self, op: str, offset: int, size: int, local: int, chunk_size: int,
-                       max_inflight: int) -> None:
+    def _check_request(
+        self, op: str, offset: int, size: int, local: int, chunk_size: int, max_inflight: int
+    ) -> None:
         if chunk_size <= 0 or max_inflight <= 0:
-            raise ValueError(f"chunk_size and max_inflight must be positive, got {chunk_size}, {max_inflight}")
+            raise ValueError(
+                f"chunk_size and max_inflight must be positive, got {chunk_size}, {max_inflight}"
+            )
         if size < 0 or size > local:
             raise ValueError(f"{op}: size {size} does not fit the local buffer of {local} bytes")
         if offset < 0 or offset + size > self.address.size:
             raise FabricError(
                 f"{op}: bytes [{offset}, {offset + size}) are outside the {self.address.size}-byte "
-                f"region served by {self.peer}", call=op, code=errno.EINVAL,
-                strerror=os.strerror(errno.EINVAL))
+                f"region served by {self.peer}",
+                call=op,
+                code=errno.EINVAL,
+                strerror=os.strerror(errno.EINVAL),
+            )
 
     def _live_stack(self) -> Stack:
         if self._stack is None or self._client.closed:
-            raise FabricError(f"the connection to {self.peer} is closed", call="connection",
-                              code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
+            raise FabricError(
+                f"the connection to {self.peer} is closed",
+                call="connection",
+                code=errno.ENOTCONN,
+                strerror=os.strerror(errno.ENOTCONN),
+            )
         return self._stack
 
-    def _transfer(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
-                  max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
-                  watchdog: Callable[[], None] | None = None, watch_every: float = 1.0,
-                  pacer: Pacer | None = None, on_chunk: Callable[[int, int], None] | None = None,
-                  owner: Any = None) -> int:
+    def _transfer(
+        self,
+        call: str,
+        span: Span,
+        offset: int,
+        size: int,
+        chunk_size: int,
+        max_inflight: int,
+        timeout: float,
+        progress: Callable[[int], None] | None,
+        watchdog: Callable[[], None] | None = None,
+        watch_every: float = 1.0,
+        pacer: Pacer | None = None,
+        on_chunk: Callable[[int, int], None] | None = None,
+        owner: Any = None,
+    ) -> int:
         """Run one pipelined read or write: post chunks while slots are free, reap completions.
         owner: the caller's object for span (reads: its registration is cached, see _regcache)."""
         if size == 0:
             return 0
         with GATE.inside(call):  # at exit, the poll below raises and the transfer ends (see _lifecycle)
-            return self._transfer_inside(call, span, offset, size, chunk_size, max_inflight, timeout, progress,
-                                         watchdog, watch_every, pacer, on_chunk, owner)
+            return self._transfer_inside(
+                call,
+                span,
+                offset,
+                size,
+                chunk_size,
+                max_inflight,
+                timeout,
+                progress,
+                watchdog,
+                watch_every,
+                pacer,
+                on_chunk,
+                owner,
+            )
 
-    def _transfer_inside(self, call: str, span: Span, offset: int, size: int, chunk_size: int,
-                         max_inflight: int, timeout: float, progress: Callable[[int], None] | None,
-                         watchdog: Callable[[], None] | None, watch_every: float,
-                         pacer: Pacer | None, on_chunk: Callable[[int, int], None] | None = None,
-                         owner: Any = None) -> int:
+    def _transfer_inside(
+        self,
+        call: str,
+        span: Span,
+        offset: int,
+        size: int,
+        chunk_size: int,
+        max_inflight: int,
+        timeout: float,
+        progress: Callable[[int], None] | None,
+        watchdog: Callable[[], None] | None,
+        watch_every: float,
+        pacer: Pacer | None,
+        on_chunk: Callable[[int, int], None] | None = None,
+        owner: Any = None,
+    ) -> int:
         stack = self._live_stack()
         ffi, lib = loaded()
         access = lib.FI_READ if call == "fi_read" else lib.FI_WRITE
@@ -208,10 +296,10 @@ class Connection(Closeable):
         slots = ffi.new("struct fi_context2[]", max_inflight)
         slot_base, slot_size = int(ffi.cast("uintptr_t", slots)), ffi.sizeof("struct fi_context2")
         free = list(range(max_inflight - 1, -1, -1))
-        inflight: dict[int, tuple[int, int]] = {}   # slot -> (chunk position, length)
+        inflight: dict[int, tuple[int, int]] = {}  # slot -> (chunk position, length)
         chunks = [(pos, min(chunk_size, size - pos)) for pos in range(0, size, chunk_size)]
         posted = done = eagain = 0
-        landed: list[tuple[int, int]] = []    # chunks reaped, not yet handed to on_chunk
+        landed: list[tuple[int, int]] = []  # chunks reaped, not yet handed to on_chunk
         busy = False
         last_progress = last_watch = time.monotonic()
         paced = 0.0
@@ -225,11 +313,12 @@ class Connection(Closeable):
                     slot = free[-1]
                     rc = self._post(call, stack, local, local_base + pos, offset + pos, length, slots + slot)
                     busy = rc == -lib.FI_EAGAIN
-                    if busy:   # queue full, or rxm still connecting: progress, then retry
+                    if busy:  # queue full, or rxm still connecting: progress, then retry
                         eagain += 1
                         if eagain > _MAX_EAGAIN:
-                            raise fabric_error(call, rc, peer=self.peer,
-                                               detail=f"still busy after {_MAX_EAGAIN} retries")
+                            raise fabric_error(
+                                call, rc, peer=self.peer, detail=f"still busy after {_MAX_EAGAIN} retries"
+                            )
                         break
                     check(rc, call, peer=self.peer)
                     eagain = 0
@@ -238,12 +327,12 @@ class Connection(Closeable):
                     free.pop()
                     inflight[slot] = (pos, length)
                     posted += 1
-                if landed and on_chunk is not None:   # after posting: the next reads fly meanwhile
+                if landed and on_chunk is not None:  # after posting: the next reads fly meanwhile
                     for pos, length in landed:
                         on_chunk(pos, length)
                 landed.clear()
                 wait_s = 0.05 if inflight else (0.001 if busy else 0.0)
-                if paced > 0 and not inflight:   # nothing to progress: let the link catch up
+                if paced > 0 and not inflight:  # nothing to progress: let the link catch up
                     time.sleep(min(paced, 0.05))
                     finished, errors = [], []
                 else:
@@ -251,8 +340,10 @@ class Connection(Closeable):
                         wait_s = min(wait_s, paced)
                     # paced: completions come at the link's rate, so nap longer between polls
                     finished, errors = stack.cq.poll(
-                        timeout_s=wait_s, spin=_CLIENT_SPIN if pacer is None else 0,
-                        sleep_us=_CLIENT_SLEEP_US if pacer is None else _PACED_SLEEP_US)
+                        timeout_s=wait_s,
+                        spin=_CLIENT_SPIN if pacer is None else 0,
+                        sleep_us=_CLIENT_SLEEP_US if pacer is None else _PACED_SLEEP_US,
+                    )
                 if errors:
                     raise self._completion_error(call, errors[0], len(errors))
                 for ctx in finished:
@@ -269,12 +360,18 @@ class Connection(Closeable):
                     last_watch = now
                     watchdog()
                 if not finished and now - last_progress > timeout:
-                    stuck = (f"{len(inflight)} in flight" if inflight else
-                             "the provider kept answering -FI_EAGAIN: is the peer gone?")
+                    stuck = (
+                        f"{len(inflight)} in flight"
+                        if inflight
+                        else "the provider kept answering -FI_EAGAIN: is the peer gone?"
+                    )
                     raise FabricError(
                         f"{call} (peer {self.peer}) timed out: no completion in {timeout:g} s "
                         f"({done} of {size} bytes done; {stuck})",
-                        call=call, code=errno.ETIMEDOUT, strerror=os.strerror(errno.ETIMEDOUT))
+                        call=call,
+                        code=errno.ETIMEDOUT,
+                        strerror=os.strerror(errno.ETIMEDOUT),
+                    )
             if on_chunk is not None:
                 for pos, length in landed:
                     on_chunk(pos, length)
@@ -292,17 +389,34 @@ class Connection(Closeable):
                 local.close()
         return done
 
-    def _post(self, call: str, stack: Stack, local: MemoryRegion, local_pos: int, remote_pos: int,
-              length: int, context: Any) -> int:
+    def _post(
+        self,
+        call: str,
+        stack: Stack,
+        local: MemoryRegion,
+        local_pos: int,
+        remote_pos: int,
+        length: int,
+        context: Any,
+    ) -> int:
         ffi, lib = loaded()
         buf = local.span.ptr + local_pos
         remote = self.address.base + remote_pos
         if call == "fi_read":
-            return lib.fi_read(stack.ep.ptr, buf, length, local.desc, self._fi_addr, remote,
-                               self.address.key, context)
-        return lib.pyfi_write_delivery(stack.ep.ptr, buf, length, local.desc, self._fi_addr, remote,
-                                       self.address.key, context,
-                                       lib.FI_DELIVERY_COMPLETE | lib.FI_COMPLETION)
+            return lib.fi_read(
+                stack.ep.ptr, buf, length, local.desc, self._fi_addr, remote, self.address.key, context
+            )
+        return lib.pyfi_write_delivery(
+            stack.ep.ptr,
+            buf,
+            length,
+            local.desc,
+            self._fi_addr,
+            remote,
+            self.address.key,
+            context,
+            lib.FI_DELIVERY_COMPLETE | lib.FI_COMPLETION,
+        )
 
     def _completion_error(self, call: str, err: CompletionError, count: int) -> FabricError:
         detail = err.text + (f" (and {count - 1} more)" if count > 1 else "")
@@ -315,7 +429,9 @@ class Connection(Closeable):
             span = as_span(dst, writable=True)
             try:
                 if not 0 <= size <= span.nbytes:  # the local side is always checked
-                    raise ValueError(f"read_raw: size {size} does not fit the local buffer of {span.nbytes} bytes")
+                    raise ValueError(
+                        f"read_raw: size {size} does not fit the local buffer of {span.nbytes} bytes"
+                    )
                 return self._transfer("fi_read", span, remote_offset, size, max(size, 1), 1, timeout, None)
             finally:
                 span.release()
@@ -325,8 +441,9 @@ class Connection(Closeable):
         with self._lock:
             span = as_span(data, writable=False)
             try:
-                return self._transfer("fi_write", span, remote_offset, span.nbytes, max(span.nbytes, 1), 1,
-                                      timeout, None)
+                return self._transfer(
+                    "fi_write", span, remote_offset, span.nbytes, max(span.nbytes, 1), 1, timeout, None
+                )
             finally:
                 span.release()
 
@@ -349,8 +466,9 @@ class Client(Closeable):
     def __init__(self, provider: str, *, host: str | None = None, fabric_name: str | None = None) -> None:
         self.provider = provider
         self.lock = threading.RLock()
-        self._stack: Stack | None = Stack(provider, host=host, service=None, fabric_name=fabric_name,
-                                          wait=False)  # polled only while reads are in flight
+        self._stack: Stack | None = Stack(
+            provider, host=host, service=None, fabric_name=fabric_name, wait=False
+        )  # polled only while reads are in flight
         self.fabric_name = self._stack.fabric_name
         # Server endpoint address -> its fi_addr_t here: regions served from one endpoint
         # (ServerEndpoint) share one AV entry, so rxm's connection to it is made once.
@@ -378,8 +496,12 @@ class Client(Closeable):
 
     def live_stack(self, peer: str) -> Stack:
         if self._stack is None:
-            raise FabricError(f"the client endpoint for {peer} is closed", call="connection",
-                              code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
+            raise FabricError(
+                f"the client endpoint for {peer} is closed",
+                call="connection",
+                code=errno.ENOTCONN,
+                strerror=os.strerror(errno.ENOTCONN),
+            )
         return self._stack
 
     def close(self) -> None:

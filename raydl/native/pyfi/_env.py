@@ -12,11 +12,11 @@ disabled) without importing the rest of raydl.
 It also gives libfabric defaults for settings it reads from the environment
 (PROVIDER_DEFAULTS), before libfabric starts; a value already set wins.
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
 
 # ofi_rxm (libfabric 1.17) left to itself gives each endpoint's message receive queue 4096 entries
 # of 16 KiB ("128, 4096 with srx", fi_info -e): every pyfi endpoint, a server's or a client's, then

@@ -5,6 +5,7 @@ it is missing, or libfabric.so cannot be loaded, or RAYDL_DISABLE_FABRIC=1,
 `load()` raises FabricError with the reason and `unavailable_reason()` returns
 it, so `import raydl.native.pyfi` itself always works.
 """
+
 from __future__ import annotations
 
 import errno
@@ -16,9 +17,20 @@ from raydl.native.pyfi._env import apply_provider_defaults, fabric_env
 
 # libfabric's own codes past the errno range (rdma/fi_errno.h; part of its ABI).
 _FI_CODES = {
-    256: "FI_EOTHER", 257: "FI_ETOOSMALL", 258: "FI_EOPBADSTATE", 259: "FI_EAVAIL",
-    260: "FI_EBADFLAGS", 261: "FI_ENOEQ", 262: "FI_EDOMAIN", 263: "FI_ENOCQ", 264: "FI_ECRC",
-    265: "FI_ETRUNC", 266: "FI_ENOKEY", 267: "FI_ENOAV", 268: "FI_EOVERRUN", 269: "FI_ENORX",
+    256: "FI_EOTHER",
+    257: "FI_ETOOSMALL",
+    258: "FI_EOPBADSTATE",
+    259: "FI_EAVAIL",
+    260: "FI_EBADFLAGS",
+    261: "FI_ENOEQ",
+    262: "FI_EDOMAIN",
+    263: "FI_ENOCQ",
+    264: "FI_ECRC",
+    265: "FI_ETRUNC",
+    266: "FI_ENOKEY",
+    267: "FI_ENOAV",
+    268: "FI_EOVERRUN",
+    269: "FI_ENORX",
 }
 
 
@@ -29,10 +41,14 @@ def _import() -> tuple[Any, Any, str | None]:
     try:
         from raydl.native.pyfi import _pyfi  # type: ignore[attr-defined]
     except ImportError as exc:
-        return None, None, (
-            f"the compiled module raydl.native.pyfi._pyfi cannot be loaded ({exc}); install "
-            "libfabric and its headers (Debian: libfabric1 libfabric-dev) and reinstall raydl "
-            "(`pip install -e .`), or run `python -m raydl.native._build_pyfi`"
+        return (
+            None,
+            None,
+            (
+                f"the compiled module raydl.native.pyfi._pyfi cannot be loaded ({exc}); install "
+                "libfabric and its headers (Debian: libfabric1 libfabric-dev) and reinstall raydl "
+                "(`pip install -e .`), or run `python -m raydl.native._build_pyfi`"
+            ),
         )
     return _pyfi.ffi, _pyfi.lib, None
 
@@ -83,8 +99,9 @@ def fabric_error(call: str, rc: int, *, peer: str | None = None, detail: str = "
     text = strerror(code)
     where = f" (peer {peer})" if peer else ""
     extra = f": {detail}" if detail else ""
-    return FabricError(f"{call} failed{where}: {text} (-{code_name(code)}){extra}",
-                       call=call, code=code, strerror=text)
+    return FabricError(
+        f"{call} failed{where}: {text} (-{code_name(code)}){extra}", call=call, code=code, strerror=text
+    )
 
 
 def check(rc: int, call: str, *, peer: str | None = None, detail: str = "") -> int:

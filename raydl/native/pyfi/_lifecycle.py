@@ -13,6 +13,7 @@ when they did not). A thread that would enter afterwards gets a FabricError
 instead; a close() after that leaves the object to libfabric's own teardown
 (`GATE.unless_exiting()`): an fi_close racing fi_fini crashed a child of the exit-safety test.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -26,7 +27,9 @@ from raydl.errors import FabricError
 
 __all__ = ["EXIT_WAIT_S", "GATE", "Gate"]
 
-EXIT_WAIT_S = 5.0   # a thread leaves within ~0.1 s; closing its endpoint on the way out takes longer under load
+EXIT_WAIT_S = (
+    5.0  # a thread leaves within ~0.1 s; closing its endpoint on the way out takes longer under load
+)
 
 
 class Gate:
@@ -45,8 +48,12 @@ class Gate:
     def inside(self, call: str):
         with self._cv:
             if self._closed:
-                raise FabricError(f"{call}: the process is exiting, libfabric is no longer used", call=call,
-                                  code=errno.ESHUTDOWN, strerror=os.strerror(errno.ESHUTDOWN))
+                raise FabricError(
+                    f"{call}: the process is exiting, libfabric is no longer used",
+                    call=call,
+                    code=errno.ESHUTDOWN,
+                    strerror=os.strerror(errno.ESHUTDOWN),
+                )
             self._inside += 1
         try:
             yield
@@ -80,8 +87,10 @@ class Gate:
 
     def close_at_exit(self) -> None:
         if not self.close():
-            sys.stderr.write(f"pyfi: exiting with {self._inside} thread(s) still inside libfabric after "
-                             f"{EXIT_WAIT_S:g} s\n")
+            sys.stderr.write(
+                f"pyfi: exiting with {self._inside} thread(s) still inside libfabric after "
+                f"{EXIT_WAIT_S:g} s\n"
+            )
 
 
 GATE = Gate()

@@ -8,6 +8,7 @@ the whole tree in reverse order of creation. Every object is a context
 manager, and `__del__` closes what a caller forgot. Every negative -FI_E...
 return raises raydl.errors.FabricError naming the call.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -22,11 +23,27 @@ from raydl.native.pyfi._lifecycle import GATE
 # Every wait inside libfabric is bounded by this, so a thread is never stuck in there (see _lifecycle).
 MAX_WAIT_S = 0.1
 
-EP_TYPES = {0: "FI_EP_UNSPEC", 1: "FI_EP_MSG", 2: "FI_EP_DGRAM", 3: "FI_EP_RDM",
-            4: "FI_EP_SOCK_STREAM", 5: "FI_EP_SOCK_DGRAM"}
+EP_TYPES = {
+    0: "FI_EP_UNSPEC",
+    1: "FI_EP_MSG",
+    2: "FI_EP_DGRAM",
+    3: "FI_EP_RDM",
+    4: "FI_EP_SOCK_STREAM",
+    5: "FI_EP_SOCK_DGRAM",
+}
 PROGRESS = {0: "unspec", 1: "auto", 2: "manual"}
-MR_MODE_BITS = ("FI_MR_LOCAL", "FI_MR_RAW", "FI_MR_VIRT_ADDR", "FI_MR_ALLOCATED", "FI_MR_PROV_KEY",
-                "FI_MR_MMU_NOTIFY", "FI_MR_RMA_EVENT", "FI_MR_ENDPOINT", "FI_MR_HMEM", "FI_MR_COLLECTIVE")
+MR_MODE_BITS = (
+    "FI_MR_LOCAL",
+    "FI_MR_RAW",
+    "FI_MR_VIRT_ADDR",
+    "FI_MR_ALLOCATED",
+    "FI_MR_PROV_KEY",
+    "FI_MR_MMU_NOTIFY",
+    "FI_MR_RMA_EVENT",
+    "FI_MR_ENDPOINT",
+    "FI_MR_HMEM",
+    "FI_MR_COLLECTIVE",
+)
 
 
 def rma_caps() -> int:
@@ -128,24 +145,38 @@ class InfoList(Closeable):
             self._head, self._entries = None, []
 
 
-
 def snapshot(entry: Any) -> ProviderInfo:
     ffi, lib = load()
     dom, fab, ep = entry.domain_attr, entry.fabric_attr, entry.ep_attr
     api = fab.api_version
     return ProviderInfo(
-        provider=_text(ffi, fab.prov_name), fabric=_text(ffi, fab.name), domain=_text(ffi, dom.name),
-        ep_type=EP_TYPES.get(int(ep.type), str(int(ep.type))), caps=int(entry.caps), mode=int(entry.mode),
-        mr_mode=decode_mr_mode(dom.mr_mode), mr_mode_bits=int(dom.mr_mode),
-        mr_key_size=int(dom.mr_key_size), max_msg_size=int(ep.max_msg_size),
+        provider=_text(ffi, fab.prov_name),
+        fabric=_text(ffi, fab.name),
+        domain=_text(ffi, dom.name),
+        ep_type=EP_TYPES.get(int(ep.type), str(int(ep.type))),
+        caps=int(entry.caps),
+        mode=int(entry.mode),
+        mr_mode=decode_mr_mode(dom.mr_mode),
+        mr_mode_bits=int(dom.mr_mode),
+        mr_key_size=int(dom.mr_key_size),
+        max_msg_size=int(ep.max_msg_size),
         data_progress=PROGRESS.get(int(dom.data_progress), str(int(dom.data_progress))),
-        addr_format=int(entry.addr_format), api_version=f"{api >> 16}.{api & 0xFFFF}",
+        addr_format=int(entry.addr_format),
+        api_version=f"{api >> 16}.{api & 0xFFFF}",
     )
 
 
-def getinfo(provider: str | None = None, *, node: str | None = None, service: str | None = None,
-            source: bool = False, caps: int | None = None, ep_rdm: bool = True,
-            mr_mode: int | None = None, mode: int | None = None) -> InfoList:
+def getinfo(
+    provider: str | None = None,
+    *,
+    node: str | None = None,
+    service: str | None = None,
+    source: bool = False,
+    caps: int | None = None,
+    ep_rdm: bool = True,
+    mr_mode: int | None = None,
+    mode: int | None = None,
+) -> InfoList:
     """fi_getinfo with pyfi's hints: RMA caps, an RDM endpoint, the mr_mode and
     mode bits pyfi supports (each overridable). `source=True` passes FI_SOURCE so
     node/service name the local address to listen on."""
@@ -153,8 +184,16 @@ def getinfo(provider: str | None = None, *, node: str | None = None, service: st
         return _getinfo(provider, node, service, source, caps, ep_rdm, mr_mode, mode)
 
 
-def _getinfo(provider: str | None, node: str | None, service: str | None, source: bool, caps: int | None,
-             ep_rdm: bool, mr_mode: int | None, mode: int | None) -> InfoList:
+def _getinfo(
+    provider: str | None,
+    node: str | None,
+    service: str | None,
+    source: bool,
+    caps: int | None,
+    ep_rdm: bool,
+    mr_mode: int | None,
+    mode: int | None,
+) -> InfoList:
     ffi, lib = load()
     hints = lib.fi_allocinfo()
     if hints == ffi.NULL:
@@ -167,11 +206,20 @@ def _getinfo(provider: str | None, node: str | None, service: str | None, source
         hints.domain_attr.mr_mode = supported_mr_mode() if mr_mode is None else mr_mode
         check(lib.pyfi_set_prov_name(hints, provider.encode() if provider else ffi.NULL), "strdup")
         out = ffi.new("struct fi_info **")
-        rc = lib.fi_getinfo(api_version(), node.encode() if node else ffi.NULL,
-                            service.encode() if service else ffi.NULL,
-                            lib.FI_SOURCE if source else 0, hints, out)
-        check(rc, "fi_getinfo", detail=f"provider {provider or 'any'}"
-              + (f", node {node}:{service or '*'}" if node or service else ""))
+        rc = lib.fi_getinfo(
+            api_version(),
+            node.encode() if node else ffi.NULL,
+            service.encode() if service else ffi.NULL,
+            lib.FI_SOURCE if source else 0,
+            hints,
+            out,
+        )
+        check(
+            rc,
+            "fi_getinfo",
+            detail=f"provider {provider or 'any'}"
+            + (f", node {node}:{service or '*'}" if node or service else ""),
+        )
         return InfoList(out[0])
     finally:
         lib.fi_freeinfo(hints)
@@ -217,7 +265,6 @@ class _Fid(Closeable):
 
     def _after_close(self) -> None:
         pass
-
 
 
 class Fabric(_Fid):
@@ -309,8 +356,9 @@ class CompletionQueue(_Fid):
         self.waitable = wait
         self._entries = ffi.new("struct fi_cq_entry[]", 64)
 
-    def poll(self, *, timeout_s: float = 0.0, spin: int = 0,
-             sleep_us: int = 0) -> tuple[list[int], list[CompletionError]]:
+    def poll(
+        self, *, timeout_s: float = 0.0, spin: int = 0, sleep_us: int = 0
+    ) -> tuple[list[int], list[CompletionError]]:
         """Completed operations' contexts (as integers) and error completions.
 
         Waits up to timeout_s for the first one (polling in C, GIL released),
@@ -318,8 +366,14 @@ class CompletionQueue(_Fid):
         is also what drives a manual-progress provider's transfers."""
         _, lib = loaded()
         with GATE.inside("fi_cq_read"):
-            rc = lib.pyfi_cq_wait(self.ptr, self._entries, len(self._entries),
-                                  int(min(timeout_s, MAX_WAIT_S) * 1e6), spin, sleep_us)
+            rc = lib.pyfi_cq_wait(
+                self.ptr,
+                self._entries,
+                len(self._entries),
+                int(min(timeout_s, MAX_WAIT_S) * 1e6),
+                spin,
+                sleep_us,
+            )
             return self._completions(rc, "fi_cq_read")
 
     def wait(self, timeout_s: float) -> tuple[list[int], list[CompletionError]]:
@@ -329,8 +383,13 @@ class CompletionQueue(_Fid):
         if not self.waitable:
             return self.poll(timeout_s=timeout_s, sleep_us=50)
         with GATE.inside("fi_cq_sread"):
-            rc = lib.fi_cq_sread(self.ptr, self._entries, len(self._entries), loaded()[0].NULL,
-                                 max(1, int(min(timeout_s, MAX_WAIT_S) * 1000)))
+            rc = lib.fi_cq_sread(
+                self.ptr,
+                self._entries,
+                len(self._entries),
+                loaded()[0].NULL,
+                max(1, int(min(timeout_s, MAX_WAIT_S) * 1000)),
+            )
             if rc in (-lib.FI_ENOSYS, -lib.FI_EOPNOTSUPP):
                 self.waitable = False
                 return [], []
@@ -358,9 +417,14 @@ class CompletionQueue(_Fid):
             check(rc, "fi_cq_readerr")
             buf = ffi.new("char[]", 256)
             text = lib.fi_cq_strerror(self.ptr, err.prov_errno, err.err_data, buf, len(buf))
-            errors.append(CompletionError(
-                context=int(ffi.cast("uintptr_t", err.op_context)), code=int(err.err),
-                prov_errno=int(err.prov_errno), text=_text(ffi, text) if text != ffi.NULL else ""))
+            errors.append(
+                CompletionError(
+                    context=int(ffi.cast("uintptr_t", err.op_context)),
+                    code=int(err.err),
+                    prov_errno=int(err.prov_errno),
+                    text=_text(ffi, text) if text != ffi.NULL else "",
+                )
+            )
         return errors
 
 
@@ -386,8 +450,12 @@ class AddressVector(_Fid):
             rc = lib.fi_av_insert(self.ptr, raw, 1, addr, 0, ffi.NULL)
         check(rc, "fi_av_insert", peer=peer)
         if rc != 1:
-            raise FabricError(f"fi_av_insert inserted {rc} of 1 address (peer {peer})",
-                              call="fi_av_insert", code=22, strerror="address not inserted")
+            raise FabricError(
+                f"fi_av_insert inserted {rc} of 1 address (peer {peer})",
+                call="fi_av_insert",
+                code=22,
+                strerror="address not inserted",
+            )
         return int(addr[0])
 
 
@@ -406,8 +474,10 @@ class Endpoint(_Fid):
         try:
             with GATE.inside("fi_enable"):
                 check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", av.ptr), 0), "fi_ep_bind(av)")
-                check(lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", cq.ptr),
-                                     lib.FI_TRANSMIT | lib.FI_RECV), "fi_ep_bind(cq)")
+                check(
+                    lib.fi_ep_bind(self.ptr, ffi.cast("struct fid *", cq.ptr), lib.FI_TRANSMIT | lib.FI_RECV),
+                    "fi_ep_bind(cq)",
+                )
                 check(lib.fi_enable(self.ptr), "fi_enable")
         except BaseException:
             self.close()
@@ -446,9 +516,13 @@ class MemoryRegion(_Fid):
         out = ffi.new("struct fid_mr **")
         try:
             with GATE.inside("fi_mr_reg"):
-                check(lib.fi_mr_reg(domain.ptr, self.span.ptr, self.span.nbytes, access, 0, requested, 0,
-                                    out, ffi.NULL), "fi_mr_reg",
-                      detail=f"{self.span.nbytes} bytes" + ("" if prov_key else f", key {requested:#x}"))
+                check(
+                    lib.fi_mr_reg(
+                        domain.ptr, self.span.ptr, self.span.nbytes, access, 0, requested, 0, out, ffi.NULL
+                    ),
+                    "fi_mr_reg",
+                    detail=f"{self.span.nbytes} bytes" + ("" if prov_key else f", key {requested:#x}"),
+                )
         except BaseException:
             self._after_close()
             raise
@@ -463,6 +537,20 @@ class MemoryRegion(_Fid):
             self.span.release()
 
 
-__all__ = ["AddressVector", "CompletionError", "CompletionQueue", "Domain", "Endpoint", "Fabric",
-           "InfoList", "MemoryRegion", "ProviderInfo", "decode_mr_mode", "getinfo",
-           "rma_caps", "snapshot", "supported_mode", "supported_mr_mode"]
+__all__ = [
+    "AddressVector",
+    "CompletionError",
+    "CompletionQueue",
+    "Domain",
+    "Endpoint",
+    "Fabric",
+    "InfoList",
+    "MemoryRegion",
+    "ProviderInfo",
+    "decode_mr_mode",
+    "getinfo",
+    "rma_caps",
+    "snapshot",
+    "supported_mode",
+    "supported_mr_mode",
+]

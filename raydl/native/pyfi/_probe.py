@@ -5,6 +5,7 @@
 when that finds nothing, loosens one requirement at a time to say exactly which
 one the provider lacks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,8 +14,15 @@ from dataclasses import dataclass, field
 from raydl.errors import FabricError
 from raydl.native.pyfi._env import fabric_env
 from raydl.native.pyfi._lib import load, unavailable_reason
-from raydl.native.pyfi._objects import (MR_MODE_BITS, ProviderInfo, decode_mr_mode, getinfo, rma_caps,
-                                        supported_mode, supported_mr_mode)
+from raydl.native.pyfi._objects import (
+    MR_MODE_BITS,
+    ProviderInfo,
+    decode_mr_mode,
+    getinfo,
+    rma_caps,
+    supported_mode,
+    supported_mr_mode,
+)
 
 # Production first (efa, verbs), then the loopback-capable software providers.
 KNOWN_PROVIDERS = ("efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "sockets")
@@ -36,8 +44,9 @@ def info() -> list[ProviderInfo]:
     without duplicates. FabricError when the bindings are unavailable."""
     load()
     try:
-        with getinfo(None, caps=load()[1].FI_RMA, ep_rdm=False, mr_mode=_all_mr_bits(),
-                     mode=_all_mode_bits()) as infos:
+        with getinfo(
+            None, caps=load()[1].FI_RMA, ep_rdm=False, mr_mode=_all_mr_bits(), mode=_all_mode_bits()
+        ) as infos:
             snaps = infos.snapshots()
     except FabricError as exc:
         if exc.code == _enodata():
@@ -61,14 +70,22 @@ def _diagnose_one(provider: str) -> ProviderFit:
     if isinstance(full, list):
         return ProviderFit(provider, True, "fits", full[0], tuple(dict.fromkeys(i.domain for i in full)))
     steps = [
-        (dict(caps=0, ep_rdm=False, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
-         "not available: libfabric has no such provider built in, or it found no device for it"),
-        (dict(caps=0, ep_rdm=True, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
-         "has no FI_EP_RDM (reliable datagram) endpoint"),
-        (dict(caps=lib.FI_RMA, ep_rdm=True, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
-         "has no RMA (FI_RMA) on an RDM endpoint"),
-        (dict(caps=rma_caps(), ep_rdm=True, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
-         "lacks one of FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE on an RDM endpoint"),
+        (
+            dict(caps=0, ep_rdm=False, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
+            "not available: libfabric has no such provider built in, or it found no device for it",
+        ),
+        (
+            dict(caps=0, ep_rdm=True, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
+            "has no FI_EP_RDM (reliable datagram) endpoint",
+        ),
+        (
+            dict(caps=lib.FI_RMA, ep_rdm=True, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
+            "has no RMA (FI_RMA) on an RDM endpoint",
+        ),
+        (
+            dict(caps=rma_caps(), ep_rdm=True, mr_mode=_all_mr_bits(), mode=_all_mode_bits()),
+            "lacks one of FI_READ, FI_WRITE, FI_REMOTE_READ, FI_REMOTE_WRITE on an RDM endpoint",
+        ),
     ]
     for hints, why in steps:
         found = _probe(provider, **hints)
@@ -76,12 +93,21 @@ def _diagnose_one(provider: str) -> ProviderFit:
             return ProviderFit(provider, False, f"{why} ({found})")
     loose = _probe(provider, caps=rma_caps(), ep_rdm=True, mr_mode=_all_mr_bits(), mode=supported_mode())
     if not isinstance(loose, list):
-        return ProviderFit(provider, False, "requires mode bits pyfi does not honour (it supports "
-                           f"FI_CONTEXT, FI_CONTEXT2) ({loose})")
+        return ProviderFit(
+            provider,
+            False,
+            f"requires mode bits pyfi does not honour (it supports FI_CONTEXT, FI_CONTEXT2) ({loose})",
+        )
     needed = sorted({bit for i in loose for bit in decode_mr_mode(i.mr_mode_bits & ~supported_mr_mode())})
-    return ProviderFit(provider, False, "requires mr_mode " + ", ".join(needed or ["(unknown)"])
-                       + ", which pyfi does not handle (it handles FI_MR_LOCAL, FI_MR_VIRT_ADDR, "
-                       "FI_MR_ALLOCATED, FI_MR_PROV_KEY)", loose[0])
+    return ProviderFit(
+        provider,
+        False,
+        "requires mr_mode "
+        + ", ".join(needed or ["(unknown)"])
+        + ", which pyfi does not handle (it handles FI_MR_LOCAL, FI_MR_VIRT_ADDR, "
+        "FI_MR_ALLOCATED, FI_MR_PROV_KEY)",
+        loose[0],
+    )
 
 
 def _probe(provider: str, **hints) -> list[ProviderInfo] | str:
@@ -127,7 +153,8 @@ def no_fit_reason() -> str | None:
     if _fits():
         return None
     return "no RMA-capable libfabric provider fits here: " + "; ".join(
-        f"{fit.provider}: {fit.reason}" for fit in _diagnosis())
+        f"{fit.provider}: {fit.reason}" for fit in _diagnosis()
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -135,8 +162,9 @@ def _diagnose_cached(provider: str) -> tuple[ProviderFit, ...]:
     return tuple(diagnose((provider,)))
 
 
-def choose_provider(provider: str | None = None, *, env_provider: str | None = None,
-                    fitting: tuple[str, ...] | None = None) -> str:
+def choose_provider(
+    provider: str | None = None, *, env_provider: str | None = None, fitting: tuple[str, ...] | None = None
+) -> str:
     """The provider to use: the argument, else RAYDL_FABRIC_PROVIDER, else the
     first of KNOWN_PROVIDERS that fits here. Pure when env_provider and fitting
     are given; otherwise they are read (the fit once per process)."""
@@ -151,6 +179,11 @@ def choose_provider(provider: str | None = None, *, env_provider: str | None = N
     for name in KNOWN_PROVIDERS:
         if name in fitting:
             return name
-    raise FabricError("no RMA-capable libfabric provider fits here (tried "
-                      + ", ".join(KNOWN_PROVIDERS) + "); run `raydl fabric-info` for why",
-                      call="fi_getinfo", code=61, strerror="No data available")
+    raise FabricError(
+        "no RMA-capable libfabric provider fits here (tried "
+        + ", ".join(KNOWN_PROVIDERS)
+        + "); run `raydl fabric-info` for why",
+        call="fi_getinfo",
+        code=61,
+        strerror="No data available",
+    )

@@ -16,6 +16,7 @@ addresses cannot hit a stale registration. Objects that cannot be watched
 (bytes-likes without weakrefs, torch tensors, whose storage views share) are
 registered per read, as before.
 """
+
 from __future__ import annotations
 
 import os
@@ -78,9 +79,11 @@ class RegistrationCache:
         # FI_THREAD_SAFE it closes the region under the lock the client's transfers hold
         self._domain_lock = None if domain.thread_safe else domain_lock
         self._max = max_entries
-        self._entries: dict[tuple[int, int], _Entry] = {}   # (id(owner), access) -> entry, oldest use first
+        self._entries: dict[tuple[int, int], _Entry] = {}  # (id(owner), access) -> entry, oldest use first
         self._lock = threading.RLock()
-        self._pid = os.getpid()   # a forked child inherits the finalizers, not the right to close the parent's regions
+        self._pid = (
+            os.getpid()
+        )  # a forked child inherits the finalizers, not the right to close the parent's regions
         self.hits = self.misses = 0
 
     def region(self, span: Span, obj: Any, access: int) -> tuple[MemoryRegion, int, bool]:
@@ -96,11 +99,13 @@ class RegistrationCache:
                     offset = span.address - entry.address
                     if 0 <= offset and offset + span.nbytes <= entry.nbytes:
                         self.hits += 1
-                        self._entries[key] = self._entries.pop(key)   # most recently used: evicted last
+                        self._entries[key] = self._entries.pop(key)  # most recently used: evicted last
                         return entry.mr, offset, False
             try:
                 made = self._register(owner, key, access)
-            except FabricError:   # the whole buffer could not be registered (size, pinning limits): the span alone
+            except (
+                FabricError
+            ):  # the whole buffer could not be registered (size, pinning limits): the span alone
                 made = None
             if made is not None:
                 offset = span.address - made.address
@@ -119,7 +124,7 @@ class RegistrationCache:
         entry = _Entry()
         entry.owner, entry.mr, entry.address, entry.nbytes = weakref.ref(owner), mr, address, nbytes
         entry.finalizer = weakref.finalize(owner, self._drop, key, mr)
-        entry.finalizer.atexit = False   # exit leaves libfabric's own teardown to free it
+        entry.finalizer.atexit = False  # exit leaves libfabric's own teardown to free it
         with self._lock:
             self.misses += 1
             old = self._entries.pop(key, None)
@@ -158,7 +163,7 @@ class RegistrationCache:
         with self._lock:
             entries, self._entries = list(self._entries.values()), {}
         if os.getpid() != self._pid:
-            return   # a forked child: the regions are the parent's
+            return  # a forked child: the regions are the parent's
         for e in entries:
             e.finalizer.detach()
             e.mr.close()

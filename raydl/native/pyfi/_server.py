@@ -12,6 +12,7 @@ read's bytes only while the *target* reads its CQ. It blocks in fi_cq_sread,
 which wakes on socket activity (an idle server costs ~0.3% of a core, against
 ~10% for polling every 50 us); without wait objects it polls with 50 us naps.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,7 +36,7 @@ from raydl.native.pyfi._stack import FabricAddress, Stack, describe_peer, parse_
 
 logger = logging.getLogger(__name__)
 
-_SERVE_SLICE_S = 0.05          # how often the serving thread checks for close()
+_SERVE_SLICE_S = 0.05  # how often the serving thread checks for close()
 
 
 class ServerEndpoint(Closeable):
@@ -45,12 +46,12 @@ class ServerEndpoint(Closeable):
     ms more on both sides), instead of once per region."""
 
     def __init__(self, provider: str | None = None, *, bind: str | None = "127.0.0.1:0") -> None:
-        self._closed = True           # until serving: a half-built endpoint's __del__ does nothing
+        self._closed = True  # until serving: a half-built endpoint's __del__ does nothing
         # re-entrant: a Server collected while this thread holds it closes itself through _forget()
         self._lock = threading.RLock()
         self.host, service = parse_bind(bind)
         self._stack = Stack(choose_provider(provider), host=self.host, service=service, wait=True)
-        self._servers: weakref.WeakSet[Server] = weakref.WeakSet()   # weak: a forgotten Server is collected
+        self._servers: weakref.WeakSet[Server] = weakref.WeakSet()  # weak: a forgotten Server is collected
         try:
             self.raw = self._stack.ep.name()
         except BaseException:
@@ -63,8 +64,12 @@ class ServerEndpoint(Closeable):
         # A region is registered (and revoked) while the thread serves others: on a domain that is
         # not FI_THREAD_SAFE the two take turns (a registration waits at most one serving slice).
         self._domain_turn = None if self._stack.domain.thread_safe else _Turn()
-        self._thread = threading.Thread(target=_serve_loop, name=f"pyfi-serve {self.peer}", daemon=True,
-                                        args=(self._stack.cq, self._stop, self.peer, self._domain_turn))
+        self._thread = threading.Thread(
+            target=_serve_loop,
+            name=f"pyfi-serve {self.peer}",
+            daemon=True,
+            args=(self._stack.cq, self._stop, self.peer, self._domain_turn),
+        )
         self._thread.start()
         self._closed = False
 
@@ -83,8 +88,12 @@ class ServerEndpoint(Closeable):
         try:
             with self._lock:
                 if self.closed:
-                    raise FabricError(f"the server endpoint {self.peer} is closed", call="serve",
-                                      code=errno.ENOTCONN, strerror=os.strerror(errno.ENOTCONN))
+                    raise FabricError(
+                        f"the server endpoint {self.peer} is closed",
+                        call="serve",
+                        code=errno.ENOTCONN,
+                        strerror=os.strerror(errno.ENOTCONN),
+                    )
                 server = Server(self, span, writable=writable, on_close=cleanup)
                 self._servers.add(server)
             return server
@@ -123,8 +132,15 @@ class Server(Closeable):
     """A registered region served by a ServerEndpoint until close(). From serve(), it owns its
     endpoint (closed with it); from ServerEndpoint.serve(), it shares the endpoint."""
 
-    def __init__(self, endpoint: ServerEndpoint, span: Span, *, writable: bool,
-                 on_close: Callable[[], None], owns_endpoint: bool = False) -> None:
+    def __init__(
+        self,
+        endpoint: ServerEndpoint,
+        span: Span,
+        *,
+        writable: bool,
+        on_close: Callable[[], None],
+        owns_endpoint: bool = False,
+    ) -> None:
         _, lib = load()
         self._closed = True
         self._lock = threading.Lock()
@@ -136,8 +152,15 @@ class Server(Closeable):
         with endpoint._turn():
             self._mr = stack.domain.register(span, access=access)
         self.address = FabricAddress(
-            provider=stack.provider, fabric=stack.fabric_name, raw=endpoint.raw, key=self._mr.key,
-            base=self._mr.base, size=span.nbytes, writable=writable, host=endpoint.host)
+            provider=stack.provider,
+            fabric=stack.fabric_name,
+            raw=endpoint.raw,
+            key=self._mr.key,
+            base=self._mr.base,
+            size=span.nbytes,
+            writable=writable,
+            host=endpoint.host,
+        )
         self._closed = False
 
     def close(self) -> None:
@@ -149,7 +172,7 @@ class Server(Closeable):
             self._closed = True
         try:
             with self._endpoint._turn():
-                self._mr.close()      # revoke first: no read can land after this
+                self._mr.close()  # revoke first: no read can land after this
         finally:
             self._endpoint._forget(self)
             if self._owns_endpoint:
@@ -169,7 +192,9 @@ class _Turn:
     to a registration that waits for it (a plain lock it re-took at once could starve that)."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()   # a Server collected inside the serving thread's slice revokes under it
+        self._lock = (
+            threading.RLock()
+        )  # a Server collected inside the serving thread's slice revokes under it
         self._count = threading.Lock()
         self._waiting = 0
 
@@ -207,8 +232,13 @@ def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str, turn: _Tu
             logger.warning("pyfi server %s: completion error %s", peer, err.text)
 
 
-def serve(buffer_or_path: Any, *, bind: str | None = "127.0.0.1:0", provider: str | None = None,
-          writable: bool = False) -> Server:
+def serve(
+    buffer_or_path: Any,
+    *,
+    bind: str | None = "127.0.0.1:0",
+    provider: str | None = None,
+    writable: bool = False,
+) -> Server:
     """Register a buffer (or a regular file, mapped with mmap) and serve it on an endpoint of its own.
 
     The region is read-only for peers unless writable=True. `bind` is the local
@@ -255,8 +285,9 @@ def _map_file(path: str, *, writable: bool) -> tuple[Span, Callable[[], None]]:
         raise ValueError(f"nothing to serve: {path} is empty")
     fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
-        mapping = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED,
-                            prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        mapping = mmap.mmap(
+            fd, st.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        )
     finally:
         os.close(fd)
     span = as_span(mapping, writable=writable)
@@ -264,4 +295,5 @@ def _map_file(path: str, *, writable: bool) -> tuple[Span, Callable[[], None]]:
     def cleanup() -> None:
         span.release()
         mapping.close()
+
     return span, cleanup

@@ -5,6 +5,7 @@ Remote addresses are `base + offset`: base is the region's virtual address
 when the provider sets FI_MR_VIRT_ADDR (efa, verbs) and 0 when it does not
 (tcp;ofi_rxm, sockets: offsets, application-chosen keys).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -22,20 +23,19 @@ class FabricAddress:
 
     provider: str
     fabric: str
-    raw: bytes          # the server endpoint's fi_getname bytes
-    key: int            # the region's MR key
-    base: int           # added to offsets: a virtual address (FI_MR_VIRT_ADDR) or 0
+    raw: bytes  # the server endpoint's fi_getname bytes
+    key: int  # the region's MR key
+    base: int  # added to offsets: a virtual address (FI_MR_VIRT_ADDR) or 0
     size: int
     writable: bool
-    host: str | None    # the host the server bound to, e.g. "127.0.0.1"; None: any
+    host: str | None  # the host the server bound to, e.g. "127.0.0.1"; None: any
 
     @property
     def peer(self) -> str:
         return describe_peer(self.provider, self.raw)
 
     def __repr__(self) -> str:
-        return (f"FabricAddress({self.peer}, size={self.size}, "
-                f"{'writable' if self.writable else 'read-only'})")
+        return f"FabricAddress({self.peer}, size={self.size}, {'writable' if self.writable else 'read-only'})"
 
 
 def describe_peer(provider: str, raw: bytes) -> str:
@@ -74,11 +74,21 @@ def is_loopback(host: str | None) -> bool:
 class Stack:
     """fabric -> domain -> cq, av -> enabled RDM endpoint, for one provider."""
 
-    def __init__(self, provider: str, *, host: str | None, service: str | None,
-                 fabric_name: str | None = None, wait: bool) -> None:
+    def __init__(
+        self,
+        provider: str,
+        *,
+        host: str | None,
+        service: str | None,
+        fabric_name: str | None = None,
+        wait: bool,
+    ) -> None:
         with getinfo(provider, node=host, service=service, source=host is not None) as infos:
-            entries = [e for e in infos if fabric_name is None
-                       or load()[0].string(e.fabric_attr.name).decode() == fabric_name]
+            entries = [
+                e
+                for e in infos
+                if fabric_name is None or load()[0].string(e.fabric_attr.name).decode() == fabric_name
+            ]
             entry = (entries or list(infos))[0]
             self.fabric = Fabric(entry)
             try:
