@@ -36,7 +36,8 @@ from ray.train.torch import TorchTrainer, prepare_model
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydl import checkpoint
-from raydl.config import load_config, ray_address
+from raydl.config import load_config
+from raydl.env import ray_address
 
 PREFIX = "raydl-train"
 

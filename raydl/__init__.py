@@ -7,7 +7,7 @@
 
 The public names are imported on first use (PEP 562): a process that only
 needs one module (the loader's coordinator actor, which imports
-raydl.actors.coordinator) does not pay for numpy, pyarrow, Pillow and the
+raydl.execute.coordinator) does not pay for numpy, pyarrow, Pillow and the
 rest at start-up.
 """
 
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from raydl import errors
-    from raydl.config import S3Options
+    from raydl.consume.iterator import DataIterator, IteratorStats
     from raydl.dataset import Dataset, read_images, read_parquet, read_webdataset
-    from raydl.iterator import DataIterator, IteratorStats
-    from raydl.loader import Loader
+    from raydl.execute.loader import Loader
+    from raydl.options import S3Options
 
 __version__ = "0.1.0"
 
@@ -39,11 +39,11 @@ __all__ = [
 
 # Public name -> the module that defines it.
 _HOME = {
-    "DataIterator": "raydl.iterator",
+    "DataIterator": "raydl.consume.iterator",
     "Dataset": "raydl.dataset",
-    "IteratorStats": "raydl.iterator",
-    "Loader": "raydl.loader",
-    "S3Options": "raydl.config",
+    "IteratorStats": "raydl.consume.iterator",
+    "Loader": "raydl.execute.loader",
+    "S3Options": "raydl.options",
     "read_images": "raydl.dataset",
     "read_parquet": "raydl.dataset",
     "read_webdataset": "raydl.dataset",

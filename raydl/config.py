@@ -1,7 +1,10 @@
-"""Configuration: frozen dataclasses validated on construction, and the YAML files that fill them.
+"""The YAML config files: their schema (frozen dataclasses, validated on construction) and `load_config`.
 
-`LoaderConfig` is what `Dataset.loader(...)` builds; a YAML file under
-configs/ fills it and the other sections of a run (see docs/configs.md):
+The top floor of the data path: a config file names a source, the Dataset
+stages and the loader's options (raydl.options.LoaderConfig, which is what
+`Dataset.loader(...)` builds), so this module sits above raydl.dataset and
+imports it where a config is turned into a Dataset. A file under configs/
+holds these sections (see docs/configs.md):
 
     source:   where the samples are  -> raydl.read_images / read_webdataset / read_parquet
     pipeline: the Dataset stage methods, in order (decode, random_resized_crop, ...)
@@ -14,9 +17,8 @@ configs/ fills it and the other sections of a run (see docs/configs.md):
 key anywhere is a ValueError naming the key and the file. String values may
 name environment variables: `${DATA_ROOT}`, `${DATA_ROOT:-/data}`.
 
-This is the only module that reads raydl's environment variables (pyfi, the
-libfabric bindings, keeps its own two in raydl/native/pyfi/_env.py so that it
-stays importable alone).
+`LoaderConfig` and `S3Options` are importable from here too (they live in
+raydl.options).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
+from raydl.env import environment_variable
+from raydl.options import LoaderConfig, S3Options, positive_int
+
 __all__ = [
     "BenchConfig",
     "Config",
@@ -35,159 +40,14 @@ __all__ = [
     "JobConfig",
     "LoaderConfig",
     "ParquetSource",
-    "S3Options",
     "PipelineConfig",
+    "S3Options",
     "StageSpec",
     "ValConfig",
     "WebDatasetSource",
-    "checkpoint_bind",
-    "checkpoint_prepare",
-    "is_positive_int",
     "load_config",
     "load_loader_config",
-    "native_disabled",
-    "positive_int",
-    "ray_address",
 ]
-
-_ON_ERROR = ("skip", "replace", "raise")
-
-
-def native_disabled() -> bool:
-    """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
-    return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
-
-
-def ray_address() -> str | None:
-    """RAY_ADDRESS: set by `ray job submit` for the job's driver (and by users pointing at a cluster)."""
-    return os.environ.get("RAY_ADDRESS") or None
-
-
-def ray_worker_niceness() -> int:
-    """RAY_worker_niceness: the niceness Ray starts worker processes at (Ray's default: 15)."""
-    try:
-        return int(os.environ.get("RAY_worker_niceness", "15"))
-    except ValueError:
-        return 15
-
-
-def checkpoint_bind() -> str | None:
-    """Where checkpoint publishers listen: RAYDL_CHECKPOINT_BIND ("host:port", e.g. "127.0.0.1:0"),
-    else this node's Ray address (reachable from the other nodes), else the provider's default."""
-    bind = os.environ.get("RAYDL_CHECKPOINT_BIND")
-    if bind:
-        return bind
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return f"{ray.util.get_node_ip_address()}:0"
-    except Exception:  # noqa: BLE001 - no Ray: the provider picks
-        pass
-    return None
-
-
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def checkpoint_prepare() -> tuple[bool, int]:
-    """(bring the fabric side up when raydl.checkpoint is imported, bytes of receive buffer to fault in then)
-    from RAYDL_CHECKPOINT_PREPARE: unset or "1": (True, 0); "0": (False, 0); a size ("512MiB", "1G",
-    "4096"): (True, size). Anything else is a ValueError naming the variable."""
-    text = os.environ.get("RAYDL_CHECKPOINT_PREPARE", "").strip()
-    if text in ("", "1"):
-        return True, 0
-    if text == "0":
-        return False, 0
-    m = re.fullmatch(r"([0-9]+)\s*([KMG]?)(?:i?B)?", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"RAYDL_CHECKPOINT_PREPARE={text!r}: want 0, 1 or a size such as 512MiB")
-    return True, int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
-
-
-def is_positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def positive_int(name: str, value: object) -> int:
-    """`value` when it is an int > 0 (not a bool); else ValueError naming `name`. raydl's one such check."""
-    if not is_positive_int(value):
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    """How a loader plans and runs an epoch. See `Dataset.loader` for each field."""
-
-    batch_size: int
-    world_size: int = 1
-    seed: int = 0
-    shuffle: bool = True
-    drop_last: bool = False
-    on_error: str = "skip"
-    num_workers: int = 1
-    threads_per_worker: int | None = None
-    cpus_per_worker: float = 0.0
-    node_resource: str | None = None
-    prefetch_batches: int = 2
-    object_store_budget: int | None = None
-    io_concurrency: int | None = None
-
-    def __post_init__(self) -> None:
-        positive_int("batch_size", self.batch_size)
-        positive_int("world_size", self.world_size)
-        positive_int("prefetch_batches", self.prefetch_batches)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
-        if self.on_error not in _ON_ERROR:
-            raise ValueError(f"on_error must be one of {_ON_ERROR}, got {self.on_error!r}")
-        positive_int("num_workers", self.num_workers)
-        if self.object_store_budget is not None:
-            positive_int("object_store_budget", self.object_store_budget)
-        if self.node_resource is not None and not (
-            isinstance(self.node_resource, str) and self.node_resource
-        ):
-            raise ValueError(f"node_resource must be a non-empty resource name, got {self.node_resource!r}")
-        if self.threads_per_worker is not None:
-            positive_int("threads_per_worker", self.threads_per_worker)
-        if self.io_concurrency is not None:
-            positive_int("io_concurrency", self.io_concurrency)
-        if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker >= 0):
-            raise ValueError(f"cpus_per_worker must be a number >= 0, got {self.cpus_per_worker!r}")
-
-
-@dataclass(frozen=True)
-class S3Options:
-    """How raydl talks to S3 or an S3-compatible store. Unset fields fall back to boto3's own
-    configuration (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE, ~/.aws, instance roles).
-
-    max_concurrency: concurrent GETs per loader actor (and its connection pool size).
-    retries: tries per request in all, on throttling (503 SlowDown), 5xx and connection errors,
-    with exponential backoff and jitter; never on 403/404. timeout_s: connect and read timeout
-    of one request, and the time after which a read stops retrying.
-    """
-
-    endpoint_url: str | None = None
-    region: str | None = None
-    profile: str | None = None
-    max_concurrency: int = 64
-    retries: int = 5
-    timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("endpoint_url", "region", "profile"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and value):
-                raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
-        positive_int("max_concurrency", self.max_concurrency)
-        positive_int("retries", self.retries)
-        if (
-            isinstance(self.timeout_s, bool)
-            or not isinstance(self.timeout_s, (int, float))
-            or self.timeout_s <= 0
-        ):
-            raise ValueError(f"timeout_s must be a positive number, got {self.timeout_s!r}")
 
 
 # -- the YAML config files --------------------------------------------------------------------
@@ -195,7 +55,7 @@ class S3Options:
 class ImagesSource:
     """`source: {kind: images, path: ...}` -> raydl.read_images(path, labels=labels).
 
-    `generate: N` writes N generated demo images (raydl.demo.make_images, seeded
+    `generate: N` writes N generated demo images (raydl.util.synthetic.make_images, seeded
     by `generate_seed`) into `path` first when it does not exist yet, so a demo
     config runs anywhere; leave it 0 for real data.
     """
@@ -215,11 +75,11 @@ class ImagesSource:
 
     def read(self):
         """The Dataset of this source (no stages yet)."""
-        import raydl
+        from raydl.dataset import read_images
 
         if self.generate and "://" not in self.path and not os.path.exists(self.path):
             _generate_images(self.path, self.generate, self.generate_seed)
-        return raydl.read_images(self.path, labels=self.labels, s3=self.s3)
+        return read_images(self.path, labels=self.labels, s3=self.s3)
 
 
 @dataclass(frozen=True)
@@ -233,10 +93,10 @@ class WebDatasetSource:
     s3: S3Options | None = None
 
     def read(self):
-        import raydl
+        from raydl.dataset import read_webdataset
 
         urls = self.urls if isinstance(self.urls, str) else list(self.urls)
-        return raydl.read_webdataset(
+        return read_webdataset(
             urls, s3=self.s3, image_fields=tuple(self.image_fields), label_field=self.label_field
         )
 
@@ -252,10 +112,10 @@ class ParquetSource:
     s3: S3Options | None = None
 
     def read(self):
-        import raydl
+        from raydl.dataset import read_parquet
 
         paths = self.paths if isinstance(self.paths, str) else list(self.paths)
-        return raydl.read_parquet(
+        return read_parquet(
             paths, image_column=self.image_column, label_column=self.label_column, s3=self.s3
         )
 
@@ -264,7 +124,7 @@ def _generate_images(path: str, n: int, seed: int) -> None:
     """Demo images written to a sibling folder and renamed into place, so concurrent readers never see half."""
     import tempfile
 
-    from raydl.demo import make_images
+    from raydl.util.synthetic import make_images
 
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
@@ -503,7 +363,7 @@ def _expand(value: object, path: str) -> object:
         return value
 
     def one(m: re.Match) -> str:
-        got = os.environ.get(m.group(1))
+        got = environment_variable(m.group(1))
         if got is None and m.group(2) is None:
             raise ValueError(
                 f"{path}: ${{{m.group(1)}}} is not set (write ${{{m.group(1)}:-default}} for a default)"

@@ -10,13 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raydl._arrow import int_column
-from raydl.catalog import Catalog
-from raydl.config import LoaderConfig, S3Options
-from raydl.loader import Loader
-from raydl.sources.images import list_image_folder
-from raydl.storage import resolve, split_scheme, storage_for
-from raydl.transforms import (
+from raydl.describe.catalog import Catalog
+from raydl.describe.transforms import (
     AspectBuckets,
     CenterCrop,
     Decode,
@@ -27,6 +22,11 @@ from raydl.transforms import (
     Stage,
     compile_stages,
 )
+from raydl.execute.loader import Loader
+from raydl.options import LoaderConfig, S3Options
+from raydl.sources.images import list_image_folder
+from raydl.storage import resolve, split_scheme, storage_for
+from raydl.util.arrow import int_column
 
 __all__ = ["Dataset", "read_images", "read_parquet", "read_webdataset"]
 

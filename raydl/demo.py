@@ -1,52 +1,20 @@
 """`raydl demo`: two ranks read one epoch of a generated image folder on a local Ray.
 
-The images are made here (smooth colour fields with shapes and noise, JPEG and
-PNG, varied sizes and modes, plus one corrupt file), so the demo needs no
-download and shows the skip accounting at work.
+The images are generated (raydl.util.synthetic.make_images, importable from
+here too: smooth colour fields with shapes and noise, JPEG and PNG, varied
+sizes and modes, plus one corrupt file), so the demo needs no download and
+shows the skip accounting at work.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 import time
 
-import numpy as np
-from PIL import Image
+from raydl.util.synthetic import make_images
 
 __all__ = ["make_images", "main"]
-
-
-def make_images(root: str, n: int, *, classes: int = 4, seed: int = 0, corrupt: int = 1) -> list[str]:
-    """Write `n` procedurally generated images (and `corrupt` broken files) into root/cNN/."""
-    rng = np.random.default_rng(seed)
-    paths = []
-    for i in range(n):
-        h, w = int(rng.integers(160, 480)), int(rng.integers(160, 480))
-        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-        phase = rng.uniform(0, 2 * np.pi, size=3)
-        freq = rng.uniform(0.005, 0.05, size=3)
-        img = np.stack([127 + 100 * np.sin(freq[c] * (xx + yy * (c + 1)) + phase[c]) for c in range(3)], -1)
-        cy, cx, r = rng.integers(0, h), rng.integers(0, w), rng.integers(10, 80)
-        img[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = rng.integers(0, 255, size=3)
-        img += rng.normal(0, 8, size=img.shape)
-        arr = np.clip(img, 0, 255).astype(np.uint8)
-        folder = os.path.join(root, f"c{i % classes:02d}")
-        os.makedirs(folder, exist_ok=True)
-        if i % 10 == 9:
-            path = os.path.join(folder, f"{i:06d}.png")
-            Image.fromarray(arr).convert("L" if i % 20 == 19 else "RGB").save(path)
-        else:
-            path = os.path.join(folder, f"{i:06d}.jpg")
-            Image.fromarray(arr).save(path, quality=int(rng.integers(75, 95)))
-        paths.append(path)
-    for j in range(corrupt):
-        path = os.path.join(root, "c00", f"corrupt{j}.jpg")
-        with open(path, "wb") as f:
-            f.write(b"\xff\xd8\xff\xe0 this is not really a JPEG")
-        paths.append(path)
-    return paths
 
 
 def _run_rank(it, out: dict, rank: int) -> None:
@@ -59,8 +27,10 @@ def _run_rank(it, out: dict, rank: int) -> None:
 def main(args) -> int:
     import ray
 
-    import raydl
-    from raydl.config import LoaderConfig, load_config
+    from raydl import native
+    from raydl.config import load_config
+    from raydl.dataset import read_images
+    from raydl.options import LoaderConfig
 
     tmp = None
     root = args.dir
@@ -78,7 +48,7 @@ def main(args) -> int:
             f"({int(ray.cluster_resources().get('CPU', 0))} CPUs)",
             flush=True,
         )
-        ds = raydl.read_images(root).decode().random_resized_crop(224).random_hflip().normalize("imagenet")
+        ds = read_images(root).decode().random_resized_crop(224).random_hflip().normalize("imagenet")
         print(ds)
         if args.config:
             config = load_config(args.config, args.set).loader
@@ -119,7 +89,7 @@ def main(args) -> int:
         ranks = f"{world_size} rank" + ("" if world_size == 1 else "s")
         print(
             f"\nraydl demo: one epoch of {len(ds)} files on {ranks} in {wall:.2f} s; "
-            f"kernels: {raydl.native.kernel_status()}"
+            f"kernels: {native.kernel_status()}"
         )
         return 0
     finally:

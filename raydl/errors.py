@@ -79,7 +79,7 @@ def _rebuild_decode_error(message: str, uri: str, sample_id: int | None) -> Samp
 class DecodeError(RaydlError, ValueError):
     """A sample's bytes are corrupt, truncated or in a format raydl cannot decode.
 
-    Raised by raydl.decode and the native JPEG path, which do not know the
+    Raised by raydl.native.decode and the native JPEG path, which do not know the
     file; the loader names it when it skips, replaces or raises (SampleDecodeError).
     """
 

@@ -196,8 +196,9 @@ def run_floor(spec: PeerSpec, clock: EpochClock) -> Measurement:
     the IFAST path, on the boxes raydl's own train program draws, into an 8x8
     slot: what remains is Huffman decoding up to the crop's last row.
     """
-    from raydl import decode, native
-    from raydl.transforms import Decode, RandomHFlip, RandomResizedCrop, compile_stages
+    from raydl import native
+    from raydl.describe.transforms import Decode, RandomHFlip, RandomResizedCrop, compile_stages
+    from raydl.native import decode
 
     if not native.jpeg_available():
         raise RuntimeError("the floor needs raydl's region JPEG decoder (raydl.native._jpeg)")

@@ -22,7 +22,7 @@ import random
 import numpy as np
 from PIL import Image
 
-from raydl.buckets import bucket_set, nearest_bucket
+from raydl.describe.buckets import bucket_set, nearest_bucket
 from raydl.sources.images import IMAGE_EXTENSIONS
 
 __all__ = [

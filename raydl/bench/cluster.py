@@ -340,15 +340,8 @@ def _broadcast(mib: int) -> dict:
 
 def _settings(args):
     """Config defaults (configs/bench-cluster.yaml or built in), then the flags."""
-    from raydl.config import (
-        BenchConfig,
-        Config,
-        ImagesSource,
-        LoaderConfig,
-        PipelineConfig,
-        StageSpec,
-        load_config,
-    )
+    from raydl.config import BenchConfig, Config, ImagesSource, PipelineConfig, StageSpec, load_config
+    from raydl.options import LoaderConfig
 
     if args.config:
         cfg = load_config(args.config, args.set)

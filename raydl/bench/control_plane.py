@@ -70,7 +70,7 @@ class _StubCall:
     result: dict  # extra BatchResult fields, shared by every stub worker (the membership version)
 
     def remote(self, task):
-        from raydl.actors.loader_worker import BatchResult
+        from raydl.execute.worker import BatchResult
 
         ids = task.ids.astype(np.int64, copy=False)
         return BatchResult(
@@ -84,7 +84,7 @@ class _StubHandle:
 
 
 def _dry_iterator_class():
-    from raydl.iterator import DataIterator
+    from raydl.consume.iterator import DataIterator
 
     class DryIterator(DataIterator):
         """The real loop; a stub result is its own ref, so `_get` hands it back without Ray."""
@@ -97,7 +97,7 @@ def _dry_iterator_class():
 
 def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list[str]):
     """A Loader object without actors: its coordinator calls are counted, not sent."""
-    from raydl.loader import Loader
+    from raydl.execute.loader import Loader
 
     loader = Loader.__new__(Loader)
     loader.config, loader.num_samples, loader.fingerprint = config, num_samples, "0" * 32
@@ -126,8 +126,8 @@ _MEMBERSHIP: dict = {}  # the stub coordinator's worker-list version, as the stu
 
 
 def _workers(nodes: int, per_node: int):
-    from raydl.actors.coordinator import WorkerInfo
-    from raydl.actors.loader_worker import BatchResult
+    from raydl.execute.coordinator import WorkerInfo
+    from raydl.execute.worker import BatchResult
 
     _MEMBERSHIP.clear()
     if "membership" in BatchResult.__dataclass_fields__:
@@ -157,7 +157,7 @@ def measure_loop(
     `seconds_per_batch` is how long a trainer takes per batch: the loader may refresh
     its worker list on a clock, so calls per batch are reported at that pace.
     """
-    from raydl.config import LoaderConfig
+    from raydl.options import LoaderConfig
 
     config = LoaderConfig(batch_size=batch_size, world_size=ranks, seed=0, prefetch_batches=2)
     calls: list[str] = []
@@ -182,7 +182,7 @@ def measure_loop(
                 if done >= batches:
                     break
             loop_s += time.thread_time() - t0
-        from raydl.plan import EpochOrder, EpochPlan, augmentation_seeds
+        from raydl.plan.order import EpochOrder, EpochPlan, augmentation_seeds
 
         plan = EpochPlan(samples, ranks, batch_size, False)
         t0 = time.thread_time()
@@ -216,7 +216,7 @@ class _VirtualClock:
     def patch(self):
         import contextlib
 
-        import raydl.loader as loader_module
+        import raydl.execute.loader as loader_module
 
         clock = self
 
@@ -246,7 +246,7 @@ def measure_ray_call(batch_size: int, calls: int = 200) -> tuple[float, float]:
     is latency, which prefetching hides, and which a loaded machine inflates."""
     import ray
 
-    from raydl.actors.loader_worker import BatchTask
+    from raydl.execute.worker import BatchTask
 
     @ray.remote(num_cpus=0)
     class Echo:
@@ -270,7 +270,7 @@ def measure_decode(batch_size: int, images: int = 20) -> float:
     """CPU seconds of one batch of the "train" program (decode, RandomResizedCrop 224, flip, normalize)."""
     from PIL import Image
 
-    from raydl.transforms import Decode, Normalize, RandomHFlip, RandomResizedCrop, compile_stages
+    from raydl.describe.transforms import Decode, Normalize, RandomHFlip, RandomResizedCrop, compile_stages
 
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:375, 0:500].astype(np.float32)

@@ -31,7 +31,7 @@ from raydl.bench._transform import (
     open_rgb,
     train_transform,
 )
-from raydl.config import LoaderConfig
+from raydl.options import LoaderConfig
 
 __all__ = ["BUCKET_NOTES", "MULTI_EPOCH", "NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
 

@@ -112,7 +112,7 @@ def _fill(endpoint: str, objects: int, size: int) -> list[str]:
 def _measure(peer: str, endpoint: str, uris: list[str], size: int, concurrency: int) -> dict:
     """Fetch every URI once (after a warm-up of `concurrency` requests); requests/s and MB/s."""
     if peer == "raydl":
-        from raydl.config import S3Options
+        from raydl.options import S3Options
         from raydl.storage.fetch import IOPool
         from raydl.storage.s3 import S3Storage
 

@@ -17,16 +17,19 @@ The package, along its seams:
     held          HeldCopy / HeldCopies: the copies a process serves, and their owner
     fabric        the fabric transport: FabricClient, pull()
     object_store  the object-store transport served on demand; holder_status()
+    api           publish, fetch, unpublish, prepare: one process's checkpoints
     chain         broadcast() over a chain of peers that pipelines
-    api           publish, fetch, broadcast, unpublish, peer_actor, prepare
+    peer          CheckpointPeer, peer_actor(): a process that receives a checkpoint and serves it on
 
 Importing it starts libfabric and opens this process's fabric endpoint on a
 background thread (checkpoint.prepare(); RAYDL_CHECKPOINT_PREPARE=0 turns it
 off, a size such as 512MiB also faults a receive buffer that large in).
 """
 
-from raydl.checkpoint.api import DEFAULT_CHUNK, broadcast, fetch, peer_actor, prepare, publish, unpublish
+from raydl.checkpoint.api import DEFAULT_CHUNK, fetch, prepare, publish, unpublish
 from raydl.checkpoint.api import prepare_at_import as _prepare_at_import
+from raydl.checkpoint.chain import broadcast
+from raydl.checkpoint.peer import peer_actor
 from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint
 from raydl.errors import CheckpointError
 

@@ -1,4 +1,7 @@
-"""publish / fetch / broadcast / unpublish / peer_actor / prepare: the checkpoint API.
+"""publish / fetch / unpublish / prepare: the checkpoint API of one process.
+
+broadcast (raydl/checkpoint/chain.py) and peer_actor (peer.py) build on it;
+raydl.checkpoint gathers all six.
 
 This process's checkpoint state lives in one object, `_Process`: the copies it
 publishes (a HeldCopies) and its fabric client (connections it reads over).
@@ -35,10 +38,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_CHUNK",
     "TRANSPORTS",
-    "broadcast",
     "choose_transport",
     "fetch",
-    "peer_actor",
     "prepare",
     "publish",
     "unpublish",
@@ -125,7 +126,7 @@ atexit.register(_PROCESS.close)
 
 
 def _bind(bind: str | None) -> str | None:
-    from raydl.config import checkpoint_bind
+    from raydl.env import checkpoint_bind
 
     return bind if bind is not None else checkpoint_bind()
 
@@ -155,7 +156,7 @@ def prepare(*, buffer_bytes: int | None = None, wait: bool = False) -> None:
 
 def _prepare_fabric() -> None:
     try:
-        from raydl.config import checkpoint_bind
+        from raydl.env import checkpoint_bind
         from raydl.native import pyfi
         from raydl.native.pyfi._lifecycle import GATE
         from raydl.native.pyfi._stack import is_loopback, parse_bind
@@ -173,7 +174,7 @@ def prepare_at_import() -> None:
     """What importing raydl.checkpoint does: prepare() in the background, as RAYDL_CHECKPOINT_PREPARE
     says (default: the fabric side only; a size: a receive buffer that large too; 0: nothing). It
     never blocks the import nor fails it: a bad value is logged and ignored."""
-    from raydl.config import checkpoint_prepare
+    from raydl.env import checkpoint_prepare
 
     try:
         enabled, buffer_bytes = checkpoint_prepare()
@@ -430,17 +431,3 @@ class _Target:
         with open(self.path, "rb") as f:  # private copy-on-write mapping: writable tensors, no copy
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         return np.frombuffer(mm, np.uint8)
-
-
-def broadcast(ref: CheckpointRef, targets: list, **kwargs) -> list[dict[str, Any]]:
-    """Get `ref` to every target (CheckpointPeer actors, see peer_actor), over a chain; see raydl.checkpoint.chain."""
-    from raydl.checkpoint.chain import broadcast as _broadcast
-
-    return _broadcast(ref, targets, **kwargs)
-
-
-def peer_actor(node_id: str | None = None, **kwargs):
-    """Start a CheckpointPeer actor (on `node_id` when given): a broadcast target that serves on what it gets."""
-    from raydl.actors.checkpoint_peer import peer_actor as _peer_actor
-
-    return _peer_actor(node_id, **kwargs)

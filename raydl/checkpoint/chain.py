@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raydl.checkpoint.api import choose_transport
 from raydl.checkpoint.ref import CheckpointRef
 from raydl.errors import CheckpointError
 
@@ -51,8 +52,6 @@ def broadcast(
     caps every link of the chain (a simulated network, for benchmarks and tests).
     """
     import ray
-
-    from raydl.checkpoint.api import choose_transport
 
     if window_bytes <= 0:
         raise ValueError(f"window_bytes must be positive, got {window_bytes}")

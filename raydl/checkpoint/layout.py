@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from raydl._torch import import_torch
+from raydl.util.optional import import_torch
 
 __all__ = [
     "DTYPES",

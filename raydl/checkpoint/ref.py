@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from raydl._process import process_name
+from raydl.util.process import process_name
 
 __all__ = ["CheckpointRef", "FetchedCheckpoint", "HolderLocation", "this_machine"]
 

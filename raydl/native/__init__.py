@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from raydl.env import native_disabled
 from raydl.errors import DecodeError, NativeKernelError
 
 logger = logging.getLogger(__name__)
@@ -37,9 +38,7 @@ _ERR_LEN = 200  # bytes for one native error message
 
 def _import(module: str, missing: str) -> tuple[Any, Any, str]:
     """(ffi, lib, reason) of a compiled cffi module of raydl.native; lib is None when it cannot load."""
-    from raydl import config
-
-    if config.native_disabled():
+    if native_disabled():
         return None, None, "disabled by RAYDL_DISABLE_NATIVE=1"
     try:
         mod = importlib.import_module(f"raydl.native.{module}")
@@ -173,7 +172,7 @@ def jpeg_crop_resize_into(
     """As crop_resize_into, decoding from JPEG bytes only the region the box needs.
 
     scale_denom (1, 2, 4 or 8) downscales in the DCT domain (see
-    raydl.decode.dct_factor); fast=True uses libjpeg's IFAST IDCT without fancy
+    raydl.native.decode.dct_factor); fast=True uses libjpeg's IFAST IDCT without fancy
     upsampling, which is faster and changes pixels.
 
     Returns False when this path cannot take the image (module not built, CMYK

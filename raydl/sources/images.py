@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raydl.catalog import Catalog, make_catalog
+from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
 from raydl.sources.base import WholeRanges
 from raydl.storage.base import Storage, split_scheme

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raydl.catalog import Catalog, make_catalog
+from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
 from raydl.storage import ObjectInfo, Storage, split_scheme
 

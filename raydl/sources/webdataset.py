@@ -29,7 +29,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from raydl.catalog import Catalog, make_catalog
+from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.sources._braces import expand_braces
 from raydl.sources._tar import Member, TarIndex, index_tar

@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from raydl.config import S3Options
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
+from raydl.options import S3Options
 from raydl.storage.base import ObjectInfo
 from raydl.storage.fetch import RetryPolicy, call_with_retries
 

@@ -13,9 +13,9 @@ import ray
 import raydl
 from raydl import native
 from raydl.config import LoaderConfig
+from raydl.describe.transforms import SampleProgram, compile_stages
 from raydl.errors import LoaderError, SampleDecodeError
-from raydl.loader import Loader
-from raydl.transforms import SampleProgram, compile_stages
+from raydl.execute.loader import Loader
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -49,7 +49,7 @@ def test_a_dataset_larger_than_the_store_streams_without_spilling(small_store, t
     assert total == 160 * batch_bytes // 8 and total > 2 * STORE
     assert _spilled_bytes() == 0
     # The budget, not prefetch_batches=8, set the depth: (depth + 1) batches fit in a quarter of the store.
-    from raydl.scheduling import prefetch_depth
+    from raydl.plan.scheduling import prefetch_depth
 
     depth = prefetch_depth(8, batch_bytes=batch_bytes, budget_bytes=loader.object_store_budget, world_size=1)
     assert depth == 1  # a 9.8 MB batch and a 20 MiB budget: one in flight, one in hand

@@ -13,7 +13,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from raydl.transforms import (
+from raydl.describe.transforms import (
     AspectBuckets,
     CenterCrop,
     RandomHFlip,

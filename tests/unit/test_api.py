@@ -33,7 +33,7 @@ def test_every_exported_name_exists():
 
 def test_public_names_and_submodules_load_on_first_use():
     """`import raydl` is lazy: public names and submodules (raydl.config, ...) resolve on use; others raise."""
-    assert raydl.Loader.__module__ == "raydl.loader" and raydl.read_images.__module__ == "raydl.dataset"
+    assert raydl.Loader.__module__ == "raydl.execute.loader" and raydl.read_images.__module__ == "raydl.dataset"
     assert raydl.config.LoaderConfig is LoaderConfig and "errors" in dir(raydl)
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         raydl.no_such_name  # noqa: B018
@@ -44,8 +44,8 @@ def test_the_coordinator_imports_none_of_the_workers_dependencies():
     import subprocess
     import sys
 
-    heavy = ["raydl.actors.loader_worker", "raydl.transforms", "raydl.dataset", "PIL", "pyarrow", "pandas"]
-    code = ("import sys, raydl.actors.coordinator, raydl.config; "
+    heavy = ["raydl.execute.worker", "raydl.describe.transforms", "raydl.dataset", "PIL", "pyarrow", "pandas"]
+    code = ("import sys, raydl.execute.coordinator, raydl.config; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

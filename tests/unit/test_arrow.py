@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from raydl._arrow import StringColumn, int_array, int_column, string_array
+from raydl.util.arrow import StringColumn, int_array, int_column, string_array
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,8 +34,8 @@ def test_listing_and_a_batch_do_not_import_pandas(image_folder):
     """read_images and a batch made in-process leave pandas unimported (pyarrow's pa.array would cost a second)."""
     code = f"""
 import sys, numpy as np, raydl
-from raydl.actors.loader_worker import BatchTask, LoaderWorker, WorkerSpec
-from raydl.transforms import compile_stages
+from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.describe.transforms import compile_stages
 ds = raydl.read_images({str(image_folder)!r}).decode().random_resized_crop(32).normalize("imagenet")
 w = LoaderWorker(WorkerSpec(program=compile_stages(ds.stages)), ds.catalog, 1, reuse_buffers=False)
 r = w.run_batch(BatchTask(0, 0, 0, np.arange(8), np.arange(8, dtype=np.uint64)))

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from raydl.buckets import assign_buckets, bucket_set, nearest_bucket
-from raydl.transforms import AspectBuckets, Decode, RandomHFlip, SampleRng, compile_stages
+from raydl.describe.buckets import assign_buckets, bucket_set, nearest_bucket
+from raydl.describe.transforms import AspectBuckets, Decode, RandomHFlip, SampleRng, compile_stages
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,7 +107,7 @@ def test_bucketed_program_shapes_and_geometry():
 
 def test_aspect_buckets_replaces_the_crop_stages():
     """aspect_buckets with random_resized_crop, resize or center_crop (or twice) is a ValueError."""
-    from raydl.transforms import CenterCrop
+    from raydl.describe.transforms import CenterCrop
 
     with pytest.raises(ValueError, match="aspect_buckets"):
         compile_stages((Decode(), CenterCrop(224), AspectBuckets(512)))
@@ -117,7 +117,7 @@ def test_aspect_buckets_replaces_the_crop_stages():
 
 # ------------------------------------------------------------- the plan ----
 
-from raydl.plan import EpochPlan, bucket_batch_count, bucket_batches  # noqa: E402
+from raydl.plan.order import EpochPlan, bucket_batch_count, bucket_batches  # noqa: E402
 
 
 def _deal(bb, world_size, drop_last):

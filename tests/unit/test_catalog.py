@@ -138,7 +138,7 @@ def test_etags_enter_the_fingerprint_but_not_the_shuffle_seed(tree):
     """The same files with other etags (an S3 copy) keep samples_fingerprint (same order) but not fingerprint."""
     import dataclasses
 
-    from raydl.catalog import make_catalog
+    from raydl.describe.catalog import make_catalog
     from raydl.storage import ObjectInfo
 
     cat = read_images(str(tree)).catalog

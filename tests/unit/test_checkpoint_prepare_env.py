@@ -6,7 +6,7 @@ import os
 import pytest
 
 from raydl.bench._ckpt_cold import summarize_cold
-from raydl.config import checkpoint_prepare
+from raydl.env import checkpoint_prepare
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raydl import decode
+from raydl.native import decode
 
 pytestmark = pytest.mark.timeout(60)
 

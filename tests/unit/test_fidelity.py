@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 from test_transforms import PHOTOS, smooth_image
 
-from raydl.transforms import (
+from raydl.describe.transforms import (
     AspectBuckets,
     CenterCrop,
     Decode,

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raydl import decode, native
+from raydl import native
+from raydl.describe.transforms import Decode, Normalize, RandomHFlip, RandomResizedCrop, compile_stages
 from raydl.errors import NativeKernelError
-from raydl.transforms import Decode, Normalize, RandomHFlip, RandomResizedCrop, compile_stages
+from raydl.native import decode
 
 pytestmark = [
     pytest.mark.timeout(60),

@@ -9,9 +9,9 @@ import pytest
 
 import raydl
 from raydl import native
-from raydl.actors.loader_worker import BatchTask, LoaderWorker, WorkerSpec
-from raydl.plan import augmentation_seeds
-from raydl.transforms import compile_stages
+from raydl.describe.transforms import compile_stages
+from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.plan.order import augmentation_seeds
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,7 +118,7 @@ def test_driver_threads_take_the_workers_niceness_and_never_raise_it(image_folde
     import os
     import threading
 
-    from raydl.loader import _renice
+    from raydl.execute.bootstrap import renice as _renice
 
     niceness = 15  # Ray's worker niceness
 

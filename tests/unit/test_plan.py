@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from raydl.plan import EpochOrder, EpochPlan, augmentation_seeds, epoch_order, substitute_id
+from raydl.plan.order import EpochOrder, EpochPlan, augmentation_seeds, epoch_order, substitute_id
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from raydl.scheduling import (
+from raydl.plan.scheduling import (
     LOCAL_DEPTH,
     NodeInfo,
     bootstrap_threads,

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raydl import decode
-from raydl.sizes import header_sizes
+from raydl.describe.sizes import header_sizes
+from raydl.native import decode
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from raydl import decode, native
-from raydl.transforms import (
+from raydl import native
+from raydl.describe.transforms import (
     CenterCrop,
     Decode,
     Normalize,
@@ -22,6 +22,7 @@ from raydl.transforms import (
     compile_stages,
     rrc_box,
 )
+from raydl.native import decode
 
 pytestmark = pytest.mark.timeout(60)
 

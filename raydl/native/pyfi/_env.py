@@ -1,6 +1,6 @@
 """The one place pyfi reads the environment.
 
-raydl's other settings go through raydl/config.py; pyfi reads its two
+raydl's other settings go through raydl/env.py; pyfi reads its two
 variables here, in one small function, so that the bindings load (and can be
 disabled) without importing the rest of raydl.
 

@@ -46,7 +46,7 @@ class CheckpointPeer:
 
     def prepare(self, ref: CheckpointRef) -> CheckpointRef:
         """Allocate and serve this peer's copy (empty so far); returns the ref other peers read it by."""
-        from raydl.config import checkpoint_bind
+        from raydl.env import checkpoint_bind
         from raydl.native import pyfi
 
         # The bytes, then (8-aligned) the progress word: chunks held, verified. One region, one server:
@@ -189,7 +189,7 @@ class CheckpointPeer:
 
 
 def peer_actor(node_id: str | None = None, *, bind: str | None = None, provider: str | None = None):
-    """Start a CheckpointPeer actor (on `node_id` when given) and return its handle."""
+    """Start a CheckpointPeer actor (on `node_id` when given): a broadcast target that serves on what it gets."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raydl._splitmix import GAMMA, MASK64, mix64, mix64_array
-from raydl.config import positive_int
+from raydl.options import positive_int
+from raydl.util.splitmix import GAMMA, MASK64, mix64, mix64_array
 
 __all__ = [
     "BucketBatches",

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raydl import decode, native
-from raydl._splitmix import GAMMA, MASK64, mix64
-from raydl.buckets import assign_buckets, bucket_set, check_bucket_args
-from raydl.config import is_positive_int, positive_int
+from raydl import native
+from raydl.describe.buckets import assign_buckets, bucket_set, check_bucket_args
+from raydl.native import decode
+from raydl.options import is_positive_int, positive_int
+from raydl.util.splitmix import GAMMA, MASK64, mix64
 
 __all__ = [
     "AspectBuckets",

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import ray
 
-from raydl.actors.loader_worker import BatchResult, BatchTask
-from raydl.config import positive_int
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
-from raydl.plan import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
-from raydl.scheduling import choose_worker, prefetch_depth
+from raydl.options import positive_int
+from raydl.plan.order import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
+from raydl.plan.scheduling import choose_worker, prefetch_depth
+from raydl.plan.tasks import BatchResult, BatchTask
 
 if TYPE_CHECKING:
-    from raydl.actors.coordinator import WorkerInfo
-    from raydl.loader import Loader
+    from raydl.execute.coordinator import WorkerInfo
+    from raydl.execute.loader import Loader
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ class DataIterator:
             self._loader.sync(result.membership)
             worker = self._pending.pop(k)[1]
             self._stats.local_batches += worker.node_id == self._node
-            self._stats.driver_batches += worker.handle is None  # the Loader's own process (_Bootstrap)
+            self._stats.driver_batches += worker.handle is None  # the Loader's own process (execute/bootstrap.py)
             now = time.perf_counter()
             self._stats.wait_s += now - t0
             if self._stats.time_to_first_batch_s is None:
@@ -341,7 +341,7 @@ class DataIterator:
         are read-only in spirit: copy before writing into them in place.
         `dtypes` is one torch dtype for the image, or a dict column -> dtype.
         """
-        from raydl._torch import torch_batches
+        from raydl.consume.torch import torch_batches
 
         batches = self.iter_batches(prefetch_batches=prefetch_batches, timeout_s=timeout_s)
         return torch_batches(batches, device=device, dtypes=dtypes, pin_memory=pin_memory)

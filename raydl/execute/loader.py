@@ -4,7 +4,7 @@ The catalog goes into the object store once and every worker maps it. The
 workers (the plain `LoaderWorker` class), `num_workers` per eligible node (one
 with CPUs, room for `cpus_per_worker`, and the `node_resource` label when one is
 given), are started here at the same time as the coordinator actor
-(`raydl/actors/coordinator.py`), which then owns them: it starts workers on
+(raydl/execute/coordinator.py), which then owns them: it starts workers on
 nodes that join and replaces a dead one once, on the live node with the
 fewest. The constructor does not wait for them: until the first is up, the
 Loader that started them makes the first batches in its own process (the same
@@ -28,20 +28,19 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydl import scheduling
-from raydl._arrow import int_column
-from raydl._process import process_name
-from raydl.actors.coordinator import (
+from raydl.describe.catalog import Catalog
+from raydl.describe.transforms import SampleProgram
+from raydl.errors import LoaderError, SampleDecodeError
+from raydl.execute.bootstrap import Bootstrap
+from raydl.execute.cluster import (
     READY_TIMEOUT_S,
-    LoaderCoordinator,
     WorkerInfo,
     free_cpus,
     launch_workers,
@@ -49,15 +48,15 @@ from raydl.actors.coordinator import (
     no_room_message,
     remote_class,
 )
-from raydl.actors.loader_worker import LoaderWorker, WorkerSpec
-from raydl.catalog import Catalog
-from raydl.config import LoaderConfig, ray_worker_niceness
-from raydl.errors import LoaderError, SampleDecodeError
-from raydl.plan import bucket_batch_count
-from raydl.transforms import SampleProgram
+from raydl.execute.coordinator import LoaderCoordinator
+from raydl.execute.worker import WorkerSpec
+from raydl.options import LoaderConfig
+from raydl.plan import scheduling
+from raydl.plan.order import bucket_batch_count
+from raydl.util.arrow import int_column
 
 if TYPE_CHECKING:
-    from raydl.iterator import DataIterator
+    from raydl.consume.iterator import DataIterator
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +65,8 @@ __all__ = ["Loader"]
 _DEFAULT_BUDGET_FRACTION = 0.25
 _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
 LAUNCH_DELAY_S = 1.0  # how long the launch waits for a first batch to be asked of this process
-ROOM_WAIT_S = (
-    10.0  # with cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down)
-)
+# With cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down).
+ROOM_WAIT_S = 10.0
 
 
 class Loader:
@@ -118,7 +116,7 @@ class Loader:
         )
         # Only where the user lets the loader decode: this node hosts workers too (label, room).
         self._bootstrap = (
-            _Bootstrap(spec, catalog, threads, here, on_first=self._launch_now.set)
+            Bootstrap(spec, catalog, threads, here, on_first=self._launch_now.set)
             if here in placement
             else None
         )
@@ -251,7 +249,7 @@ class Loader:
         if version > self._version:
             self._update(*self._call("workers"))
 
-    def bootstrap(self) -> _Bootstrap | None:
+    def bootstrap(self) -> Bootstrap | None:
         """While none of the workers it started is up yet: the runner that makes batches in this
         process (the Loader that started the workers only, within READY_TIMEOUT_S of starting them)."""
         with self._lock:
@@ -328,7 +326,7 @@ class Loader:
     # -- public -------------------------------------------------------------------------
     def iterator(self, rank: int = 0) -> DataIterator:
         """The iterator of `rank` (0 <= rank < world_size)."""
-        from raydl.iterator import DataIterator
+        from raydl.consume.iterator import DataIterator
 
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.config.world_size:
             raise ValueError(f"rank must be an int in [0, world_size={self.config.world_size}), got {rank!r}")
@@ -438,59 +436,6 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
             f"bucket sizes: {np.bincount(bucket_of[bucket_of >= 0], minlength=len(buckets)).tolist()}"
         )
     return buckets, bucket_of, unlisted, units
-
-
-class _Bootstrap:
-    """Makes batches in the Loader's own process while its workers start (one batch at a time, in order)."""
-
-    def __init__(
-        self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str, *, on_first: Callable[[], None]
-    ) -> None:
-        self._spec, self._catalog, self._threads = spec, catalog, threads
-        self._worker: LoaderWorker | None = None
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
-        self._on_first = on_first  # called when the first batch is done (or failed)
-        self.busy = False  # a batch was asked for and the first is not done yet
-        self.info = WorkerInfo(None, node_id, f"{process_name()} (this process, while the workers start)")
-
-    def submit(self, task) -> Future:
-        self.busy = True
-        return self._exec.submit(self._run, task)
-
-    def _run(self, task):
-        first = self._worker is None
-        try:
-            if first:
-                # The caller gets the arrays as they are, with no copy into the object store; a batch's
-                # buffer is reused once the caller has dropped it (fresh memory costs a page fault per 4 KiB).
-                self._worker = LoaderWorker(self._spec, self._catalog, self._threads, handoff=True)
-            result = self._worker.run_batch(task)
-        finally:
-            if first:
-                self._on_first()
-                # From the second batch on, the worker processes starting now must not be starved: Ray
-                # starts them at niceness 15 (RAY_worker_niceness), and this process's loader threads
-                # take the same from here.
-                _renice([threading.get_native_id(), *self._worker.thread_ids()], ray_worker_niceness())
-        for value in result.batch.values():  # read-only, like the object store's batches
-            if isinstance(value, np.ndarray):
-                value.flags.writeable = False
-        return result
-
-    def close(self) -> None:
-        self._exec.shutdown(wait=False)  # batches already asked for still finish
-        if self._worker is not None:  # the buffer kept for the next batch: there is none
-            self._worker.drop_buffers()
-
-
-def _renice(thread_ids: list[int], niceness: int) -> None:
-    """Lower these threads of this process to `niceness` (Linux: priority is per thread); never raise it."""
-    for tid in thread_ids:
-        try:
-            if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
-                os.setpriority(os.PRIO_PROCESS, tid, niceness)
-        except (AttributeError, OSError):  # not Linux, or the thread is gone
-            pass
 
 
 def _default_budget(nodes: list[scheduling.NodeInfo]) -> int:

@@ -1,4 +1,4 @@
-"""numpy batches to torch tensors. torch is an optional extra, imported only here."""
+"""numpy batches to torch tensors (`DataIterator.iter_torch_batches`). torch is an optional extra."""
 
 from __future__ import annotations
 
@@ -8,19 +8,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["import_torch", "torch_batches"]
+from raydl.util.optional import import_torch
 
-
-def import_torch(what: str):
-    """torch, imported on first use (an optional extra); `what` names the feature that needs it."""
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError(
-            f"{what} needs torch; install the build for your CUDA version, "
-            "or `pip install 'raydl[torch]'` for the default one"
-        ) from exc
-    return torch
+__all__ = ["torch_batches"]
 
 
 def torch_batches(

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from raydl.config import positive_int
+from raydl.options import positive_int
 
 __all__ = ["assign_buckets", "bucket_set", "check_bucket_args", "nearest_bucket"]
 

@@ -4,9 +4,10 @@
     shards:  uri | size | etag
 
 Image sizes are read only when a stage needs them (aspect buckets):
-`with_sizes()` reads each image's header (raydl/sizes.py) into int32 width and
-height columns, -1 where the header is unreadable, the reason in `size_errors`
-by sample id. Listing reads no image bytes.
+`with_sizes()` reads each image's header (`catalog_sizes`, with the parser of
+raydl/describe/sizes.py) into int32 width and height columns, -1 where the
+header is unreadable, the reason in `size_errors` by sample id. Listing reads
+no image bytes.
 
 The sample id is the row number, 0..N-1. A sample is `length` bytes at
 `offset` of shard `shard` (a row of `shards`): the whole file for an image
@@ -37,13 +38,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from raydl._arrow import int_array, string_array
 from raydl.storage.base import ObjectInfo, Storage
+from raydl.util.arrow import int_array, int_column, string_array
 
 if TYPE_CHECKING:
+    from raydl.describe.sizes import HeaderSizes
     from raydl.sources.base import Source
 
-__all__ = ["CORE_COLUMNS", "SIZE_COLUMNS", "Catalog", "make_catalog"]
+__all__ = ["CORE_COLUMNS", "SIZE_COLUMNS", "Catalog", "catalog_sizes", "make_catalog"]
 
 CORE_COLUMNS = ("shard", "offset", "length", "row", "label", "key")
 SIZE_COLUMNS = ("width", "height")  # derived from the samples' bytes: outside both fingerprints
@@ -85,13 +87,39 @@ class Catalog:
         """
         if self.has_sizes:
             return self
-        from raydl.sizes import catalog_sizes
-
         dims = catalog_sizes(self)
         table = self.table.append_column("width", int_array(dims.widths, np.int32)).append_column(
             "height", int_array(dims.heights, np.int32)
         )
         return dataclasses.replace(self, table=table, size_errors=dict(dims.errors))
+
+
+def catalog_sizes(catalog: Catalog) -> HeaderSizes:
+    """The sizes of a catalog's images, by sample id, from the headers of their files.
+
+    Only a source whose sample is a whole image file (an image folder) has them:
+    elsewhere the bytes at a sample's range are not an image file on their own
+    (a Parquet column chunk, a compressed tar stream), and this is a ValueError.
+    """
+    from raydl.describe.sizes import header_sizes  # the decoders' header parsers: only when sizes are read
+
+    if catalog.source.name != "images":
+        raise ValueError(
+            f"image sizes (needed by aspect_buckets()) can be read for image folders only, "
+            f"not for a {catalog.source.name} source ({catalog.root!r})"
+        )
+    storage, shards = catalog.storage, catalog.shards.to_pydict()
+    objects = [ObjectInfo(u, s, e) for u, s, e in zip(shards["uri"], shards["size"], shards["etag"])]
+    shard_of = int_column(catalog.table.column("shard"))
+
+    def read(shard: int, length: int | None) -> bytes:
+        obj = objects[shard]
+        n = obj.size if length is None else min(length, obj.size)
+        return storage.read_range(obj.uri, 0, n, etag=obj.etag or None) if n > 0 else b""
+
+    return header_sizes(
+        read, shard_of.tolist(), threads=max(8, getattr(storage, "default_io_concurrency", 8))
+    )
 
 
 def _relative(uri: str, root: str) -> str:

@@ -33,34 +33,33 @@ import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from raydl._arrow import StringColumn, int_column
-from raydl._process import process_name
-from raydl.catalog import Catalog
+from raydl.describe.catalog import Catalog
+from raydl.describe.transforms import SampleProgram
 from raydl.errors import (
-    AccessDeniedError,
     DataSourceError,
     DecodeError,
     LoaderError,
-    ObjectChangedError,
     SampleDecodeError,
 )
-from raydl.memory import populated_empty
-from raydl.plan import substitute_id
+from raydl.plan.failures import Replaced, Skipped
+from raydl.plan.order import substitute_id
+from raydl.plan.tasks import BatchResult, BatchTask
 from raydl.storage.base import ObjectInfo
 from raydl.storage.fetch import Block, IOPool, coalesce
-from raydl.transforms import SampleProgram
+from raydl.util.arrow import StringColumn, int_column
+from raydl.util.memory import populated_empty
+from raydl.util.process import process_name
 
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
 
 MAX_SUBSTITUTES = 8  # tries per failed sample under on_error="replace" before the batch fails
 IO_TASKS_PER_THREAD = 4  # a batch's blocks go to this many IO tasks per IO thread (fewer when there are few)
-DECODE_CHUNK = (
-    16  # samples a decode thread takes at once (one native call); fewer as the batch's queue drains
-)
+# Samples a decode thread takes at once (one native call); fewer as the batch's queue drains.
+DECODE_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -71,59 +70,6 @@ class WorkerSpec:
     threads: int | None = None
     on_error: str = "skip"
     io_concurrency: int | None = None  # None: the storage's default
-
-
-@dataclass(frozen=True)
-class BatchTask:
-    """Batch `index` of `rank` in `epoch`: the samples, in order, their seeds, and their bucket (H, W) if any."""
-
-    rank: int
-    epoch: int
-    index: int
-    ids: np.ndarray
-    seeds: np.ndarray
-    bucket: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class Skipped:
-    sample_id: int
-    uri: str
-    reason: str
-    unreadable: bool = False  # the bytes could not be read, rather than decoded
-    error: type[DataSourceError] = DataSourceError  # the read error's type, raised again by the iterator
-
-    @property
-    def fatal(self) -> bool:
-        """The data changed under the loader or access is denied: no substitute may hide it."""
-        return issubclass(self.error, (ObjectChangedError, AccessDeniedError))
-
-    @classmethod
-    def read_failed(cls, sample_id: int, uri: str, exc: DataSourceError) -> Skipped:
-        """A sample whose bytes could not be read, named by the error's URI, else by `uri`."""
-        return cls(sample_id, exc.uri or uri, str(exc), unreadable=True, error=type(exc))
-
-
-@dataclass(frozen=True)
-class Replaced:
-    sample_id: int
-    uri: str
-    reason: str
-    substitute_id: int
-
-
-@dataclass
-class BatchResult:
-    """A finished batch; the samples that could not be decoded (left out of it); the
-    samples whose bytes could not be read (an error unless replaced); the replaced ones.
-    `membership` is the coordinator's worker-list version as this worker last
-    heard it: a rank that holds an older list asks the coordinator for the new one."""
-
-    batch: dict
-    skipped: list[Skipped]
-    unreadable: list[Skipped]
-    replaced: list[Replaced] = field(default_factory=list)
-    membership: int = 0
 
 
 class LoaderWorker:

@@ -14,19 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from raydl._arrow import int_column
-from raydl.decode import HEADER_BYTES, NeedMoreBytes, header_size
 from raydl.errors import DataSourceError
-from raydl.storage.base import ObjectInfo
+from raydl.native.decode import HEADER_BYTES, NeedMoreBytes, header_size
 
-if TYPE_CHECKING:
-    from raydl.catalog import Catalog
-
-__all__ = ["HeaderSizes", "catalog_sizes", "header_sizes"]
+__all__ = ["HeaderSizes", "header_sizes"]
 
 _CHUNK = 64  # keys per pool task
 
@@ -72,31 +67,3 @@ def header_sizes(read: ReadPrefix, keys: Sequence[Any], *, threads: int = 16) ->
             else:
                 widths[i], heights[i] = got
     return HeaderSizes(widths, heights, errors)
-
-
-def catalog_sizes(catalog: Catalog) -> HeaderSizes:
-    """The sizes of a catalog's images, by sample id, from the headers of their files.
-
-    Only a source whose sample is a whole image file (an image folder) has them:
-    elsewhere the bytes at a sample's range are not an image file on their own
-    (a Parquet column chunk, a compressed tar stream), and this is a ValueError.
-    """
-    from raydl.sources.base import WholeRanges
-
-    if not (isinstance(catalog.source, WholeRanges) and catalog.source.name == "images"):
-        raise ValueError(
-            f"image sizes (needed by aspect_buckets()) can be read for image folders only, "
-            f"not for a {catalog.source.name} source ({catalog.root!r})"
-        )
-    storage, shards = catalog.storage, catalog.shards.to_pydict()
-    objects = [ObjectInfo(u, s, e) for u, s, e in zip(shards["uri"], shards["size"], shards["etag"])]
-    shard_of = int_column(catalog.table.column("shard"))
-
-    def read(shard: int, length: int | None) -> bytes:
-        obj = objects[shard]
-        n = obj.size if length is None else min(length, obj.size)
-        return storage.read_range(obj.uri, 0, n, etag=obj.etag or None) if n > 0 else b""
-
-    return header_sizes(
-        read, shard_of.tolist(), threads=max(8, getattr(storage, "default_io_concurrency", 8))
-    )

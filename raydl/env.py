@@ -1,0 +1,77 @@
+"""The one place raydl reads environment variables (see docs/configs.md for each).
+
+pyfi, the libfabric bindings, keeps its own two (RAYDL_FABRIC_PROVIDER,
+RAYDL_DISABLE_FABRIC) in raydl/native/pyfi/_env.py so that it stays
+importable alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+__all__ = [
+    "checkpoint_bind",
+    "checkpoint_prepare",
+    "environment_variable",
+    "native_disabled",
+    "ray_address",
+    "ray_worker_niceness",
+]
+
+
+def native_disabled() -> bool:
+    """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
+    return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
+
+
+def ray_address() -> str | None:
+    """RAY_ADDRESS: set by `ray job submit` for the job's driver (and by users pointing at a cluster)."""
+    return os.environ.get("RAY_ADDRESS") or None
+
+
+def ray_worker_niceness() -> int:
+    """RAY_worker_niceness: the niceness Ray starts worker processes at (Ray's default: 15)."""
+    try:
+        return int(os.environ.get("RAY_worker_niceness", "15"))
+    except ValueError:
+        return 15
+
+
+def checkpoint_bind() -> str | None:
+    """Where checkpoint publishers listen: RAYDL_CHECKPOINT_BIND ("host:port", e.g. "127.0.0.1:0"),
+    else this node's Ray address (reachable from the other nodes), else the provider's default."""
+    bind = os.environ.get("RAYDL_CHECKPOINT_BIND")
+    if bind:
+        return bind
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return f"{ray.util.get_node_ip_address()}:0"
+    except Exception:  # noqa: BLE001 - no Ray: the provider picks
+        pass
+    return None
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def checkpoint_prepare() -> tuple[bool, int]:
+    """(bring the fabric side up when raydl.checkpoint is imported, bytes of receive buffer to fault in then)
+    from RAYDL_CHECKPOINT_PREPARE: unset or "1": (True, 0); "0": (False, 0); a size ("512MiB", "1G",
+    "4096"): (True, size). Anything else is a ValueError naming the variable."""
+    text = os.environ.get("RAYDL_CHECKPOINT_PREPARE", "").strip()
+    if text in ("", "1"):
+        return True, 0
+    if text == "0":
+        return False, 0
+    m = re.fullmatch(r"([0-9]+)\s*([KMG]?)(?:i?B)?", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"RAYDL_CHECKPOINT_PREPARE={text!r}: want 0, 1 or a size such as 512MiB")
+    return True, int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
+
+
+def environment_variable(name: str) -> str | None:
+    """Any variable a config file names (`${DATA_ROOT}`, see raydl.config); None when unset."""
+    return os.environ.get(name)

@@ -1,0 +1,79 @@
+"""The Loader's own process makes the first batches while its workers start (the bootstrap).
+
+Ray takes seconds to start worker processes; a Loader whose node may host
+workers makes batches itself until the first worker is up, with the same
+LoaderWorker code (so the same pixels), one batch at a time, in plan order.
+Its batches are handed to the caller as they are, with no copy into the object
+store. After the first batch its threads drop to Ray's worker niceness, so the
+worker processes starting beside them are not starved.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from raydl.describe.catalog import Catalog
+from raydl.env import ray_worker_niceness
+from raydl.execute.cluster import WorkerInfo
+from raydl.execute.worker import LoaderWorker, WorkerSpec
+from raydl.util.process import process_name
+
+__all__ = ["Bootstrap", "renice"]
+
+
+class Bootstrap:
+    """Makes batches in the Loader's own process while its workers start (one batch at a time, in order)."""
+
+    def __init__(
+        self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str, *, on_first: Callable[[], None]
+    ) -> None:
+        self._spec, self._catalog, self._threads = spec, catalog, threads
+        self._worker: LoaderWorker | None = None
+        self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
+        self._on_first = on_first  # called when the first batch is done (or failed)
+        self.busy = False  # a batch was asked for and the first is not done yet
+        self.info = WorkerInfo(None, node_id, f"{process_name()} (this process, while the workers start)")
+
+    def submit(self, task) -> Future:
+        self.busy = True
+        return self._exec.submit(self._run, task)
+
+    def _run(self, task):
+        first = self._worker is None
+        try:
+            if first:
+                # The caller gets the arrays as they are, with no copy into the object store; a batch's
+                # buffer is reused once the caller has dropped it (fresh memory costs a page fault per 4 KiB).
+                self._worker = LoaderWorker(self._spec, self._catalog, self._threads, handoff=True)
+            result = self._worker.run_batch(task)
+        finally:
+            if first:
+                self._on_first()
+                # From the second batch on, the worker processes starting now must not be starved: Ray
+                # starts them at niceness 15 (RAY_worker_niceness), and this process's loader threads
+                # take the same from here.
+                renice([threading.get_native_id(), *self._worker.thread_ids()], ray_worker_niceness())
+        for value in result.batch.values():  # read-only, like the object store's batches
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        return result
+
+    def close(self) -> None:
+        self._exec.shutdown(wait=False)  # batches already asked for still finish
+        if self._worker is not None:  # the buffer kept for the next batch: there is none
+            self._worker.drop_buffers()
+
+
+def renice(thread_ids: list[int], niceness: int) -> None:
+    """Lower these threads of this process to `niceness` (Linux: priority is per thread); never raise it."""
+    for tid in thread_ids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) < niceness:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+        except (AttributeError, OSError):  # not Linux, or the thread is gone
+            pass

@@ -1,0 +1,9 @@
+"""Plan: pure decisions, tested without Ray.
+
+    order       the epoch's global order, bucket-pure batches, batches per rank, resume offsets, seeds
+    scheduling  where workers go, which worker a batch goes to, how deep to prefetch
+    tasks       a batch task (what a rank asks for) and its result (what comes back)
+    failures    what is recorded of a sample that failed, for on_error
+
+Empty on purpose: the coordinator imports plan.scheduling alone, without numpy-heavy modules.
+"""

@@ -1,0 +1,43 @@
+"""What a rank asks a loader worker for (BatchTask) and what comes back (BatchResult).
+
+A task is the plan's answer for one batch (which samples, with which
+augmentation seeds, in which bucket); the iterator makes it, any worker runs
+it. Both travel through Ray, so they are small dataclasses of plain values
+and numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from raydl.plan.failures import Replaced, Skipped
+
+__all__ = ["BatchResult", "BatchTask"]
+
+
+@dataclass(frozen=True)
+class BatchTask:
+    """Batch `index` of `rank` in `epoch`: the samples, in order, their seeds, and their bucket (H, W) if any."""
+
+    rank: int
+    epoch: int
+    index: int
+    ids: np.ndarray
+    seeds: np.ndarray
+    bucket: tuple[int, int] | None = None
+
+
+@dataclass
+class BatchResult:
+    """A finished batch; the samples that could not be decoded (left out of it); the
+    samples whose bytes could not be read (an error unless replaced); the replaced ones.
+    `membership` is the coordinator's worker-list version as this worker last
+    heard it: a rank that holds an older list asks the coordinator for the new one."""
+
+    batch: dict
+    skipped: list[Skipped]
+    unreadable: list[Skipped]
+    replaced: list[Replaced] = field(default_factory=list)
+    membership: int = 0
