@@ -31,7 +31,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from raydl.env import environment_variable
-from raydl.options import LoaderConfig, S3Options, positive_int
+from raydl.options import LoaderConfig, S3Options, check_number, positive_int
 
 __all__ = [
     "BenchConfig",
@@ -70,8 +70,7 @@ class ImagesSource:
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise ValueError(f"source.path must be a non-empty string, got {self.path!r}")
-        if isinstance(self.generate, bool) or not isinstance(self.generate, int) or self.generate < 0:
-            raise ValueError(f"source.generate must be an int >= 0, got {self.generate!r}")
+        check_number("source.generate", self.generate, integer=True, at_least=0)
 
     def read(self):
         """The Dataset of this source (no stages yet)."""
@@ -115,9 +114,7 @@ class ParquetSource:
         from raydl.dataset import read_parquet
 
         paths = self.paths if isinstance(self.paths, str) else list(self.paths)
-        return read_parquet(
-            paths, image_column=self.image_column, label_column=self.label_column, s3=self.s3
-        )
+        return read_parquet(paths, image_column=self.image_column, label_column=self.label_column, s3=self.s3)
 
 
 def _generate_images(path: str, n: int, seed: int) -> None:
@@ -178,40 +175,54 @@ class ValConfig:
 class JobConfig:
     """`job:`: the training job of examples/train.py."""
 
-    workers: int = 2  # Ray Train workers (ranks); the loader's world_size is set to this
-    cpus_per_worker: float = 0.5  # CPUs each Ray Train worker reserves
+    workers: int = 2
+    """Ray Train workers (ranks); the loader's world_size is set to this unless `loader:` says otherwise."""
+
+    cpus_per_worker: float = 0.5
+    """CPUs each Ray Train worker reserves."""
+
     epochs: int = 2
-    steps_per_epoch: int | None = None  # train at most this many steps per epoch (None: the whole epoch)
+
+    steps_per_epoch: int | None = None
+    """Train at most this many steps per epoch (None: the whole epoch)."""
+
     lr: float = 0.05
-    state_dir: str | None = (
-        None  # model + iterator state after every epoch; a resubmitted job resumes from it
-    )
-    storage_path: str | None = None  # Ray Train's storage (default: a folder under state_dir or /tmp)
-    evaluate: bool = True  # an evaluation actor fetches each epoch's weights peer to peer and runs `val`
+
+    state_dir: str | None = None
+    """Model and iterator state after every epoch; a resubmitted job resumes from it."""
+
+    storage_path: str | None = None
+    """Ray Train's storage (default: a folder under state_dir, or /tmp)."""
+
+    evaluate: bool = True
+    """An evaluation actor fetches each epoch's weights peer to peer and runs `val`."""
 
     def __post_init__(self) -> None:
         positive_int("job.workers", self.workers)
         positive_int("job.epochs", self.epochs)
-        if self.steps_per_epoch is not None:
-            positive_int("job.steps_per_epoch", self.steps_per_epoch)
-        if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker > 0):
-            raise ValueError(f"job.cpus_per_worker must be a number > 0, got {self.cpus_per_worker!r}")
+        check_number("job.steps_per_epoch", self.steps_per_epoch, integer=True, above=0, optional=True)
+        check_number("job.cpus_per_worker", self.cpus_per_worker, above=0)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     """`bench:`: defaults for `raydl bench cluster` (its command-line flags win)."""
 
-    simulate_nodes: int | None = None  # simulated nodes (ray.cluster_utils.Cluster) instead of --address
+    simulate_nodes: int | None = None
+    """Simulated nodes (ray.cluster_utils.Cluster) on this machine, instead of --address."""
+
     cpus_per_node: int = 1
     ranks: int = 4
     epochs: int = 1
-    checkpoint_mib: int = 64  # state dict broadcast to every node after the run
-    images: int = 512  # images generated when the source folder is missing (source.generate wins)
+
+    checkpoint_mib: int = 64
+    """The state dict broadcast to every node after the run, in MiB."""
+
+    images: int = 512
+    """Images generated when the source folder is missing (source.generate wins)."""
 
     def __post_init__(self) -> None:
-        if self.simulate_nodes is not None:
-            positive_int("bench.simulate_nodes", self.simulate_nodes)
+        check_number("bench.simulate_nodes", self.simulate_nodes, integer=True, above=0, optional=True)
         for name in ("cpus_per_node", "ranks", "epochs", "checkpoint_mib", "images"):
             positive_int(f"bench.{name}", getattr(self, name))
 

@@ -6,7 +6,9 @@ declarative stages, and printing it shows every stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +117,17 @@ def read_parquet(
     )
 
 
+def _loader_config(options: dict[str, Any]) -> LoaderConfig:
+    """The LoaderConfig of `Dataset.loader`'s keywords; one that is not a field is a TypeError naming it."""
+    known = [f.name for f in fields(LoaderConfig)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"Dataset.loader() got unexpected keyword(s) {unknown}; it takes {known}")
+    if "batch_size" not in options:
+        raise TypeError("Dataset.loader() needs batch_size=")
+    return LoaderConfig(**options)
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A catalog and the stages every sample goes through. Immutable: each method returns a new one."""
@@ -189,61 +202,15 @@ class Dataset:
         """(x / 255 - mean) / std; a preset name ("imagenet") or 3 means and 3 stds. Output float32 NCHW."""
         return self._with(Normalize.make(mean, std))
 
-    def loader(
-        self,
-        *,
-        batch_size: int,
-        world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        on_error: str = "skip",
-        num_workers: int = 1,
-        threads_per_worker: int | None = None,
-        cpus_per_worker: float = 0.0,
-        node_resource: str | None = None,
-        prefetch_batches: int = 2,
-        object_store_budget: int | None = None,
-        io_concurrency: int | None = None,
-    ) -> Loader:
+    def loader(self, **options: Any) -> Loader:
         """Start loader actors on Ray (ray.init() first if needed) and return the Loader.
 
-        on_error="skip" leaves undecodable samples out of their batch (which may
-        then have 0 rows, with a warning) and counts them; "replace" puts in
-        their place a substitute drawn from the failed slot's seed (the same in
-        every run), so batches keep batch_size rows; "raise" stops the epoch
-        with SampleDecodeError naming the file. Only decode errors (and, under
-        "replace", unreadable files) are covered: any other failure is a LoaderError.
-        num_workers actors start on every alive node with CPUs (and the custom
-        resource `node_resource`, when given), and on nodes that join later.
-        By default (cpus_per_worker=0) a worker reserves no CPU in Ray's
-        accounting, so loaders never block training actors or each other, and
-        decodes on one thread per CPU of its node; cpus_per_worker=x reserves x
-        CPUs and decodes on ceil(x) threads, waiting up to 10 s for room, else
-        LoaderError naming what holds the CPUs. threads_per_worker overrides
-        the thread count. Each rank keeps at most prefetch_batches batch
-        tasks in flight, fewer when the loader's batches would not fit
-        `object_store_budget` bytes (default: a quarter of the smallest node's
-        object store). Each actor fetches bytes on `io_concurrency` IO threads,
-        apart from its decode threads (default: the storage's, 4 for local disk,
-        `S3Options.max_concurrency` for S3).
+        Takes the fields of `raydl.options.LoaderConfig` as keywords, each documented there with its
+        default: `batch_size` (required), `world_size`, `seed`, `shuffle`, `drop_last`, `on_error`,
+        `num_workers`, `threads_per_worker`, `cpus_per_worker`, `node_resource`, `prefetch_batches`,
+        `object_store_budget`, `io_concurrency`. A keyword that is not one of them is a TypeError naming it.
         """
-        config = LoaderConfig(
-            batch_size=batch_size,
-            world_size=world_size,
-            seed=seed,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            on_error=on_error,
-            num_workers=num_workers,
-            threads_per_worker=threads_per_worker,
-            cpus_per_worker=cpus_per_worker,
-            node_resource=node_resource,
-            prefetch_batches=prefetch_batches,
-            object_store_budget=object_store_budget,
-            io_concurrency=io_concurrency,
-        )
-        return self.loader_from_config(config)
+        return self.loader_from_config(_loader_config(options))
 
     def loader_from_config(self, config: LoaderConfig) -> Loader:
         """As `loader(...)`, with the settings in a LoaderConfig (e.g. from `load_loader_config`)."""
@@ -259,3 +226,18 @@ class Dataset:
         ]
         lines += [f"  -> {st!r}" for st in self.stages]
         return "\n".join(lines)
+
+
+def _options_signature(method, config: type) -> inspect.Signature:
+    """`method(self, *, <config's fields with their defaults>)`: what help() and editors show for a method
+    that takes a config's fields as keywords, so that the fields are written once (in the config)."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in fields(config):
+        default = inspect.Parameter.empty if f.default is MISSING else f.default
+        params.append(
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type)
+        )
+    return inspect.Signature(params, return_annotation=inspect.signature(method).return_annotation)
+
+
+Dataset.loader.__signature__ = _options_signature(Dataset.loader, LoaderConfig)  # type: ignore[attr-defined]

@@ -1,17 +1,69 @@
 """Options: how a loader runs (LoaderConfig) and how raydl talks to S3 (S3Options), validated on construction.
 
 The bottom floor of the package: it imports nothing of raydl but `errors`, so
-every layer above (storage, sources, plan, execute, the YAML config) can take
-its options from here.
+every layer above (storage, sources, plan, execute, the YAML config) takes its
+options from here. Each option is written once, with its docstring under the
+field; `Dataset.loader(**options)` and the `loader:` section of a YAML config
+take exactly these fields.
+
+`check_number` is raydl's one check of a numeric argument (never a bool,
+optionally an int, within bounds), used by every layer.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
-__all__ = ["ON_ERROR", "LoaderConfig", "S3Options", "is_positive_int", "positive_int"]
+__all__ = ["ON_ERROR", "LoaderConfig", "S3Options", "check_number", "is_positive_int", "positive_int"]
 
 ON_ERROR = ("skip", "replace", "raise")
+
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    integer: bool = False,
+    above: float | None = None,
+    at_least: float | None = None,
+    below: float | None = None,
+    at_most: float | None = None,
+    finite: bool = False,
+    optional: bool = False,
+):
+    """`value` when it is a number (an int where `integer`; never a bool) within the bounds given (> `above`,
+    >= `at_least`, < `below`, <= `at_most`), finite where `finite`, or None where `optional`. Anything else
+    is a ValueError that names `name`, says what it must be and shows the value."""
+    if value is None and optional:
+        return None
+    ok = isinstance(value, numbers.Integral if integer else numbers.Real) and not isinstance(value, bool)
+    if ok:
+        ok = (
+            (above is None or value > above)
+            and (at_least is None or value >= at_least)
+            and (below is None or value < below)
+            and (at_most is None or value <= at_most)
+            and (not finite or math.isfinite(value))
+        )
+    if not ok:
+        raise ValueError(f"{name} must be {_wanted(integer, above, at_least, below, at_most)}, got {value!r}")
+    return value
+
+
+def _wanted(integer: bool, above, at_least, below, at_most) -> str:
+    """'a positive int', 'a number >= 0', 'an int in [0, 2**63)': what check_number asked for, in words."""
+    noun = "an int" if integer else "a number"
+    low = next(((b, v) for b, v in (("(", above), ("[", at_least)) if v is not None), None)
+    high = next(((b, v) for b, v in ((")", below), ("]", at_most)) if v is not None), None)
+    if low == ("(", 0) and high is None:
+        return f"a positive {noun.split()[-1]}"
+    text = {2**63: "2**63"}
+    if low and high:
+        return f"{noun} in {low[0]}{low[1]:g}, {text.get(high[1], f'{high[1]:g}')}{high[0]}"
+    ops = {"(": ">", "[": ">=", ")": "<", "]": "<="}
+    return " ".join([noun, *(f"{ops[b[0]]} {b[1]:g}" for b in (low, high) if b)])
 
 
 def is_positive_int(value: object) -> bool:
@@ -19,81 +71,117 @@ def is_positive_int(value: object) -> bool:
 
 
 def positive_int(name: str, value: object) -> int:
-    """`value` when it is an int > 0 (not a bool); else ValueError naming `name`. raydl's one such check."""
-    if not is_positive_int(value):
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value  # type: ignore[return-value]
+    """`value` when it is an int > 0 (not a bool); else ValueError naming `name` (check_number's common case)."""
+    return check_number(name, value, integer=True, above=0)
+
+
+def _name(name: str, value: object) -> None:
+    """A non-empty string, or None."""
+    if value is not None and not (isinstance(value, str) and value):
+        raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
 
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """How a loader plans and runs an epoch. See `Dataset.loader` for each field."""
+    """How a loader plans and runs an epoch: what `Dataset.loader(**options)` builds, and a YAML config's
+    `loader:` section. Only `batch_size` is required."""
 
     batch_size: int
+    """Samples per batch. The last batch of a rank's epoch is shorter unless `drop_last`; with aspect
+    buckets, each bucket's last batch is."""
+
     world_size: int = 1
+    """Trainer ranks. Each takes its own iterator (`loader.iterator(rank)`), and every rank gets the same
+    number of batches per epoch."""
+
     seed: int = 0
+    """Seeds the shuffle and every sample's augmentation, with the epoch: the same seed gives the same
+    batches and pixels in every run. An int in [0, 2**63)."""
+
     shuffle: bool = True
+    """Reshuffle the samples every epoch (a keyed permutation of the catalog); False keeps catalog order."""
+
     drop_last: bool = False
+    """Leave out the epoch's last, partial batches, so that every batch holds `batch_size` rows."""
+
     on_error: str = "skip"
+    """What a sample whose bytes cannot be decoded does to its batch. "skip": it is left out (the batch is
+    one row shorter, maybe 0 rows, with a warning) and counted; "replace": a substitute drawn from the
+    failed slot's seed (the same in every run) stands in, so batches keep `batch_size` rows; "raise": the
+    epoch stops with SampleDecodeError naming the file. Only decode errors (and, under "replace",
+    unreadable files) are covered: any other failure is a LoaderError."""
+
     num_workers: int = 1
+    """Loader actors started on every alive node with CPUs (and `node_resource`, when given), and on nodes
+    that join later."""
+
     threads_per_worker: int | None = None
+    """Decode threads per actor. Default: one per CPU of its node, or ceil(cpus_per_worker) when that is
+    set."""
+
     cpus_per_worker: float = 0.0
+    """CPUs each actor reserves in Ray's accounting. 0 (the default) reserves none, so loaders never block
+    training actors or each other; x > 0 reserves x and waits up to 10 s for room, else a LoaderError
+    naming what holds the CPUs."""
+
     node_resource: str | None = None
+    """Only nodes that have this custom Ray resource (e.g. a label given to `ray start --resources`) run
+    loader actors."""
+
     prefetch_batches: int = 2
+    """Batch tasks each rank keeps in flight; fewer when the loader's batches would not fit
+    `object_store_budget`."""
+
     object_store_budget: int | None = None
+    """Bytes of object store the loader's batches in flight may take, all ranks together. Default: a quarter
+    of the smallest node's object store."""
+
     io_concurrency: int | None = None
+    """IO threads per actor, apart from its decode threads. Default: the storage's (4 for local disk,
+    `S3Options.max_concurrency` for S3)."""
 
     def __post_init__(self) -> None:
-        positive_int("batch_size", self.batch_size)
-        positive_int("world_size", self.world_size)
-        positive_int("prefetch_batches", self.prefetch_batches)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        for name in ("batch_size", "world_size", "prefetch_batches", "num_workers"):
+            positive_int(name, getattr(self, name))
+        for name in ("threads_per_worker", "io_concurrency", "object_store_budget"):
+            check_number(name, getattr(self, name), integer=True, above=0, optional=True)
+        check_number("seed", self.seed, integer=True, at_least=0, below=2**63)
+        check_number("cpus_per_worker", self.cpus_per_worker, at_least=0)
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
-        positive_int("num_workers", self.num_workers)
-        if self.object_store_budget is not None:
-            positive_int("object_store_budget", self.object_store_budget)
         if self.node_resource is not None and not (
             isinstance(self.node_resource, str) and self.node_resource
         ):
             raise ValueError(f"node_resource must be a non-empty resource name, got {self.node_resource!r}")
-        if self.threads_per_worker is not None:
-            positive_int("threads_per_worker", self.threads_per_worker)
-        if self.io_concurrency is not None:
-            positive_int("io_concurrency", self.io_concurrency)
-        if not (isinstance(self.cpus_per_worker, (int, float)) and self.cpus_per_worker >= 0):
-            raise ValueError(f"cpus_per_worker must be a number >= 0, got {self.cpus_per_worker!r}")
 
 
 @dataclass(frozen=True)
 class S3Options:
     """How raydl talks to S3 or an S3-compatible store. Unset fields fall back to boto3's own
-    configuration (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE, ~/.aws, instance roles).
-
-    max_concurrency: concurrent GETs per loader actor (and its connection pool size).
-    retries: tries per request in all, on throttling (503 SlowDown), 5xx and connection errors,
-    with exponential backoff and jitter; never on 403/404. timeout_s: connect and read timeout
-    of one request, and the time after which a read stops retrying.
-    """
+    configuration (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE, ~/.aws, instance roles)."""
 
     endpoint_url: str | None = None
+    """The store's URL (e.g. "http://127.0.0.1:9000" for MinIO or moto); None: AWS, or AWS_ENDPOINT_URL."""
+
     region: str | None = None
+    """The region name; None: boto3's (AWS_REGION, ~/.aws/config)."""
+
     profile: str | None = None
+    """A profile of ~/.aws/credentials; None: boto3's default chain."""
+
     max_concurrency: int = 64
+    """Concurrent GETs per loader actor, and its connection pool size."""
+
     retries: int = 5
+    """Tries per request in all, on throttling (503 SlowDown), 5xx and connection errors, with exponential
+    backoff and jitter; never on 403 or 404."""
+
     timeout_s: float = 30.0
+    """Connect and read timeout of one request, and the time after which a read stops retrying."""
 
     def __post_init__(self) -> None:
         for name in ("endpoint_url", "region", "profile"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and value):
-                raise ValueError(f"{name} must be a non-empty str or None, got {value!r}")
+            _name(name, getattr(self, name))
         positive_int("max_concurrency", self.max_concurrency)
         positive_int("retries", self.retries)
-        if (
-            isinstance(self.timeout_s, bool)
-            or not isinstance(self.timeout_s, (int, float))
-            or self.timeout_s <= 0
-        ):
-            raise ValueError(f"timeout_s must be a positive number, got {self.timeout_s!r}")
+        check_number("timeout_s", self.timeout_s, above=0)

@@ -2,4 +2,6 @@
 
     iterator  DataIterator (iter_batches, iter_torch_batches, state_dict, stats) and IteratorStats
     torch     numpy batches to torch tensors
+
+The Loader (raydl/execute/loader.py) hands out the iterators.
 """

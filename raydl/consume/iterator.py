@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import ray
 
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
-from raydl.options import positive_int
+from raydl.options import check_number, positive_int
 from raydl.plan.order import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
 from raydl.plan.scheduling import choose_worker, prefetch_depth
 from raydl.plan.tasks import BatchResult, BatchTask
@@ -272,10 +272,7 @@ class DataIterator:
             raise ValueError(f"batch_format must be 'numpy', got {batch_format!r}")
         depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
         positive_int("prefetch_batches", depth)
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0
-        ):
-            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        check_number("timeout_s", timeout_s, above=0, optional=True)
         depth = prefetch_depth(
             depth,
             batch_bytes=self._loader.batch_bytes,
@@ -310,7 +307,7 @@ class DataIterator:
             self._loader.sync(result.membership)
             worker = self._pending.pop(k)[1]
             self._stats.local_batches += worker.node_id == self._node
-            self._stats.driver_batches += worker.handle is None  # the Loader's own process (execute/bootstrap.py)
+            self._stats.driver_batches += worker.handle is None  # made by the Loader's process (bootstrap)
             now = time.perf_counter()
             self._stats.wait_s += now - t0
             if self._stats.time_to_first_batch_s is None:

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from raydl.options import positive_int
+from raydl.options import check_number, positive_int
 
 __all__ = ["assign_buckets", "bucket_set", "check_bucket_args", "nearest_bucket"]
 
@@ -26,8 +26,7 @@ def check_bucket_args(size: int, multiple: int, min_ratio: float, max_ratio: flo
     if size % multiple:
         raise ValueError(f"size must be a multiple of multiple={multiple}, got size={size}")
     for name, v in (("min_ratio", min_ratio), ("max_ratio", max_ratio)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
+        check_number(name, v, above=0, finite=True)
     if min_ratio > max_ratio:
         raise ValueError(
             f"min_ratio must not exceed max_ratio, got min_ratio={min_ratio} > max_ratio={max_ratio}"

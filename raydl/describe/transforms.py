@@ -27,7 +27,7 @@ import numpy as np
 from raydl import native
 from raydl.describe.buckets import assign_buckets, bucket_set, check_bucket_args
 from raydl.native import decode
-from raydl.options import is_positive_int, positive_int
+from raydl.options import check_number, is_positive_int
 from raydl.util.splitmix import GAMMA, MASK64, mix64
 
 __all__ = [
@@ -50,26 +50,20 @@ NORMALIZE_PRESETS = {
 
 def _size2(name: str, size: int | tuple[int, int]) -> tuple[int, int]:
     """(height, width) from an int or a pair; positive ints only."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        hw = (size, size)
-    elif isinstance(size, (tuple, list)):
-        hw = tuple(size)
-    else:
-        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
+    hw = (size, size) if is_positive_int(size) else tuple(size) if isinstance(size, (tuple, list)) else ()
     if len(hw) != 2 or not all(is_positive_int(v) for v in hw):
         raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
     return hw  # type: ignore[return-value]
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _number_pair(name: str, value: object) -> tuple[float, float]:
-    """(lo, hi) as floats from a pair of real numbers; anything else is a ValueError naming `name`."""
-    if not (isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_number(v) for v in value)):
-        raise ValueError(f"{name} must be a pair of numbers (min, max), got {value!r}")
-    return float(value[0]), float(value[1])
+def _numbers(name: str, value: object, count: int, what: str) -> tuple[float, ...]:
+    """`count` real numbers as floats from a tuple or list; anything else is a ValueError naming `name`."""
+    if not (isinstance(value, (tuple, list)) and len(value) == count):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    try:
+        return tuple(float(check_number(name, v)) for v in value)
+    except ValueError:
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
 
 
 class Stage:
@@ -100,8 +94,8 @@ class RandomResizedCrop(Stage):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "size", _size2("size", self.size))
-        object.__setattr__(self, "scale", _number_pair("scale", self.scale))
-        object.__setattr__(self, "ratio", _number_pair("ratio", self.ratio))
+        object.__setattr__(self, "scale", _numbers("scale", self.scale, 2, "a pair of numbers (min, max)"))
+        object.__setattr__(self, "ratio", _numbers("ratio", self.ratio, 2, "a pair of numbers (min, max)"))
         if not (0 < self.scale[0] <= self.scale[1] <= 1):
             raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {self.scale!r}")
         if not (0 < self.ratio[0] <= self.ratio[1]):
@@ -115,9 +109,7 @@ class Resize(Stage):
     size: int | tuple[int, int]
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, int) and not isinstance(self.size, bool):
-            positive_int("size", self.size)
-        else:
+        if not is_positive_int(self.size):
             object.__setattr__(self, "size", _size2("size", self.size))
 
 
@@ -138,8 +130,7 @@ class RandomHFlip(Stage):
     p: float = 0.5
 
     def __post_init__(self) -> None:
-        if not (_is_number(self.p) and 0.0 <= self.p <= 1.0):
-            raise ValueError(f"p must be in [0, 1], got {self.p!r}")
+        check_number("p", self.p, at_least=0, at_most=1)
 
 
 @dataclass(frozen=True)
@@ -167,10 +158,8 @@ class Normalize(Stage):
             return cls(m, s, preset=mean)
         if std is None:
             raise ValueError("std is required when mean is given as numbers")
-        for name, values in (("mean", mean), ("std", std)):
-            if not (isinstance(values, (tuple, list)) and all(_is_number(v) for v in values)):
-                raise ValueError(f"{name} must be 3 numbers (one per RGB channel), got {values!r}")
-        return cls(tuple(float(v) for v in mean), tuple(float(v) for v in std))  # type: ignore[arg-type]
+        what = "3 numbers (one per RGB channel)"
+        return cls(_numbers("mean", mean, 3, what), _numbers("std", std, 3, what))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from raydl.execute.cluster import (
 )
 from raydl.execute.coordinator import LoaderCoordinator
 from raydl.execute.worker import WorkerSpec
-from raydl.options import LoaderConfig
+from raydl.options import LoaderConfig, check_number
 from raydl.plan import scheduling
 from raydl.plan.order import bucket_batch_count
 from raydl.util.arrow import int_column
@@ -328,8 +328,8 @@ class Loader:
         """The iterator of `rank` (0 <= rank < world_size)."""
         from raydl.consume.iterator import DataIterator
 
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.config.world_size:
-            raise ValueError(f"rank must be an int in [0, world_size={self.config.world_size}), got {rank!r}")
+        world = self.config.world_size
+        check_number(f"rank (world_size={world})", rank, integer=True, at_least=0, below=world)
         return DataIterator(self, rank)
 
     def shutdown(self) -> None:

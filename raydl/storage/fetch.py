@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from raydl.options import check_number
+
 __all__ = ["Block", "IOPool", "RetryPolicy", "coalesce"]
 
 DEFAULT_MAX_GAP = 64 << 10
@@ -90,12 +92,9 @@ class RetryPolicy:
     deadline_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ValueError(f"attempts must be an int >= 1, got {self.attempts!r}")
+        check_number("attempts", self.attempts, integer=True, at_least=1)
         for name in ("base_delay_s", "max_delay_s", "deadline_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            check_number(name, getattr(self, name), at_least=0)
 
     def delay(self, attempt: int, *, retryable: bool, elapsed_s: float, rand: float) -> float | None:
         """Seconds to wait before the next try after try number `attempt` (0-based) failed, or None: give up.
