@@ -21,6 +21,7 @@ import ray
 
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
+from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
 from raydl.plan.scheduling import choose_worker, prefetch_depth
 from raydl.plan.tasks import BatchResult, BatchTask
@@ -101,7 +102,8 @@ class DataIterator:
         self._node = ray.get_runtime_context().get_node_id()
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
-        self._logged: set[str] = set()
+        self._logged: set[str] = set()  # URIs of failed samples logged so far (each once)
+        self._policy = ErrorPolicy(loader.config.on_error)
 
     # -- plan ---------------------------------------------------------------------------
     def _plan(self) -> EpochPlan:
@@ -205,36 +207,19 @@ class DataIterator:
         )
 
     def _account(self, result: BatchResult, k: int) -> None:
-        if result.unreadable:
-            u = result.unreadable[0]
-            raise u.error(  # DataSourceError, or the subclass the worker saw (ObjectChangedError, ...)
-                f"rank {self._rank}: batch {k} of epoch {self._epoch}: cannot read sample {u.sample_id} "
-                f"({u.uri}): {u.reason}"
-                + (f" (and {len(result.unreadable) - 1} more)" if len(result.unreadable) > 1 else ""),
-                uri=u.uri,
-            )
-        for s in result.skipped:
-            if self._config.on_error == "raise":
-                raise SampleDecodeError(
-                    f"rank {self._rank}: cannot decode sample {s.sample_id} ({s.uri}): {s.reason}",
-                    uri=s.uri,
-                    sample_id=s.sample_id,
-                )
-            if s.uri not in self._logged:
-                self._logged.add(s.uri)
-                logger.warning("raydl: skipped sample %d (%s): %s", s.sample_id, s.uri, s.reason)
-            self._stats.skipped_uris.append(s.uri)
-        self._stats.samples_skipped += len(result.skipped)
+        """Settle batch k's failed samples as the error policy says (raise, or skip), note its replaced ones,
+        and warn when it came out empty."""
+        failed = [*result.unreadable, *result.skipped]  # an unreadable sample is named first
+        self._skip(self._policy.settle(failed, rank=self._rank, epoch=self._epoch, batch=k))
         for r in result.replaced:
-            if r.uri not in self._logged:
-                self._logged.add(r.uri)
-                logger.warning(
-                    "raydl: replaced sample %d (%s) by sample %d: %s",
-                    r.sample_id,
-                    r.uri,
-                    r.substitute_id,
-                    r.reason,
-                )
+            self._warn_once(
+                r.uri,
+                "raydl: replaced sample %d (%s) by sample %d: %s",
+                r.sample_id,
+                r.uri,
+                r.substitute_id,
+                r.reason,
+            )
             self._stats.replaced_uris.append(r.uri)
         self._stats.samples_replaced += len(result.replaced)
         images = result.batch["image"]
@@ -253,12 +238,19 @@ class DataIterator:
 
     def _account_unlisted(self) -> None:
         """Samples whose size could not be read at listing are in no bucket: rank 0 reports them each epoch."""
-        for sample_id, uri, reason in self._loader.unlisted:
-            if uri not in self._logged:
-                self._logged.add(uri)
-                logger.warning("raydl: skipped sample %d (%s): %s", sample_id, uri, reason)
-            self._stats.skipped_uris.append(uri)
-        self._stats.samples_skipped += len(self._loader.unlisted)
+        self._skip(self._policy.settle(self._loader.unlisted))
+
+    def _skip(self, failures: list[Failure]) -> None:
+        """Failed samples left out of their batches: each logged once per URI, and counted."""
+        for f in failures:
+            self._warn_once(f.uri, "raydl: skipped sample %d (%s): %s", f.sample_id, f.uri, f.reason)
+            self._stats.skipped_uris.append(f.uri)
+        self._stats.samples_skipped += len(failures)
+
+    def _warn_once(self, uri: str, message: str, *args: object) -> None:
+        if uri not in self._logged:
+            self._logged.add(uri)
+            logger.warning(message, *args)
 
     def iter_batches(
         self,

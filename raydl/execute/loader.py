@@ -37,7 +37,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydl.describe.catalog import Catalog
 from raydl.describe.transforms import SampleProgram
-from raydl.errors import LoaderError, SampleDecodeError
+from raydl.errors import LoaderError
 from raydl.execute.bootstrap import Bootstrap
 from raydl.execute.cluster import (
     READY_TIMEOUT_S,
@@ -52,6 +52,7 @@ from raydl.execute.coordinator import LoaderCoordinator
 from raydl.execute.worker import WorkerSpec
 from raydl.options import LoaderConfig, check_number
 from raydl.plan import scheduling
+from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import bucket_batch_count
 from raydl.util.arrow import int_column
 
@@ -420,15 +421,12 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
         int_column(catalog.table.column("width")), int_column(catalog.table.column("height"))
     )
     unlisted = tuple(
-        (int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog"))
+        Failure.unsized(
+            int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog")
+        )
         for i in np.flatnonzero(bucket_of < 0)
     )
-    if unlisted and config.on_error == "raise":
-        sample_id, uri, reason = unlisted[0]
-        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
-        raise SampleDecodeError(
-            f"cannot bucket sample {sample_id} ({uri}): {reason}{more}", uri=uri, sample_id=sample_id
-        )
+    ErrorPolicy(config.on_error).settle(unlisted)  # under "raise", the first of them stops the loader here
     units = bucket_batch_count(bucket_of, len(buckets), config.batch_size, config.drop_last)
     if units == 0:
         raise ValueError(

@@ -1,6 +1,6 @@
 """The loader worker: a plain class that turns a batch task into a batch.
 
-Ray wiring (`ray.remote`, options, placement) is applied in raydl/loader.py.
+Ray wiring (`ray.remote`, options, placement) is applied in raydl/execute/cluster.py.
 A task names its samples and their augmentation seeds. The worker turns the
 samples into byte ranges (catalog rows: shard, offset, length), coalesces
 neighbouring ranges into blocks, and fetches the blocks on its IO pool
@@ -15,11 +15,13 @@ The returned arrays go into Ray's object store as they are; a reader on the
 same node maps them without a copy.
 
 Error policy: a sample whose bytes cannot be read (DataSourceError) or
-decoded (DecodeError) is this sample's fault, and on_error decides: it is left
-out ("skip"), stands in for by a substitute drawn from its seed ("replace"),
-or named to the trainer ("raise"). Anything else raised while making a sample
-(a NativeKernelError, a MemoryError, a bug) fails the whole batch as a
-LoaderError naming the sample and this worker: no mode hides it.
+decoded (DecodeError) is this sample's fault, and the on_error policy
+(raydl/plan/failures.py, ErrorPolicy) decides what becomes of it. Where it says
+"replace", the worker puts a substitute drawn from the slot's seed in its place;
+any other failed sample is left out of the batch and recorded in the result,
+for the iterator to skip or raise as the same policy says. Anything else raised
+while making a sample (a NativeKernelError, a MemoryError, a bug) fails the
+whole batch as a LoaderError naming the sample and this worker: no mode hides it.
 """
 
 from __future__ import annotations
@@ -39,13 +41,8 @@ import numpy as np
 
 from raydl.describe.catalog import Catalog
 from raydl.describe.transforms import SampleProgram
-from raydl.errors import (
-    DataSourceError,
-    DecodeError,
-    LoaderError,
-    SampleDecodeError,
-)
-from raydl.plan.failures import Replaced, Skipped
+from raydl.errors import DataSourceError
+from raydl.plan.failures import ErrorPolicy, Failure, Replaced
 from raydl.plan.order import substitute_id
 from raydl.plan.tasks import BatchResult, BatchTask
 from raydl.storage.base import ObjectInfo
@@ -70,6 +67,11 @@ class WorkerSpec:
     threads: int | None = None
     on_error: str = "skip"
     io_concurrency: int | None = None  # None: the storage's default
+
+    @property
+    def policy(self) -> ErrorPolicy:
+        """What becomes of a failed sample under `on_error`."""
+        return ErrorPolicy(self.on_error)
 
 
 class LoaderWorker:
@@ -172,9 +174,9 @@ class LoaderWorker:
         where = self._where[ids]
         shard_ids = np.unique(where[:, 0])
         shards = dict(zip(shard_ids.tolist(), self._shard_infos(shard_ids)))
-        failed: list[Skipped | None] = [None] * n
+        failed: list[Failure | None] = [None] * n
         replaced: list[Replaced] = []
-        replace = self._spec.on_error == "replace"
+        policy = self._spec.policy
         submitted: list[
             Future
         ] = []  # every decode-pool task of this batch (a failed batch waits for them all)
@@ -183,8 +185,8 @@ class LoaderWorker:
             future = self._pool.submit(fn, *args)
             submitted.append(future)
 
-        def finish(i: int, failure: Skipped | None) -> None:
-            if failure is not None and replace and not failure.fatal:
+        def finish(i: int, failure: Failure | None) -> None:
+            if failure is not None and policy.action(failure) == "replace":
                 sid, seed = int(task.ids[i]), int(task.seeds[i])
                 ids[i] = self._substitute(failure, seed, images[i])
                 keys[i] = self._keys[int(ids[i])]
@@ -219,7 +221,12 @@ class LoaderWorker:
                         ),
                     ):
                         sid = int(task.ids[i])
-                        finish(i, None if err is None else self._failure(sid, uri(i), err))
+                        finish(
+                            i,
+                            None
+                            if err is None
+                            else Failure.decode_failed(sid, uri(i), err, worker=self._name),
+                        )
             except BaseException:
                 with lock:
                     drains[0] -= 1
@@ -246,7 +253,7 @@ class LoaderWorker:
                 data = self._source.read_block(self._storage, shard, block.offset, block.length)
             except DataSourceError as exc:
                 for i in block.members:
-                    submit(finish, i, Skipped.read_failed(int(task.ids[i]), uri, exc))
+                    submit(finish, i, Failure.read_failed(int(task.ids[i]), uri, exc))
                 return
             samples = []
             for i in block.members:
@@ -256,7 +263,7 @@ class LoaderWorker:
                 try:
                     samples.append((i, self._source.cut(shard, offset, length, row, piece)))
                 except DataSourceError as exc:
-                    submit(finish, i, Skipped.read_failed(int(task.ids[i]), uri, exc))
+                    submit(finish, i, Failure.read_failed(int(task.ids[i]), uri, exc))
             decode(samples)
 
         def fetch_all(blocks: list[Block]) -> None:
@@ -314,35 +321,26 @@ class LoaderWorker:
             shard, offset, length, row, data
         )
 
-    def _sample(self, sid: int, seed: int, out: np.ndarray) -> Skipped | None:
-        """Read and decode one sample into `out`; a Skipped when its bytes are at fault, else None."""
+    def _sample(self, sid: int, seed: int, out: np.ndarray) -> Failure | None:
+        """Read and decode one sample into `out`; a Failure when its bytes are at fault, else None."""
         try:
             uri, data = self._read(sid)
         except DataSourceError as exc:
-            return Skipped.read_failed(sid, self._shard_infos(self._where[sid : sid + 1, 0])[0].uri, exc)
+            return Failure.read_failed(sid, self._shard_infos(self._where[sid : sid + 1, 0])[0].uri, exc)
         return self._decode(sid, uri, data, seed, out)
 
-    def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Skipped | None:
-        """Decode one sample into `out`; a Skipped when its bytes are at fault, else None.
+    def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Failure | None:
+        """Decode one sample into `out`; a Failure when its bytes are at fault, else None.
 
         Any other failure is not the sample's fault: it fails the batch, naming the sample and this worker.
         """
         try:
             self._spec.program.run(data, seed, out)
-        except Exception as exc:  # noqa: BLE001 - sorted by _failure: only a DecodeError is the sample's fault
-            return self._failure(sid, uri, exc)
+        except Exception as exc:  # noqa: BLE001 - Failure.decode_failed lets only a DecodeError through
+            return Failure.decode_failed(sid, uri, exc, worker=self._name)
         return None
 
-    def _failure(self, sid: int, uri: str, exc: Exception) -> Skipped:
-        """A decode error of sample `sid` as a Skipped; any other error raised as a LoaderError naming it."""
-        if isinstance(exc, DecodeError):
-            return Skipped(sid, uri, str(exc))
-        raise LoaderError(
-            f"loader worker {self._name}: sample {sid} ({uri}) failed with "
-            f"{type(exc).__name__}: {exc} (not a decode error: on_error does not cover it)"
-        ) from exc
-
-    def _substitute(self, failure: Skipped, seed: int, out: np.ndarray) -> int:
+    def _substitute(self, failure: Failure, seed: int, out: np.ndarray) -> int:
         """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that decodes."""
         n = len(self._keys)
         tried = []
@@ -353,12 +351,7 @@ class LoaderWorker:
             tried.append(sub)
             if self._sample(sub, seed, out) is None:
                 return sub
-        raise SampleDecodeError(
-            f"sample {failure.sample_id} ({failure.uri}) failed ({failure.reason}) and none of its "
-            f"substitutes {tried} could be decoded either; is most of the data bad?",
-            uri=failure.uri,
-            sample_id=failure.sample_id,
-        )
+        raise self._spec.policy.no_substitute(failure, tried)
 
     def _lease(self, nbytes: int) -> np.ndarray:
         """A flat batch buffer of at least `nbytes` from the free list, or a new one.

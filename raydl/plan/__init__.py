@@ -3,7 +3,7 @@
     order       the epoch's global order, bucket-pure batches, batches per rank, resume offsets, seeds
     scheduling  where workers go, which worker a batch goes to, how deep to prefetch
     tasks       a batch task (what a rank asks for) and its result (what comes back)
-    failures    what is recorded of a sample that failed, for on_error
+    failures    a sample that failed, and the error policy (on_error) that skips, replaces or raises it
 
 Empty on purpose: the coordinator imports plan.scheduling alone, without numpy-heavy modules.
 """

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raydl.plan.failures import Replaced, Skipped
+from raydl.plan.failures import Failure, Replaced
 
 __all__ = ["BatchResult", "BatchTask"]
 
@@ -31,13 +31,14 @@ class BatchTask:
 
 @dataclass
 class BatchResult:
-    """A finished batch; the samples that could not be decoded (left out of it); the
-    samples whose bytes could not be read (an error unless replaced); the replaced ones.
+    """A finished batch, without the failed samples that were not replaced: those that could not be
+    decoded (`skipped`) and those whose bytes could not be read (`unreadable`), which the iterator
+    skips or raises as the error policy says; and the replaced ones.
     `membership` is the coordinator's worker-list version as this worker last
     heard it: a rank that holds an older list asks the coordinator for the new one."""
 
     batch: dict
-    skipped: list[Skipped]
-    unreadable: list[Skipped]
+    skipped: list[Failure]
+    unreadable: list[Failure]
     replaced: list[Replaced] = field(default_factory=list)
     membership: int = 0
