@@ -14,6 +14,10 @@ sample's slot of one preallocated batch array.
 The returned arrays go into Ray's object store as they are; a reader on the
 same node maps them without a copy.
 
+Each batch is one `_BatchRun`, whose steps are named: fetch (an IO task reads
+blocks and cuts their samples out), enqueue (queue them, start a drain),
+drain (a decode task: a chunk per native call), finish (settle each sample).
+
 Error policy: a sample whose bytes cannot be read (DataSourceError) or
 decoded (DecodeError) is this sample's fault, and the on_error policy
 (raydl/plan/failures.py, ErrorPolicy) decides what becomes of it. Where it says
@@ -158,7 +162,7 @@ class LoaderWorker:
             flat = np.frombuffer(lease, np.uint8)
             del lease
         try:
-            result = self._run(task, flat.view(dtype).reshape(shape))
+            result = _BatchRun(self, task, flat.view(dtype).reshape(shape)).run()
         except BaseException:
             if self._reuse:
                 self._release(buf)
@@ -166,145 +170,6 @@ class LoaderWorker:
         if self._reuse:  # back to the free list once Ray has copied the result out
             weakref.finalize(result, self._release, buf)
         return result
-
-    def _run(self, task: BatchTask, images: np.ndarray) -> BatchResult:
-        n = len(task.ids)
-        ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
-        keys = self._keys.take(ids)
-        where = self._where[ids]
-        shard_ids = np.unique(where[:, 0])
-        shards = dict(zip(shard_ids.tolist(), self._shard_infos(shard_ids)))
-        failed: list[Failure | None] = [None] * n
-        replaced: list[Replaced] = []
-        policy = self._spec.policy
-        submitted: list[
-            Future
-        ] = []  # every decode-pool task of this batch (a failed batch waits for them all)
-
-        def submit(fn, *args) -> None:
-            future = self._pool.submit(fn, *args)
-            submitted.append(future)
-
-        def finish(i: int, failure: Failure | None) -> None:
-            if failure is not None and policy.action(failure) == "replace":
-                sid, seed = int(task.ids[i]), int(task.seeds[i])
-                ids[i] = self._substitute(failure, seed, images[i])
-                keys[i] = self._keys[int(ids[i])]
-                replaced.append(Replaced(sid, failure.uri, failure.reason, int(ids[i])))
-            else:
-                failed[i] = failure
-
-        def uri(i: int) -> str:
-            return self._source.sample_uri(shards[int(where[i, 0])].uri, keys[i])
-
-        # Samples whose bytes are in, waiting for a decode thread. A drain task takes them a chunk at a time
-        # and decodes a chunk in one native call; at most `threads` drains of this batch run or wait at once.
-        ready: deque[tuple[int, bytes]] = deque()
-        lock = threading.Lock()
-        drains = [0]  # drain tasks of this batch submitted and not yet finished
-        stop = threading.Event()  # a drain failed, so the batch fails: no more reading or decoding for it
-        threads = self._pool._max_workers
-
-        def drain() -> None:
-            try:
-                while True:
-                    with lock:
-                        if not ready:
-                            drains[0] -= 1
-                            return
-                        take = min(len(ready), DECODE_CHUNK, -(-len(ready) // threads))
-                        chunk = [ready.popleft() for _ in range(take)]
-                    for (i, _), err in zip(
-                        chunk,
-                        self._spec.program.run_many(
-                            [(data, int(task.seeds[i]), images[i]) for i, data in chunk]
-                        ),
-                    ):
-                        sid = int(task.ids[i])
-                        finish(
-                            i,
-                            None
-                            if err is None
-                            else Failure.decode_failed(sid, uri(i), err, worker=self._name),
-                        )
-            except BaseException:
-                with lock:
-                    drains[0] -= 1
-                    stop.set()
-                    ready.clear()
-                raise
-
-        def decode(samples: list[tuple[int, bytes]]) -> None:
-            """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""
-            with lock:
-                if stop.is_set():
-                    return
-                ready.extend(samples)
-                if drains[0] >= threads:
-                    return
-                drains[0] += 1
-            submit(drain)
-
-        def fetch(block: Block) -> None:
-            """Read one block (on an IO thread), then queue its samples for the decode threads."""
-            shard = shards[block.shard]
-            uri = shard.uri
-            try:
-                data = self._source.read_block(self._storage, shard, block.offset, block.length)
-            except DataSourceError as exc:
-                for i in block.members:
-                    submit(finish, i, Failure.read_failed(int(task.ids[i]), uri, exc))
-                return
-            samples = []
-            for i in block.members:
-                shard, offset, length, row = (int(v) for v in where[i])
-                start = offset - block.offset
-                piece = data if (start == 0 and length == len(data)) else data[start : start + length]
-                try:
-                    samples.append((i, self._source.cut(shard, offset, length, row, piece)))
-                except DataSourceError as exc:
-                    submit(finish, i, Failure.read_failed(int(task.ids[i]), uri, exc))
-            decode(samples)
-
-        def fetch_all(blocks: list[Block]) -> None:
-            for block in blocks:
-                if stop.is_set():
-                    return
-                fetch(block)
-
-        # Several blocks per IO task, each handed to the decode threads as it lands: an image folder has one
-        # block per file, and a task (and a thread wake-up) per file cost more CPU than reading it. There are
-        # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
-        blocks = coalesce(where[:, :3].tolist())
-        per = max(1, len(blocks) // (IO_TASKS_PER_THREAD * self._io.concurrency))
-        io: list[Future] = []
-        try:
-            for k in range(0, len(blocks), per):
-                io.append(self._io.submit(fetch_all, blocks[k : k + per]))
-            for done in as_completed(io):
-                done.result()
-            for f in submitted:  # complete: only the IO tasks, all done now, submit decode tasks
-                f.result()  # a LoaderError (not the sample's fault) fails the batch here
-        except BaseException:
-            # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing there.
-            futures_wait(io)
-            futures_wait(list(submitted))
-            raise
-        ok = np.array([f is None for f in failed], dtype=bool)
-        bad = [f for f in failed if f is not None]
-        if bad:  # the batch gets shorter by the failed rows (maybe to 0) and keeps its place in the plan
-            images, ids = images[ok], ids[ok]
-            keys = [k for k, good in zip(keys, ok) if good]
-        batch = {"image": images, "label": self._labels[ids], "id": ids, "key": keys}
-        if task.bucket is not None:
-            batch["bucket"] = tuple(task.bucket)
-        return BatchResult(
-            batch=batch,
-            skipped=[f for f in bad if not f.unreadable],
-            unreadable=[f for f in bad if f.unreadable],
-            replaced=sorted(replaced, key=lambda r: r.sample_id),
-            membership=self._membership,
-        )
 
     def _shard_infos(self, shard_ids: np.ndarray) -> list[ObjectInfo]:
         return [
@@ -391,3 +256,185 @@ class LoaderWorker:
         with self._free_lock:
             self._dropped = True
             self._free.clear()
+
+
+class _BatchRun:
+    """One batch being made, from its task to its BatchResult (run_batch makes one per batch).
+
+    Its steps: `fetch` (an IO task) reads blocks and cuts their samples out; `enqueue` queues the samples
+    for the decode pool and starts a `drain` when fewer than `threads` are on them; a `drain` decodes the
+    queue a chunk per native call; `finish` settles each sample as the error policy says. A failed drain
+    stops the batch: nothing more of it is read or decoded.
+    """
+
+    def __init__(self, worker: LoaderWorker, task: BatchTask, images: np.ndarray) -> None:
+        self._worker, self._task, self._images = worker, task, images
+        self._program, self._policy = worker._spec.program, worker._spec.policy
+        self._ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
+        self._keys = worker._keys.take(self._ids)
+        self._where = worker._where[self._ids]
+        shard_ids = np.unique(self._where[:, 0])
+        self._shards = dict(zip(shard_ids.tolist(), worker._shard_infos(shard_ids)))
+        self._failed: list[Failure | None] = [None] * len(task.ids)
+        self._replaced: list[Replaced] = []
+        # Samples whose bytes are in, waiting for a decode thread. A drain task takes them a chunk at a time
+        # and decodes a chunk in one native call; at most `threads` drains of this batch run or wait at once.
+        self._ready: deque[tuple[int, bytes]] = deque()
+        self._lock = threading.Lock()
+        self._drains = 0  # drain tasks of this batch submitted and not yet finished
+        # Set when a drain failed, so the batch fails: no more reading or decoding for it.
+        self._stop = threading.Event()
+        self._threads = worker._pool._max_workers
+        # Every IO task and every decode-pool task of this batch: a failed batch waits for them all.
+        self._io_tasks: list[Future] = []
+        self._decode_tasks: list[Future] = []
+
+    def run(self) -> BatchResult:
+        """Make the batch; on any failure, raise once none of its IO and decode tasks still runs."""
+        try:
+            self._start_fetches()
+            self._wait()
+        except BaseException:
+            # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing there.
+            futures_wait(self._io_tasks)
+            futures_wait(list(self._decode_tasks))
+            raise
+        return self._result()
+
+    def _start_fetches(self) -> None:
+        # Several blocks per IO task, each handed to the decode threads as it lands: an image folder has one
+        # block per file, and a task (and a thread wake-up) per file cost more CPU than reading it. There are
+        # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
+        io = self._worker._io
+        blocks = coalesce(self._where[:, :3].tolist())
+        per = max(1, len(blocks) // (IO_TASKS_PER_THREAD * io.concurrency))
+        for k in range(0, len(blocks), per):
+            self._io_tasks.append(io.submit(self.fetch, blocks[k : k + per]))
+
+    def _wait(self) -> None:
+        """Until every IO task, then every decode task, has ended; the first error of one is raised here."""
+        for done in as_completed(self._io_tasks):
+            done.result()
+        for f in self._decode_tasks:  # complete: only the IO tasks, all done now, submit decode tasks
+            f.result()  # a LoaderError (not the sample's fault) fails the batch here
+
+    # -- the steps ------------------------------------------------------------------------
+    def fetch(self, blocks: list[Block]) -> None:
+        """One IO task: read `blocks` one after the other, each one's samples queued for decode as it lands."""
+        for block in blocks:
+            if self._stop.is_set():
+                return
+            data = self._read(block)
+            if data is not None:
+                self.enqueue(self._cut(block, data))
+
+    def enqueue(self, samples: list[tuple[int, bytes]]) -> None:
+        """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""
+        with self._lock:
+            if self._stop.is_set():
+                return
+            self._ready.extend(samples)
+            if self._drains >= self._threads:
+                return
+            self._drains += 1
+        self._submit(self.drain)
+
+    def drain(self) -> None:
+        """One decode task: decode the queued samples a chunk at a time until the queue is empty."""
+        try:
+            while chunk := self._take():
+                self._decode(chunk)
+        except BaseException:
+            with self._lock:
+                self._drains -= 1
+                self._stop.set()
+                self._ready.clear()
+            raise
+
+    def finish(self, i: int, failure: Failure | None) -> None:
+        """Settle slot i: decoded (no failure), substituted, or left failed for the iterator, as the policy says."""
+        if failure is None:
+            return
+        if self._policy.action(failure) != "replace":
+            self._failed[i] = failure
+            return
+        sid, seed = int(self._task.ids[i]), int(self._task.seeds[i])
+        self._ids[i] = self._worker._substitute(failure, seed, self._images[i])
+        self._keys[i] = self._worker._keys[int(self._ids[i])]
+        self._replaced.append(Replaced(sid, failure.uri, failure.reason, int(self._ids[i])))
+
+    # -- inside the steps -----------------------------------------------------------------
+    def _read(self, block: Block) -> bytes | None:
+        """The block's bytes; None when they cannot be read, its samples then settled as unreadable."""
+        shard = self._shards[block.shard]
+        try:
+            return self._worker._source.read_block(self._worker._storage, shard, block.offset, block.length)
+        except DataSourceError as exc:
+            self._unreadable(block.members, shard.uri, exc)
+            return None
+
+    def _cut(self, block: Block, data: bytes) -> list[tuple[int, bytes]]:
+        """Each sample's bytes cut out of its block's; a sample that cannot be cut is settled as unreadable."""
+        uri = self._shards[block.shard].uri
+        samples = []
+        for i in block.members:
+            shard, offset, length, row = (int(v) for v in self._where[i])
+            start = offset - block.offset
+            piece = data if (start == 0 and length == len(data)) else data[start : start + length]
+            try:
+                samples.append((i, self._worker._source.cut(shard, offset, length, row, piece)))
+            except DataSourceError as exc:
+                self._unreadable([i], uri, exc)
+        return samples
+
+    def _unreadable(self, members: list[int], uri: str, exc: DataSourceError) -> None:
+        # Settled on the decode pool: under "replace" a substitute is read and decoded there, not on an IO thread.
+        for i in members:
+            self._submit(self.finish, i, Failure.read_failed(int(self._task.ids[i]), uri, exc))
+
+    def _take(self) -> list[tuple[int, bytes]]:
+        """The next chunk of the queue (fewer samples as it drains, so every drain gets some); [] when it is
+        empty, and the calling drain ends."""
+        with self._lock:
+            if not self._ready:
+                self._drains -= 1
+                return []
+            take = min(len(self._ready), DECODE_CHUNK, -(-len(self._ready) // self._threads))
+            return [self._ready.popleft() for _ in range(take)]
+
+    def _decode(self, chunk: list[tuple[int, bytes]]) -> None:
+        """Decode a chunk in one native call, each sample into its slot, then finish each sample."""
+        seeds, ids = self._task.seeds, self._task.ids
+        errors = self._program.run_many([(data, int(seeds[i]), self._images[i]) for i, data in chunk])
+        for (i, _), err in zip(chunk, errors):
+            failure = None
+            if err is not None:
+                failure = Failure.decode_failed(int(ids[i]), self._uri(i), err, worker=self._worker._name)
+            self.finish(i, failure)
+
+    def _uri(self, i: int) -> str:
+        """Slot i's sample as errors name it."""
+        return self._worker._source.sample_uri(self._shards[int(self._where[i, 0])].uri, self._keys[i])
+
+    def _submit(self, fn, *args) -> None:
+        """Run fn(*args) on the decode pool, as a task of this batch."""
+        self._decode_tasks.append(self._worker._pool.submit(fn, *args))
+
+    def _result(self) -> BatchResult:
+        """The batch without its failed rows, and what failed or was replaced in it."""
+        images, ids, keys = self._images, self._ids, self._keys
+        ok = np.array([f is None for f in self._failed], dtype=bool)
+        bad = [f for f in self._failed if f is not None]
+        if bad:  # the batch gets shorter by the failed rows (maybe to 0) and keeps its place in the plan
+            images, ids = images[ok], ids[ok]
+            keys = [k for k, good in zip(keys, ok) if good]
+        batch = {"image": images, "label": self._worker._labels[ids], "id": ids, "key": keys}
+        if self._task.bucket is not None:
+            batch["bucket"] = tuple(self._task.bucket)
+        return BatchResult(
+            batch=batch,
+            skipped=[f for f in bad if not f.unreadable],
+            unreadable=[f for f in bad if f.unreadable],
+            replaced=sorted(self._replaced, key=lambda r: r.sample_id),
+            membership=self._worker._membership,
+        )
