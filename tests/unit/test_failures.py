@@ -90,6 +90,15 @@ def test_settle_returns_the_skipped_or_raises_the_first_to_raise():
 
 
 @pytest.mark.timeout(10)
+def test_settle_raises_a_failure_to_replace_that_was_not_replaced():
+    """Under 'replace' a failure that reaches settle was not substituted: it is raised, never left out silently."""
+    with pytest.raises(errors.DataSourceError, match=r"cannot read sample 6 .*\(and 1 more\)"):
+        ErrorPolicy("replace").settle([READ, CHANGED], rank=0, epoch=0, batch=0)
+    with pytest.raises(errors.SampleDecodeError, match="cannot decode sample 5"):
+        ErrorPolicy("replace").settle([DECODE], rank=0, epoch=0, batch=0)
+
+
+@pytest.mark.timeout(10)
 def test_no_substitute_error_names_the_sample_and_its_substitutes():
     """under 'replace', a sample none of whose substitutes decodes fails the batch naming them all."""
     err = ErrorPolicy("replace").no_substitute(DECODE, [11, 12])
