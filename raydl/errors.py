@@ -6,7 +6,8 @@
     │   ├── ObjectChangedError an object changed after it was listed (names it)
     │   └── SampleDecodeError  a sample's bytes cannot be decoded (names the file)
     ├── DecodeError            (also a ValueError) the decode layer's "these bytes are not an image it can
-    │                          decode"; the only error on_error="skip"/"replace" covers, besides a failed read
+    │                          decode"; with a failed read, the only error the on_error policy covers
+    │                          (raydl/plan/failures.py: ErrorPolicy skips, replaces or raises the sample)
     ├── NativeKernelError      a C kernel returned an error code
     ├── FabricError            a libfabric call failed (-FI_E...; names the call, the peer)
     ├── CheckpointError        a checkpoint could not be published or fetched (names the peer, chunk)
