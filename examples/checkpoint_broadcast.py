@@ -74,8 +74,8 @@ def main() -> None:
             assert ray.get(peer.summary.remote(ref.key)) == want, f"peer {res['holder']} holds other bytes"
         how = "fabric chain" if results and results[0].get("ref") is not None else "object store"
         print(
-            f"broadcast {ref.size / 2**20:.1f} MiB from node {nodes[0][:8]} to {len(peers)} peers on other nodes "
-            f"in {seconds:.2f} s over the {how}; every copy matches the trainer's"
+            f"broadcast {ref.size / 2**20:.1f} MiB from node {nodes[0][:8]} to {len(peers)} peers on other "
+            f"nodes in {seconds:.2f} s over the {how}; every copy matches the trainer's"
         )
         for res in results:
             print(f"  {res['holder']}: read from {res['source']} in {res['seconds']:.2f} s")

@@ -54,7 +54,8 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 def run(root: str, *, workers: int = 2, epochs: int = 2, storage: str | None = None) -> list[dict]:
-    """Train on the images under root with `workers` Ray Train workers; returns each rank's epoch summaries."""
+    """Train on the images under root with `workers` Ray Train workers; returns each rank's epoch
+    summaries."""
     if storage is None:  # Ray Train's run folder and the reports, removed afterwards
         with tempfile.TemporaryDirectory(prefix="raydl-train-") as tmp:
             return run(root, workers=workers, epochs=epochs, storage=tmp)

@@ -1,6 +1,6 @@
 """raydl: a Ray-distributed data loader for deep-learning training.
 
-    ds = raydl.read_images("/data/train").decode().random_resized_crop(224).random_hflip().normalize("imagenet")
+    ds = raydl.read_images("/data/train").decode().random_resized_crop(224).random_hflip().normalize()
     with ds.loader(batch_size=256, world_size=2) as loader:
         for batch in loader.iterator(rank).iter_torch_batches():
             ...

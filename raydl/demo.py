@@ -73,9 +73,15 @@ def main(args) -> int:
             stats = [it.stats() for it in its]
         total = sum(s.samples_delivered for s in stats)
         print()
-        print(
-            f"{'rank':>4}  {'batches':>7}  {'samples':>7}  {'skipped':>7}  {'first batch':>11}  {'images/s':>8}"
+        head = (
+            ("rank", 4),
+            ("batches", 7),
+            ("samples", 7),
+            ("skipped", 7),
+            ("first batch", 11),
+            ("images/s", 8),
         )
+        print("  ".join(f"{name:>{width}}" for name, width in head))
         for s in stats:
             print(
                 f"{s.rank:>4}  {s.batches:>7}  {s.samples_delivered:>7}  {s.samples_skipped:>7}  "
@@ -83,8 +89,8 @@ def main(args) -> int:
             )
         print(
             f"{'all':>4}  {sum(s.batches for s in stats):>7}  {total:>7}  "
-            f"{sum(s.samples_skipped for s in stats):>7}  {min(s.time_to_first_batch_s for s in stats):>9.2f} s  "
-            f"{total / wall:>8.1f}"
+            f"{sum(s.samples_skipped for s in stats):>7}  "
+            f"{min(s.time_to_first_batch_s for s in stats):>9.2f} s  {total / wall:>8.1f}"
         )
         ranks = f"{world_size} rank" + ("" if world_size == 1 else "s")
         print(

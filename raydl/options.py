@@ -71,7 +71,8 @@ def is_positive_int(value: object) -> bool:
 
 
 def positive_int(name: str, value: object) -> int:
-    """`value` when it is an int > 0 (not a bool); else ValueError naming `name` (check_number's common case)."""
+    """`value` when it is an int > 0 (not a bool); else ValueError naming `name` (check_number's common
+    case)."""
     return check_number(name, value, integer=True, above=0)
 
 

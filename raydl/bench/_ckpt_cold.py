@@ -1,4 +1,5 @@
-"""`raydl bench checkpoint --cold`: a first fetch in a fresh process, phase by phase, against a warm one and ray.get.
+"""`raydl bench checkpoint --cold`: a first fetch in a fresh process, phase by phase, against a warm one
+and ray.get.
 
 Each round starts fresh actors on node 1 (torch and raydl.checkpoint imported
 at start, as in a trainer) and times, in turn: a first fetch in a process

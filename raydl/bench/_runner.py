@@ -125,7 +125,8 @@ class TreeSampler:
         self._stop.set()
 
     def mark_first_batch(self) -> None:
-        """CPU used so far: what start-up (Ray, imports, listing) cost, so the steady state can be told apart."""
+        """CPU used so far: what start-up (Ray, imports, listing) cost, so the steady state can be told
+        apart."""
         self._sample(memory=False)
         self.cpu_at_first = self.cpu_seconds()
         self.first_cpu_by_kind = self.cpu_by_kind()
@@ -142,7 +143,8 @@ class TreeSampler:
         self.first_epoch_cpu_by_kind = self.cpu_by_kind()
 
     def cpu_by_kind(self) -> dict[str, float]:
-        """CPU seconds per kind of process (`process_kind`) since the window opened (the sampler's own left in)."""
+        """CPU seconds per kind of process (`process_kind`) since the window opened (the sampler's own left
+        in)."""
         out: dict[str, float] = {}
         with self._lock:
             for proc, peak in self._max.items():

@@ -32,6 +32,7 @@ at about two copies of the checkpoint per node (plus P during a broadcast).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -145,7 +146,8 @@ def _free_port() -> int:
 
 
 def fi_rma_bw(exe: str, size: int, chunk: int, provider: str, timeout: float) -> float:
-    """GB/s of fabtests' `fi_rma_bw -o read` over `provider` on 127.0.0.1 (size/chunk reads of chunk bytes)."""
+    """GB/s of fabtests' `fi_rma_bw -o read` over `provider` on 127.0.0.1 (size/chunk reads of chunk
+    bytes)."""
     port = str(_free_port())
     common = [
         exe,
@@ -379,8 +381,8 @@ def _progress(rounds: int, row: dict) -> None:
         cpu_text = f"   CPU per peer {sum(cpu) / len(cpu):.3f} s (max {max(cpu):.3f})" if cpu else ""
         fill = f"   fill {row['fill_seconds']:.3f} s" if row.get("fill_seconds") is not None else ""
         _log(
-            f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s{fill}{cpu_text}"
-            f"  ({row['wall_s']:.0f} s)"
+            f"{head} {row['seconds']:8.3f} s   slowest pull {row['slowest_peer_seconds']:.3f} s"
+            f"{fill}{cpu_text}  ({row['wall_s']:.0f} s)"
         )
     else:
         _log(f"{head} {row['gbps']:8.2f} GB/s  {row['seconds']:7.3f} s  ({row['wall_s']:.0f} s)")
@@ -401,96 +403,146 @@ def _warm_up(bench: _Bench) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the rounds, print the table, write --json/--plot. 0 when every method and width ran at least once."""
-    if args.plot and importlib.util.find_spec("matplotlib") is None:
-        _log("error: --plot needs matplotlib: pip install 'raydl[bench]'")
-        return 2
-    if args.nodes < 1 or args.rounds < 1 or args.timeout <= 0 or args.chunk_size <= 0:
-        _log("error: --nodes, --rounds, --timeout and --chunk-size must be positive")
-        return 2
-    if args.link_gbps is not None and args.link_gbps <= 0:
-        _log("error: --link-gbps must be positive")
-        return 2
-    if args.size % 4 or args.size < 64 << 10:
-        _log(f"error: --size must be a multiple of 4 bytes and at least 64KiB, got {args.size}")
+    """Run the rounds, print the table, write --json/--plot. 0 when every method and width ran at least
+    once."""
+    refused = _refusal(args)
+    if refused:
+        _log(f"error: {refused}")
         return 2
     from raydl.native import pyfi
 
-    if not pyfi.available():
-        _log(f"error: libfabric is unusable here, nothing to compare: {pyfi.unavailable_reason()}")
-        return 2
     provider = pyfi.choose_provider(args.provider)
-    import ray
-
-    if ray.is_initialized():
-        _log(
-            "error: raydl bench checkpoint starts its own simulated cluster; call it without Ray initialised"
-        )
-        return 2
-    methods = ["raydl_fabric", "raydl_object_store", "ray_get", "pyfi_raw"]
-    notes = []
     fabtests = shutil.which("fi_rma_bw")
-    if fabtests:
-        methods.append("fi_rma_bw")
-    else:
+    methods = ["raydl_fabric", "raydl_object_store", "ray_get", "pyfi_raw"] + ["fi_rma_bw"] * bool(fabtests)
+    notes = []
+    if not fabtests:
         notes.append(
             "fabtests' fi_rma_bw is not installed here (Debian's libfabric-bin ships only fi_info, "
             "fi_pingpong and fi_strerror; build fabtests from the libfabric sources for it)"
         )
     if args.nodes == 1:
         notes.append("--nodes 1: publisher and fetcher share a node, so ray.get reads a local object")
-
-    # Publishers and peers listen on loopback; the nodes' workers inherit this and can import raydl.
-    saved = {k: os.environ.get(k) for k in ("RAYDL_CHECKPOINT_BIND", "PYTHONPATH")}
-    os.environ["RAYDL_CHECKPOINT_BIND"] = "127.0.0.1:0"
-    here = str(Path(__file__).resolve().parents[2])
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved["PYTHONPATH"]]))
     _log(
         f"checkpoint {_human(args.size)}, {args.nodes} node(s), provider {provider}, peers "
         f"{','.join(map(str, args.peers))}, {args.rounds} round(s) of: {' '.join(methods)} broadcast"
     )
-    runs: list[dict] = []
-    bench = None
     t_start = time.perf_counter()
-    try:
-        t0 = time.perf_counter()
-        bench = _Bench(args, provider)
-        _log(
-            f"cluster and actors up in {time.perf_counter() - t0:.0f} s "
-            f"(object store {_human(bench.object_store)} per node)"
+    with _loopback_env():
+        bench = None
+        try:
+            t0 = time.perf_counter()
+            bench = _Bench(args, provider)
+            _log(
+                f"cluster and actors up in {time.perf_counter() - t0:.0f} s "
+                f"(object store {_human(bench.object_store)} per node)"
+            )
+            if args.cold:
+                return _main_cold(args, bench, provider)
+            runs = _rounds(args, bench, fabtests)
+        finally:
+            if bench is not None:
+                bench.shutdown()
+    summary = summarize(methods, args.peers, runs, paced=bool(args.link_gbps))
+    _report(args, provider, methods, summary, notes)
+    if args.json:
+        report = {
+            "size": args.size,
+            "nodes": args.nodes,
+            "peers": args.peers,
+            "rounds": args.rounds,
+            "provider": provider,
+            "chunk_size": args.chunk_size,
+            "timeout": args.timeout,
+            "object_store_memory_per_node": bench.object_store,
+            "methods": methods,
+            "versions": peer_versions(),
+            "fi_rma_bw": fabtests,
+            "summary": summary,
+            "runs": runs,
+            "notes": notes,
+            "wall_s": time.perf_counter() - t_start,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _log(f"wrote {args.json}")
+    if args.plot:
+        write_plot(
+            summary, args.plot, title=f"checkpoint {_human(args.size)}, {args.nodes} nodes, {provider}"
         )
-        if args.cold:
-            return _main_cold(args, bench, provider)
-        _warm_up(bench)
-        for i in range(1, args.rounds + 1):
-            steps = [
-                ("raydl_fabric", bench.fetch, ("fabric",)),
-                ("raydl_object_store", bench.fetch, ("object_store",)),
-                ("ray_get", bench.ray_get, ()),
-                ("pyfi_raw", bench.raw, ()),
-            ]
-            if fabtests:
-                steps.append(("fi_rma_bw", bench.fi_rma_bw, (fabtests,)))
-            steps += [("broadcast", bench.broadcast, (n,)) for n in args.peers]
-            for step, fn, a in steps:
-                row = _row(i, step, fn, *a)
-                if step == "broadcast" and not row["ok"]:
-                    row["peers"] = a[0]
-                runs.append(row)
-                _progress(args.rounds, row)
-                if not row["ok"] and step != "pyfi_raw" and step != "fi_rma_bw":
-                    _log("restarting the Source and Sink actors after the failure")
-                    bench.restart_actors()
+        _log(f"wrote {args.plot}")
+    ok = all(r["rounds_ok"] > 0 for r in summary["methods"]) and all(
+        c["rounds_ok"] > 0 for c in summary["broadcast"]
+    )
+    return 0 if ok else 1
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why this run cannot go ahead (bad flags, no libfabric, Ray already up), or None."""
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib: pip install 'raydl[bench]'"
+    if args.nodes < 1 or args.rounds < 1 or args.timeout <= 0 or args.chunk_size <= 0:
+        return "--nodes, --rounds, --timeout and --chunk-size must be positive"
+    if args.link_gbps is not None and args.link_gbps <= 0:
+        return "--link-gbps must be positive"
+    if args.size % 4 or args.size < 64 << 10:
+        return f"--size must be a multiple of 4 bytes and at least 64KiB, got {args.size}"
+    from raydl.native import pyfi
+
+    if not pyfi.available():
+        return f"libfabric is unusable here, nothing to compare: {pyfi.unavailable_reason()}"
+    import ray
+
+    if ray.is_initialized():
+        return "raydl bench checkpoint starts its own simulated cluster; call it without Ray initialised"
+    return None
+
+
+@contextlib.contextmanager
+def _loopback_env():
+    """Publishers and peers listen on loopback; the nodes' workers inherit this and can import raydl."""
+    saved = {k: os.environ.get(k) for k in ("RAYDL_CHECKPOINT_BIND", "PYTHONPATH")}
+    os.environ["RAYDL_CHECKPOINT_BIND"] = "127.0.0.1:0"
+    here = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved["PYTHONPATH"]]))
+    try:
+        yield
     finally:
-        if bench is not None:
-            bench.shutdown()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
 
-    summary = summarize(methods, args.peers, runs, paced=bool(args.link_gbps))
+
+def _rounds(args: argparse.Namespace, bench: _Bench, fabtests: str | None) -> list[dict]:
+    """Every method and broadcast width once per round, in turn; the actors restart after a failure."""
+    _warm_up(bench)
+    runs: list[dict] = []
+    for i in range(1, args.rounds + 1):
+        steps = [
+            ("raydl_fabric", bench.fetch, ("fabric",)),
+            ("raydl_object_store", bench.fetch, ("object_store",)),
+            ("ray_get", bench.ray_get, ()),
+            ("pyfi_raw", bench.raw, ()),
+        ]
+        if fabtests:
+            steps.append(("fi_rma_bw", bench.fi_rma_bw, (fabtests,)))
+        steps += [("broadcast", bench.broadcast, (n,)) for n in args.peers]
+        for step, fn, a in steps:
+            row = _row(i, step, fn, *a)
+            if step == "broadcast" and not row["ok"]:
+                row["peers"] = a[0]
+            runs.append(row)
+            _progress(args.rounds, row)
+            if not row["ok"] and step != "pyfi_raw" and step != "fi_rma_bw":
+                _log("restarting the Source and Sink actors after the failure")
+                bench.restart_actors()
+    return runs
+
+
+def _report(
+    args: argparse.Namespace, provider: str, methods: list[str], summary: dict, notes: list[str]
+) -> None:
+    """The table and the notes under it, on stdout (the notes are kept for --json too)."""
     print(
         format_table(
             summary,
@@ -519,35 +571,6 @@ def main(args: argparse.Namespace) -> int:
     print()
     for note in notes:
         print(f"  * {note}")
-    if args.json:
-        report = {
-            "size": args.size,
-            "nodes": args.nodes,
-            "peers": args.peers,
-            "rounds": args.rounds,
-            "provider": provider,
-            "chunk_size": args.chunk_size,
-            "timeout": args.timeout,
-            "object_store_memory_per_node": bench.object_store if bench else None,
-            "methods": methods,
-            "versions": peer_versions(),
-            "fi_rma_bw": fabtests,
-            "summary": summary,
-            "runs": runs,
-            "notes": notes,
-            "wall_s": time.perf_counter() - t_start,
-        }
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        _log(f"wrote {args.json}")
-    if args.plot:
-        write_plot(
-            summary, args.plot, title=f"checkpoint {_human(args.size)}, {args.nodes} nodes, {provider}"
-        )
-        _log(f"wrote {args.plot}")
-    ok = all(r["rounds_ok"] > 0 for r in summary["methods"]) and all(
-        c["rounds_ok"] > 0 for c in summary["broadcast"]
-    )
-    return 0 if ok else 1
 
 
 def _main_cold(args, bench, provider: str) -> int:
@@ -565,8 +588,8 @@ def _main_cold(args, bench, provider: str) -> int:
         format_cold(
             summary,
             header=(
-                f"raydl bench checkpoint --cold: {_human(args.size)} checkpoint, {args.nodes} simulated node(s), "
-                f"provider {provider}{link}, median of {args.rounds} round(s)"
+                f"raydl bench checkpoint --cold: {_human(args.size)} checkpoint, {args.nodes} simulated "
+                f"node(s), provider {provider}{link}, median of {args.rounds} round(s)"
             ),
         )
     )

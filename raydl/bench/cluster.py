@@ -1,7 +1,8 @@
 """`raydl bench cluster`: the loader across a cluster's nodes, at 1, 2, ... N nodes, and a checkpoint to all.
 
     raydl bench cluster --address auto --data /shared/in1k --ranks 16 --json cluster.json --plot cluster.png
-    raydl bench cluster --simulate-nodes 3 --data /tmp/imgs --ranks 6        # ray.cluster_utils on this machine
+    # ray.cluster_utils on this machine
+    raydl bench cluster --simulate-nodes 3 --data /tmp/imgs --ranks 6
     raydl bench cluster --config configs/bench-cluster.yaml --simulate-nodes 3
 
 For each node count k it builds the loader on the first k nodes only, starts

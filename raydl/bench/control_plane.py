@@ -241,9 +241,9 @@ class _VirtualClock:
 
 
 def measure_ray_call(batch_size: int, calls: int = 200) -> tuple[float, float]:
-    """(CPU seconds the calling process spends, wall seconds) per `run_batch.remote(task)` + `ray.get` of a tiny
-    result, on a real actor. The CPU time (all the caller's threads) is the cost a rank pays; the wall time
-    is latency, which prefetching hides, and which a loaded machine inflates."""
+    """(CPU seconds the calling process spends, wall seconds) per `run_batch.remote(task)` + `ray.get` of a
+    tiny result, on a real actor. The CPU time (all the caller's threads) is the cost a rank pays; the wall
+    time is latency, which prefetching hides, and which a loaded machine inflates."""
     import ray
 
     from raydl.execute.worker import BatchTask

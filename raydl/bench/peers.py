@@ -436,13 +436,13 @@ NOTES: dict[str, str] = {
 BUCKET_NOTES: dict[str, str] = {
     "raydl": "raydl: read_images().decode().aspect_buckets(512, multiple=32, min_ratio=0.5, max_ratio=2.0): "
     "bucket-pure uint8 NHWC batches (a bucket's last batch is shorter).",
-    "torch": "torch: DataLoader(shuffle=True, num_workers=cpus), PIL full decode, centred crop to the nearest "
-    "bucket's ratio + bilinear resize; each batch is split by bucket.",
+    "torch": "torch: DataLoader(shuffle=True, num_workers=cpus), PIL full decode, centred crop to the "
+    "nearest bucket's ratio + bilinear resize; each batch is split by bucket.",
     "datago": "datago: its own crop_and_resize image config (default_image_size 512, downsampling_ratio 32, "
     "aspect ratios 0.5-2.0: the same bucket set), Lanczos3 resize in Rust; samples grouped into "
     "bucket-pure batches in Python; shuffle is datago's random_sampling (unseeded).",
-    "spdl": "spdl: spdl.io.load_image (FFmpeg) with a crop to the bucket's ratio + scale(bilinear) filter per "
-    "sample on a thread pool of cpus threads; each batch split by bucket.",
+    "spdl": "spdl: spdl.io.load_image (FFmpeg) with a crop to the bucket's ratio + scale(bilinear) filter "
+    "per sample on a thread pool of cpus threads; each batch split by bucket.",
     "ceiling": "ceiling: libjpeg-turbo (simplejpeg) full decode alone of bytes already in memory, one thread "
     "per CPU; no crop, no resize, no batch.",
 }

@@ -1,4 +1,5 @@
-"""A progress bar on stderr for long benchmark runs: redrawn in place on a terminal, a line now and then in a log."""
+"""A progress bar on stderr for long benchmark runs: redrawn in place on a terminal, a line now and then in a
+log."""
 
 from __future__ import annotations
 

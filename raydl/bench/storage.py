@@ -226,8 +226,8 @@ def main(args: argparse.Namespace) -> int:
             children.append(proxy)
             targets.append((f"{d:g} ms", d, url))
         _log(
-            f"{args.objects} objects of {args.size} B, concurrency {args.concurrency}, {args.rounds} round(s); "
-            f"server {endpoint}"
+            f"{args.objects} objects of {args.size} B, concurrency {args.concurrency}, "
+            f"{args.rounds} round(s); server {endpoint}"
         )
         runs = []
         for r in range(1, args.rounds + 1):

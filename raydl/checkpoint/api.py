@@ -272,7 +272,8 @@ def unpublish(ref: CheckpointRef) -> None:
 
 
 def choose_transport(ref: CheckpointRef, transport: str) -> str:
-    """ "fabric" or "object_store" for fetching `ref` here with `transport` ("auto", "fabric", "object_store")."""
+    """ "fabric" or "object_store" for fetching `ref` here with `transport` ("auto", "fabric",
+    "object_store")."""
     from raydl.native import pyfi
 
     if transport not in TRANSPORTS:

@@ -63,7 +63,8 @@ class SharedBuffer:
             raise
 
     def close(self) -> None:
-        """Close the descriptor (others can no longer map it); the mapping goes with the last array using it."""
+        """Close the descriptor (others can no longer map it); the mapping goes with the last array using
+        it."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)

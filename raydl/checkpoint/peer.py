@@ -189,7 +189,8 @@ class CheckpointPeer:
 
 
 def peer_actor(node_id: str | None = None, *, bind: str | None = None, provider: str | None = None):
-    """Start a CheckpointPeer actor (on `node_id` when given): a broadcast target that serves on what it gets."""
+    """Start a CheckpointPeer actor (on `node_id` when given): a broadcast target that serves on what it
+    gets."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -30,7 +30,8 @@ def this_machine() -> str:
 
 
 def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat): tells a pid reused apart."""
+    """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat): tells a pid reused
+    apart."""
     stat = _read(f"/proc/{pid}/stat")
     if not stat:
         return None
@@ -39,7 +40,8 @@ def start_time(pid: int) -> int | None:
 
 @dataclass(frozen=True)
 class HolderLocation:
-    """Where a holder keeps the bytes: the process, and the descriptor that maps them while they are published.
+    """Where a holder keeps the bytes: the process, and the descriptor that maps them while they are
+    published.
 
     Another process on the same machine (same `machine`) maps /proc/<pid>/fd/<fd>
     while it still links to `link`: that is how the object-store path serves a
@@ -97,7 +99,8 @@ class CheckpointRef:
 
     @property
     def transports(self) -> tuple[str, ...]:
-        """How this ref can be fetched: "fabric" (RMA reads), "object_store" (served on demand through Ray)."""
+        """How this ref can be fetched: "fabric" (RMA reads), "object_store" (served on demand through
+        Ray)."""
         store = self.object_store and self.location is not None and self.location.node_id is not None
         return tuple(t for t, ok in (("fabric", self.fabric is not None), ("object_store", store)) if ok)
 
@@ -109,8 +112,8 @@ class CheckpointRef:
 
 
 class FetchedCheckpoint(dict):
-    """The fetched tensors, with how they came: `.transport`, `.peer`, `.seconds`, `.path` (or None),
-    and `.phases` (seconds per phase of the fetch: probe, setup, connect, register, transfer, verify, build)."""
+    """The fetched tensors, with how they came: `.transport`, `.peer`, `.seconds`, `.path` (or None), and
+    `.phases` (seconds per phase of the fetch: probe, setup, connect, register, transfer, verify, build)."""
 
     transport: str
     peer: str

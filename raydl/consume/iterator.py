@@ -237,7 +237,8 @@ class DataIterator:
             )
 
     def _account_unlisted(self) -> None:
-        """Samples whose size could not be read at listing are in no bucket: rank 0 reports them each epoch."""
+        """Samples whose size could not be read at listing are in no bucket: rank 0 reports them each
+        epoch."""
         self._skip(self._policy.settle(self._loader.unlisted))
 
     def _skip(self, failures: list[Failure]) -> None:
@@ -413,4 +414,5 @@ class DataIterator:
         )
 
     def __repr__(self) -> str:
-        return f"DataIterator(rank={self._rank}, epoch={self._epoch}, next_batch={self._next}, batches={len(self)})"
+        where = f"rank={self._rank}, epoch={self._epoch}, next_batch={self._next}"
+        return f"DataIterator({where}, batches={len(self)})"

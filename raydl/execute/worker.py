@@ -79,7 +79,8 @@ class WorkerSpec:
 
 
 class LoaderWorker:
-    """Runs batch tasks for any rank; between tasks it keeps only its decode pool and per-thread batch arrays."""
+    """Runs batch tasks for any rank; between tasks it keeps only its decode pool and per-thread batch
+    arrays."""
 
     def __init__(
         self,
@@ -206,7 +207,8 @@ class LoaderWorker:
         return None
 
     def _substitute(self, failure: Failure, seed: int, out: np.ndarray) -> int:
-        """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that decodes."""
+        """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that
+        decodes."""
         n = len(self._keys)
         tried = []
         for attempt in range(MAX_SUBSTITUTES):
@@ -242,7 +244,8 @@ class LoaderWorker:
     def _release(self, buf: np.ndarray) -> None:
         with self._free_lock:
             # Handed-off buffers: at most one waits for the next batch (the caller's and the batches in
-            # flight hold the rest), so the pool adds at most one batch of memory, and none after drop_buffers().
+            # flight hold the rest), so the pool adds at most one batch of memory, and none after
+            # drop_buffers().
             if self._handoff and self._dropped:
                 return
             if self._handoff and self._free:
@@ -295,7 +298,8 @@ class _BatchRun:
             self._start_fetches()
             self._wait()
         except BaseException:
-            # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing there.
+            # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing
+            # there.
             futures_wait(self._io_tasks)
             futures_wait(list(self._decode_tasks))
             raise
@@ -320,7 +324,8 @@ class _BatchRun:
 
     # -- the steps ------------------------------------------------------------------------
     def fetch(self, blocks: list[Block]) -> None:
-        """One IO task: read `blocks` one after the other, each one's samples queued for decode as it lands."""
+        """One IO task: read `blocks` one after the other, each one's samples queued for decode as it
+        lands."""
         for block in blocks:
             if self._stop.is_set():
                 return
@@ -352,7 +357,8 @@ class _BatchRun:
             raise
 
     def finish(self, i: int, failure: Failure | None) -> None:
-        """Settle slot i: decoded (no failure), substituted, or left failed for the iterator, as the policy says."""
+        """Settle slot i: decoded (no failure), substituted, or left failed for the iterator, as the policy
+        says."""
         if failure is None:
             return
         if self._policy.action(failure) != "replace":
@@ -374,7 +380,8 @@ class _BatchRun:
             return None
 
     def _cut(self, block: Block, data: bytes) -> list[tuple[int, bytes]]:
-        """Each sample's bytes cut out of its block's; a sample that cannot be cut is settled as unreadable."""
+        """Each sample's bytes cut out of its block's; a sample that cannot be cut is settled as
+        unreadable."""
         uri = self._shards[block.shard].uri
         samples = []
         for i in block.members:
@@ -388,7 +395,8 @@ class _BatchRun:
         return samples
 
     def _unreadable(self, members: list[int], uri: str, exc: DataSourceError) -> None:
-        # Settled on the decode pool: under "replace" a substitute is read and decoded there, not on an IO thread.
+        # Settled on the decode pool: under "replace" a substitute is read and decoded there, not on an IO
+        # thread.
         for i in members:
             self._submit(self.finish, i, Failure.read_failed(int(self._task.ids[i]), uri, exc))
 

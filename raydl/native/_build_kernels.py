@@ -33,9 +33,9 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            const float *scale, const float *bias, void *dst,
                            int scale_denom, int fast, char *errbuf, int errbuf_len);
 void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t *len, const double *box,
-                                 const int *flip, const int *scale_denom, int out_h, int out_w, int out_format,
-                                 const float *scale, const float *bias, void *const *dst, int fast, int *rc,
-                                 char *errbuf, int errbuf_len);
+                                 const int *flip, const int *scale_denom, int out_h, int out_w,
+                                 int out_format, const float *scale, const float *bias, void *const *dst,
+                                 int fast, int *rc, char *errbuf, int errbuf_len);
 """
 # Paths relative to the project root: setup.py runs the build from there.
 # -ffp-contract=off: value * scale + bias stays a multiply then an add (no FMA) in every path, so the AVX2

@@ -111,8 +111,8 @@ class ErrorPolicy:
     def settle(
         self, failures: Sequence[Failure], *, rank: int = 0, epoch: int = 0, batch: int = 0
     ) -> list[Failure]:
-        """The failures to leave out of their batch; raises `error` for those `action` does not say to skip, if
-        any. A failure to "replace" that comes here was not replaced, and a short batch would break that
+        """The failures to leave out of their batch; raises `error` for those `action` does not say to skip,
+        if any. A failure to "replace" that comes here was not replaced, and a short batch would break that
         promise: it is raised too."""
         raised = [f for f in failures if self.action(f) != "skip"]
         if raised:

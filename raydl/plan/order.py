@@ -121,7 +121,8 @@ def _rng(seed: int, epoch: int, fingerprint: str, *stream: int) -> np.random.Gen
 
 @dataclass(frozen=True)
 class BucketBatches:
-    """One epoch's bucket-pure batches in global order: batch j is ids[offsets[j]:offsets[j+1]], all of bucket[j]."""
+    """One epoch's bucket-pure batches in global order: batch j is ids[offsets[j]:offsets[j+1]], all of
+    bucket[j]."""
 
     ids: np.ndarray
     offsets: np.ndarray

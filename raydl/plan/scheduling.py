@@ -63,7 +63,8 @@ def bootstrap_threads(threads_per_worker: int | None, *, usable_cores: int) -> i
 def fit_to_room(
     deficit: Mapping[str, int], free_cpus: Mapping[str, float], cpus_per_worker: float
 ) -> dict[str, int]:
-    """The part of `deficit` that fits the CPUs free on each node now (all of it when workers reserve none)."""
+    """The part of `deficit` that fits the CPUs free on each node now (all of it when workers reserve
+    none)."""
     if cpus_per_worker <= 0:
         return dict(deficit)
     out = {}

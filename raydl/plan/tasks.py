@@ -19,7 +19,8 @@ __all__ = ["BatchResult", "BatchTask"]
 
 @dataclass(frozen=True)
 class BatchTask:
-    """Batch `index` of `rank` in `epoch`: the samples, in order, their seeds, and their bucket (H, W) if any."""
+    """Batch `index` of `rank` in `epoch`: the samples, in order, their seeds, and their bucket (H, W) if
+    any."""
 
     rank: int
     epoch: int

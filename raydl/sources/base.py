@@ -22,7 +22,8 @@ class Source(Protocol):
     name: str
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
-        """The bytes [offset, offset+length) of `shard` as listed (of its decompressed stream, where compressed)."""
+        """The bytes [offset, offset+length) of `shard` as listed (of its decompressed stream, where
+        compressed)."""
         ...
 
     def cut(self, shard: int, offset: int, length: int, row: int, data: bytes) -> bytes:

@@ -35,7 +35,8 @@ _LISTING_THREADS = 16
 
 
 class _SparseFile(io.RawIOBase):
-    """A read-only file of `size` bytes of which only some ranges are present; reading elsewhere is an error."""
+    """A read-only file of `size` bytes of which only some ranges are present; reading elsewhere is an
+    error."""
 
     def __init__(self, uri: str, size: int, pieces: dict[int, bytes]) -> None:
         self._uri, self._size, self._pieces, self._pos = uri, size, pieces, 0
@@ -74,13 +75,15 @@ class _SparseFile(io.RawIOBase):
 
 
 def parse_footer(tail: bytes) -> pq.FileMetaData:
-    """The FileMetaData in a file's tail (its last bytes: metadata, length, magic), without the rest of the file."""
+    """The FileMetaData in a file's tail (its last bytes: metadata, length, magic), without the rest of the
+    file."""
     (meta_len,) = struct.unpack("<I", tail[-8:-4])
     return pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-(meta_len + 8) :]))
 
 
 def _open(uri: str, size: int, md: pq.FileMetaData, pieces: dict[int, bytes]) -> pq.ParquetFile:
-    """A ParquetFile over the fetched `pieces` only; the metadata is given, so its footer is not read again."""
+    """A ParquetFile over the fetched `pieces` only; the metadata is given, so its footer is not read
+    again."""
     return pq.ParquetFile(
         pa.PythonFile(_SparseFile(uri, size, pieces), mode="r"), metadata=md, pre_buffer=False
     )
@@ -108,7 +111,8 @@ def read_footer(storage: Storage, info: ObjectInfo) -> tuple[int, bytes]:
 
 
 def _leaf(md: pq.FileMetaData, column: str, uri: str) -> int:
-    """Index of the leaf column holding `column`'s bytes (a struct's "bytes" child, as HF datasets store images)."""
+    """Index of the leaf column holding `column`'s bytes (a struct's "bytes" child, as HF datasets store
+    images)."""
     paths = [md.schema.column(i).path for i in range(md.num_columns)]
     for want in (column, f"{column}.bytes"):
         if want in paths:

@@ -11,7 +11,8 @@ _SCHEMES = ("file", "s3")
 
 
 def storage_for(uri: str, s3=None) -> Storage:
-    """The storage that reads `uri`: local paths (and file://) or s3://. Another scheme is a ValueError naming it."""
+    """The storage that reads `uri`: local paths (and file://) or s3://. Another scheme is a ValueError naming
+    it."""
     scheme, _ = split_scheme(uri)
     if scheme == "file":
         return LocalStorage()

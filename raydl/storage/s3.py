@@ -177,8 +177,9 @@ class S3Storage:
             code, status = _error_code(exc)
             if code in _DENIED_CODES or status == 403:
                 return AccessDeniedError(
-                    f"permission error: access to bucket {bucket!r} was denied ({code or status}) when trying to "
-                    f"{what} {uri}; the credentials in use lack the permission (e.g. s3:GetObject, s3:ListBucket)",
+                    f"permission error: access to bucket {bucket!r} was denied ({code or status}) when "
+                    f"trying to {what} {uri}; the credentials in use lack the permission (e.g. "
+                    "s3:GetObject, s3:ListBucket)",
                     uri=uri,
                 )
             if code == "NoSuchBucket":
