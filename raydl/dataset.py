@@ -22,6 +22,7 @@ from raydl.describe.transforms import (
     RandomResizedCrop,
     Resize,
     Stage,
+    check_stage_order,
     compile_stages,
 )
 from raydl.execute.loader import Loader
@@ -135,8 +136,11 @@ class Dataset:
     catalog: Catalog
     stages: tuple[Stage, ...] = ()
 
-    def _with(self, stage: Stage) -> Dataset:
-        return Dataset(self.catalog, self.stages + (stage,))
+    def _with(self, stage: Stage, catalog: Catalog | None = None) -> Dataset:
+        """This dataset with `stage` added; a ValueError naming the stage when it is out of order."""
+        stages = self.stages + (stage,)
+        check_stage_order(stages)  # here, at the call that makes the mistake, not at loader()
+        return Dataset(self.catalog if catalog is None else catalog, stages)
 
     def decode(self, *, fast: bool = False) -> Dataset:
         """Bytes to RGB uint8 pixels (any mode becomes RGB).
@@ -182,7 +186,8 @@ class Dataset:
         size from its header here, once (image folders only: else ValueError).
         """
         stage = AspectBuckets(size, multiple, min_ratio, max_ratio, crop)
-        return Dataset(self.catalog.with_sizes(), self.stages + (stage,))
+        check_stage_order(self.stages + (stage,))  # before the sizes are read
+        return self._with(stage, self.catalog.with_sizes())
 
     def bucket_counts(self) -> dict[tuple[int, int], int]:
         """How many images go to each bucket (H, W), from the images' sizes, in bucket order."""
@@ -221,9 +226,10 @@ class Dataset:
 
     def __repr__(self) -> str:
         c = self.catalog
-        lines = [
-            f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={len(c.classes)})"
-        ]
+        classes = str(len(c.classes))
+        if not c.classes and (labelled := c.distinct_labels()):  # labels without names (WebDataset, Parquet)
+            classes = f"?, distinct_labels={labelled}"
+        lines = [f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={classes})"]
         lines += [f"  -> {st!r}" for st in self.stages]
         return "\n".join(lines)
 

@@ -73,6 +73,11 @@ class Catalog:
         shard = self.table.column("shard")[sample_id].as_py()
         return self.shards.column("uri")[shard].as_py()
 
+    def distinct_labels(self) -> int:
+        """How many distinct labels the samples carry (-1, no label, is not one)."""
+        labels = int_column(self.table.column("label"))
+        return int(np.unique(labels[labels >= 0]).size)
+
     @property
     def has_sizes(self) -> bool:
         """Whether the width and height columns are there (see `with_sizes`)."""

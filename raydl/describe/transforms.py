@@ -21,6 +21,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -40,6 +41,7 @@ __all__ = [
     "Resize",
     "SampleProgram",
     "Stage",
+    "check_stage_order",
     "compile_stages",
 ]
 
@@ -69,6 +71,8 @@ def _numbers(name: str, value: object, count: int, what: str) -> tuple[float, ..
 class Stage:
     """Base of all stages: frozen dataclasses whose repr reads like the call that made them."""
 
+    method: ClassVar[str] = ""  # the Dataset method that adds the stage, named in errors
+
 
 @dataclass(frozen=True)
 class Decode(Stage):
@@ -76,6 +80,8 @@ class Decode(Stage):
 
     fast=True: coarser DCT scaling, IFAST IDCT, no fancy upsampling (faster, changes pixels).
     """
+
+    method: ClassVar[str] = "decode"
 
     fast: bool = False
 
@@ -87,6 +93,8 @@ class Decode(Stage):
 @dataclass(frozen=True)
 class RandomResizedCrop(Stage):
     """torchvision's RandomResizedCrop: a random area/aspect box, resized to `size`."""
+
+    method: ClassVar[str] = "random_resized_crop"
 
     size: tuple[int, int]
     scale: tuple[float, float] = (0.08, 1.0)
@@ -106,6 +114,8 @@ class RandomResizedCrop(Stage):
 class Resize(Stage):
     """Resize so the short side is `size` (aspect kept), or to exactly (h, w)."""
 
+    method: ClassVar[str] = "resize"
+
     size: int | tuple[int, int]
 
     def __post_init__(self) -> None:
@@ -117,6 +127,8 @@ class Resize(Stage):
 class CenterCrop(Stage):
     """The central (h, w) window; an image smaller than it is stretched to cover it."""
 
+    method: ClassVar[str] = "center_crop"
+
     size: tuple[int, int]
 
     def __post_init__(self) -> None:
@@ -127,6 +139,8 @@ class CenterCrop(Stage):
 class RandomHFlip(Stage):
     """Mirror left-right with probability p."""
 
+    method: ClassVar[str] = "random_hflip"
+
     p: float = 0.5
 
     def __post_init__(self) -> None:
@@ -136,6 +150,8 @@ class RandomHFlip(Stage):
 @dataclass(frozen=True)
 class Normalize(Stage):
     """(pixel / 255 - mean) / std per channel; output becomes float32 NCHW."""
+
+    method: ClassVar[str] = "normalize"
 
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
@@ -165,6 +181,8 @@ class Normalize(Stage):
 @dataclass(frozen=True)
 class AspectBuckets(Stage):
     """Crop each image to the ratio of the bucket nearest its own and resize it there (datago's buckets)."""
+
+    method: ClassVar[str] = "aspect_buckets"
 
     size: int = 512
     multiple: int = 32
@@ -423,28 +441,47 @@ def _resized(size: tuple[int, int] | None, target: int | tuple[int, int]) -> tup
     return (target, int(target * w / h)) if h <= w else (int(target * h / w), target)
 
 
+_GEOMETRY = (RandomResizedCrop, Resize, CenterCrop)  # what aspect_buckets replaces
+
+
+def check_stage_order(stages: Sequence[Stage]) -> None:
+    """Raise a ValueError naming the first stage that breaks the order rules, and what it needs.
+
+    The rules hold for every prefix of a valid pipeline, so `Dataset` checks them
+    as each stage is added (the call that makes the mistake fails) and
+    `compile_stages` checks the whole pipeline again: .decode() first and once,
+    .normalize() last, .aspect_buckets() at most once and without the crop and
+    resize stages it replaces.
+    """
+    for i, st in enumerate(stages):
+        call = f".{st.method}()"
+        if i == 0 and not isinstance(st, Decode):
+            raise ValueError(f"{call} needs .decode() before it: the first stage must be .decode()")
+        if i > 0 and isinstance(st, Decode):
+            raise ValueError(".decode() can appear only once")
+        if i > 0 and isinstance(stages[i - 1], Normalize):
+            raise ValueError(f".normalize() must be the last stage, but {call} follows it ({st!r})")
+        if isinstance(st, (AspectBuckets, *_GEOMETRY)):
+            earlier = [x for x in stages[:i] if isinstance(x, (AspectBuckets, *_GEOMETRY))]
+            if (isinstance(st, AspectBuckets) and earlier) or any(isinstance(x, AspectBuckets) for x in earlier):
+                raise ValueError(
+                    f"{call} cannot join this pipeline: .aspect_buckets() replaces the crop/resize stages: "
+                    "use it once, without random_resized_crop, resize or center_crop"
+                )
+
+
 def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> SampleProgram:
-    """Check the order of the stages and compile them into a SampleProgram."""
-    if not stages or not isinstance(stages[0], Decode):
+    """Check the order of the stages (`check_stage_order`) and compile them into a SampleProgram."""
+    if not stages:
         raise ValueError("the first stage must be .decode()")
+    check_stage_order(stages)
     out_size: tuple[int, int] | None = None
     normalize = None
     buckets: AspectBuckets | None = None
     for st in stages[1:]:
-        if isinstance(st, Decode):
-            raise ValueError(".decode() can appear only once")
-        if normalize is not None:
-            raise ValueError(f".normalize() must be the last stage, but {st!r} follows it")
         if isinstance(st, AspectBuckets):
-            if buckets is not None or any(
-                isinstance(x, (RandomResizedCrop, Resize, CenterCrop)) for x in stages
-            ):
-                raise ValueError(
-                    ".aspect_buckets() replaces the crop/resize stages: use it once, without "
-                    "random_resized_crop, resize or center_crop"
-                )
             buckets = st
-        if isinstance(st, (RandomResizedCrop, CenterCrop)):
+        elif isinstance(st, (RandomResizedCrop, CenterCrop)):
             out_size = st.size
         elif isinstance(st, Resize):
             out_size = _resized(out_size, st.size)
