@@ -462,8 +462,8 @@ def check_stage_order(stages: Sequence[Stage]) -> None:
         if i > 0 and isinstance(stages[i - 1], Normalize):
             raise ValueError(f".normalize() must be the last stage, but {call} follows it ({st!r})")
         if isinstance(st, (AspectBuckets, *_GEOMETRY)):
-            earlier = [x for x in stages[:i] if isinstance(x, (AspectBuckets, *_GEOMETRY))]
-            if (isinstance(st, AspectBuckets) and earlier) or any(isinstance(x, AspectBuckets) for x in earlier):
+            before = {type(x) for x in stages[:i]}
+            if AspectBuckets in before or (isinstance(st, AspectBuckets) and before & set(_GEOMETRY)):
                 raise ValueError(
                     f"{call} cannot join this pipeline: .aspect_buckets() replaces the crop/resize stages: "
                     "use it once, without random_resized_crop, resize or center_crop"
