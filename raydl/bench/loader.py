@@ -62,6 +62,25 @@ from raydl.bench.report import format_table, peer_versions, summarize, write_plo
 __all__ = ["add_parser", "main"]
 
 _COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")]
+DEFAULT_BATCH = 256
+MIN_BATCHES = 8  # images/s counts from the first batch to the last: a few batches give a noisy figure
+
+
+def batch_size_for(requested: int | None, images: int) -> int:
+    """--batch-size, or else DEFAULT_BATCH made smaller so that `images` fill MIN_BATCHES batches.
+
+    With fewer than 2 batches there is no rate to measure (the window starts at
+    the first batch): a ValueError that says how many images the bench needs.
+    """
+    batch = requested or min(DEFAULT_BATCH, max(1, images // MIN_BATCHES))
+    if images < 2 * batch:
+        smaller = f", or --batch-size {images // 2} or less" if images >= 2 else ""
+        raise ValueError(
+            f"{images} image(s) make 1 batch of {batch}, and images/s is counted from the first batch to "
+            f"the last: the bench needs at least {2 * batch} images at batch {batch} "
+            f"({MIN_BATCHES * batch} for a steady figure){smaller}"
+        )
+    return batch
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -119,7 +138,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=1,
         help="epochs of the same loader per run; > 1 adds the later epochs' img/s and CPU (default: 1)",
     )
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help=f"images per batch (default: {DEFAULT_BATCH}, or less where the data would make under "
+        f"{MIN_BATCHES} batches of {DEFAULT_BATCH})",
+    )
     p.add_argument("--limit", type=int, help="use only the first N images (sorted by path)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write every round and the medians here")
@@ -321,7 +345,8 @@ def main(args: argparse.Namespace) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         _log("error: --plot needs matplotlib: pip install 'raydl[bench]'")
         return 2
-    if args.cpus < 1 or args.rounds < 1 or args.batch_size < 1 or args.nodes < 1 or args.epochs < 1:
+    batch = 1 if args.batch_size is None else args.batch_size  # None: chosen once the images are counted
+    if min(args.cpus, args.rounds, args.nodes, args.epochs, batch) < 1:
         _log("error: --cpus, --rounds, --batch-size, --nodes and --epochs must be positive")
         return 2
     wanted = [p.strip() for p in args.compare.split(",") if p.strip()]
@@ -367,6 +392,18 @@ def main(args: argparse.Namespace) -> int:
     if not files:
         _log(f"error: no images under {args.data}")
         return 2
+    requested = args.batch_size
+    try:
+        args.batch_size = batch_size_for(requested, len(files))
+    except ValueError as exc:
+        _log(f"error: {exc}")
+        return 2
+    if requested is None and args.batch_size < DEFAULT_BATCH:
+        batches = -(-len(files) // args.batch_size)
+        _log(
+            f"batch {args.batch_size}: {len(files)} images make {batches} batches of it (--batch-size "
+            f"sets it; the default {DEFAULT_BATCH} needs >= {MIN_BATCHES * DEFAULT_BATCH} images)"
+        )
     tmp = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
     try:
         data = _subset(files, args.data, tmp / "data") if args.limit else args.data
@@ -445,11 +482,11 @@ def main(args: argparse.Namespace) -> int:
             "start-up (the other columns are epoch 1's)"
             + "".join(f"; {p} runs one epoch only" for p in peers if p not in MULTI_EPOCH)
         )
-    if len(files) < 8 * args.batch_size:
+    if len(files) < MIN_BATCHES * args.batch_size:
         # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.
         notes.append(
             f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "
-            f"noisy and flattered by prefetch; use >= {8 * args.batch_size} images"
+            f"noisy and flattered by prefetch; use >= {MIN_BATCHES * args.batch_size} images"
         )
     print(
         format_table(

@@ -217,3 +217,38 @@ def test_later_epoch_columns_show_only_with_several_epochs():
     for run in runs:
         run.pop("later_images_per_s", None), run.pop("later_cpu_s_per_image", None)
     assert "later" not in format_table(summarize(["raydl", "datago"], runs), header="h")
+
+
+@pytest.mark.timeout(10)
+def test_batch_size_gives_several_batches_or_says_how_many_images_it_needs():
+    """Without --batch-size the default 256 shrinks so the images make 8 batches; a batch size that leaves fewer
+    than 2 batches (no rate to measure) is a ValueError naming the images needed."""
+    assert loader.batch_size_for(None, 100_000) == 256
+    assert loader.batch_size_for(None, 100) == 12 and loader.batch_size_for(None, 10) == 1
+    assert loader.batch_size_for(32, 64) == 32
+    with pytest.raises(ValueError, match=r"100 image\(s\) make 1 batch of 256.*at least 512 images.*--batch-size 50"):
+        loader.batch_size_for(256, 100)
+    with pytest.raises(ValueError, match="at least 2 images"):
+        loader.batch_size_for(None, 1)
+
+
+@pytest.mark.timeout(30)
+def test_bench_refuses_a_folder_of_one_batch_before_running_anything(tmp_path, capsys, monkeypatch):
+    """--batch-size larger than half the folder: exit 2 with the message, and no peer is run (no 0.0 img/s rows)."""
+    data = _tiny_folder(tmp_path / "data", n=10)
+    monkeypatch.setattr(loader, "_run_once", lambda *a, **k: pytest.fail("a peer ran"))
+    assert loader.main(_parse(["--data", str(data), "--compare", "torch", "--batch-size", "8"])) == 2
+    assert "10 image(s) make 1 batch of 8" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_bench_on_a_small_folder_picks_a_batch_size_that_measures(tmp_path, capsys):
+    """40 images and no --batch-size: raydl runs batches of 5 (8 batches) and measures images/s > 0."""
+    data = _tiny_folder(tmp_path / "data")
+    out = tmp_path / "bench.json"
+    args = _parse(["--data", str(data), "--compare", "", "--no-ceiling", "--rounds", "1", "--cpus", "1",
+                   "--json", str(out)])
+    assert loader.main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["batch_size"] == 5 and report["summary"][0]["images_per_s"] > 0, report
+    assert "batch 5: 40 images make 8 batches" in capsys.readouterr().err
