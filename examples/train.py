@@ -13,7 +13,10 @@
   scores them on the validation loader while training goes on.
 - After every epoch rank 0 writes the model and every rank's iterator
   `state_dict()` to `job.state_dir`; a job stopped and submitted again resumes
-  from the last finished epoch, on the exact next batch.
+  from the last finished epoch, on the exact next batch. configs/local-demo.yaml
+  keeps it in a folder of your own (~/.cache/raydl/local-demo/state, or under
+  $XDG_CACHE_HOME or $RAYDL_DEMO_DIR); the script says where, and `--fresh`
+  starts afresh.
 - Rank 0 prints one line per epoch (throughput, consumer wait, skipped samples,
   checkpoint transfer time) and one per evaluation.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -60,6 +64,15 @@ def make_model(num_classes: int) -> torch.nn.Module:
 
 
 # -- state that survives a stopped job ---------------------------------------------------
+def forget_state(state_dir: str) -> None:
+    """--fresh: remove what save_state wrote there (state.json, model-*.pt), nothing else."""
+    if not os.path.isdir(state_dir):
+        return
+    for name in os.listdir(state_dir):
+        if name == "state.json" or (name.startswith("model-") and name.endswith(".pt")):
+            os.remove(os.path.join(state_dir, name))
+
+
 def load_state(state_dir: str | None) -> dict | None:
     path = state_dir and os.path.join(state_dir, "state.json")
     if not path or not os.path.exists(path):
@@ -132,7 +145,7 @@ def train_loop_per_worker(cfg: dict) -> None:
         if rank == 0:
             say(
                 f"{PREFIX} resumed from {job.state_dir}: epoch {first_epoch}, next batch "
-                f"{iters[0]['batches_done']} of loader epoch {iters[0]['epoch']}"
+                f"{iters[0]['batches_done']} of loader epoch {iters[0]['epoch']} (--fresh starts afresh)"
             )
     model = prepare_model(model)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr)
@@ -197,6 +210,28 @@ def report_epoch(
     say(line)
 
 
+def start_local_ray() -> None:
+    """A local Ray of 2 CPUs for this run, set up so that Ray Train logs no false alarms.
+
+    Ray Train's PlacementGroupCleaner asks the State API, which the dashboard
+    serves, whether the run's controller still lives: without a dashboard it
+    logs "State API may be temporarily unavailable" every few seconds. So the
+    dashboard runs, on a port of its own that RAY_API_SERVER_ADDRESS names to
+    the worker processes (inherited from here), so that they ask this Ray and
+    not another one on the same machine. No node of a local Ray is ever
+    preempted, so Ray Train's PreemptionWatcher, whose start logs a
+    "max_restarts > 0" error line, stays off.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("RAY_API_SERVER_ADDRESS", f"http://127.0.0.1:{port}")
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -212,17 +247,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--address", default=None, help="Ray address (default: the job's RAY_ADDRESS, else a new local Ray)"
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start afresh: forget the state job.state_dir holds from a run before",
+    )
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.set)
     job = cfg.job
     if cfg.loader.world_size != job.workers:
         parser.error(f"loader.world_size ({cfg.loader.world_size}) must equal job.workers ({job.workers})")
+    if job.state_dir and args.fresh:
+        forget_state(job.state_dir)
     state = load_state(job.state_dir)
     if state is not None and state["epoch"] >= job.epochs:
-        print(f"{PREFIX}: {job.state_dir} says all {job.epochs} epochs are done; nothing to do", flush=True)
+        print(
+            f"{PREFIX}: all {job.epochs} epochs in {job.state_dir} are done; nothing to do "
+            f"(--fresh starts afresh, --set job.epochs=N trains on)",
+            flush=True,
+        )
         return 0
+    if job.state_dir:
+        print(
+            f"{PREFIX}: state in {job.state_dir} (a later run resumes from it; --fresh starts afresh)",
+            flush=True,
+        )
     address = args.address or ray_address() or "local"
-    ray.init(address=address, **({"num_cpus": 2, "include_dashboard": False} if address == "local" else {}))
+    if address == "local":
+        start_local_ray()
+    else:
+        ray.init(address=address)
     ds, val = cfg.dataset(), (cfg.val_dataset() if cfg.val and job.evaluate else None)
     print(
         f"{PREFIX}: {args.config} on {len(ray.nodes())} node(s), {job.workers} ranks, {len(ds)} samples\n{ds}",

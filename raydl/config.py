@@ -15,7 +15,8 @@ holds these sections (see docs/configs.md):
 
 `load_config(path, overrides=["loader.batch_size=128"])` reads one; an unknown
 key anywhere is a ValueError naming the key and the file. String values may
-name environment variables: `${DATA_ROOT}`, `${DATA_ROOT:-/data}`.
+name environment variables: `${DATA_ROOT}`, `${DATA_ROOT:-/data}`, and a default may name
+others: `${DATA_ROOT:-${HOME}/data}`.
 
 `LoaderConfig` and `S3Options` are importable from here too (they live in
 raydl.options).
@@ -361,7 +362,41 @@ def _frozen(value: object) -> object:
     return value
 
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _closing(text: str, start: int) -> int:
+    """Index of the "}" that closes a "${" whose body starts at `start` (nested "${...}" inside), or -1."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text.startswith("${", i):
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _substitute(text: str, path: str) -> str:
+    """`${VAR}` and `${VAR:-default}` in one string; a default may name variables itself, and is read only
+    when VAR is unset (`${RAYDL_DEMO_DIR:-${HOME}/.cache/raydl}`). Anything else is left as written."""
+    out, i = [], 0
+    while (m := _ENV.search(text, i)) is not None:
+        close = _closing(text, m.end())
+        body = text[m.end() : close]
+        if close < 0 or body and not body.startswith(":-"):
+            out.append(text[i : m.end()])
+            i = m.end()
+            continue
+        got = environment_variable(m.group(1))
+        if got is None and not body:
+            raise ValueError(
+                f"{path}: ${{{m.group(1)}}} is not set (write ${{{m.group(1)}:-default}} for a default)"
+            )
+        out += [text[i : m.start()], got if got is not None else _substitute(body[2:], path)]
+        i = close + 1
+    return "".join(out) + text[i:]
 
 
 def _expand(value: object, path: str) -> object:
@@ -372,16 +407,7 @@ def _expand(value: object, path: str) -> object:
         return [_expand(v, path) for v in value]
     if not isinstance(value, str) or "${" not in value:
         return value
-
-    def one(m: re.Match) -> str:
-        got = environment_variable(m.group(1))
-        if got is None and m.group(2) is None:
-            raise ValueError(
-                f"{path}: ${{{m.group(1)}}} is not set (write ${{{m.group(1)}:-default}} for a default)"
-            )
-        return got if got is not None else m.group(2)
-
-    return _ENV.sub(one, value)
+    return _substitute(value, path)
 
 
 def _parse_override(item: str) -> tuple[list[str], object]:
