@@ -123,6 +123,29 @@ def test_examples_run(example, tmp_path):
     assert proc.returncode == 0, f"{example} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
 
+
+@pytest.mark.timeout(120)
+def test_train_example_says_where_its_state_is_and_how_to_start_afresh(tmp_path):
+    """examples/train.py over a finished run says so, naming the state folder and --fresh, without starting Ray;
+    --fresh forgets only what the script wrote there."""
+    import importlib.util
+    import json
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "state.json").write_text(json.dumps({"epoch": 2, "model": "model-1.pt", "iterators": []}))
+    (state / "model-1.pt").write_bytes(b"weights")
+    (state / "notes.txt").write_text("not the script's")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "train.py"), *_example_args("train.py", tmp_path),
+                           "--set", "job.epochs=2"], cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"all 2 epochs in {state} are done; nothing to do (--fresh starts afresh" in proc.stdout, proc.stdout
+    spec = importlib.util.spec_from_file_location("train_example", ROOT / "examples" / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    train.forget_state(str(state))
+    assert sorted(p.name for p in state.iterdir()) == ["notes.txt"]
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_configs_load(config):
@@ -183,3 +206,175 @@ def test_config_set_overrides_single_values():
         load_config(ROOT / "configs" / "local-demo.yaml", ["loader.batchsize=3"])
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         load_config(ROOT / "configs" / "local-demo.yaml", ["loader.batch_size=0"])
+
+
+
+@pytest.mark.timeout(30)
+def test_demo_config_keeps_its_state_in_a_folder_of_the_users_own(tmp_path, monkeypatch):
+    """configs/local-demo.yaml's data and state: $RAYDL_DEMO_DIR, else $XDG_CACHE_HOME/raydl/local-demo, else
+    ~/.cache/raydl/local-demo (a `${VAR:-default}` default may name variables itself), never a shared /tmp path."""
+    monkeypatch.delenv("RAYDL_DEMO_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config(ROOT / "configs" / "local-demo.yaml")
+    assert cfg.job.state_dir == f"{tmp_path}/home/.cache/raydl/local-demo/state"
+    assert cfg.source.path == f"{tmp_path}/home/.cache/raydl/local-demo/train"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert load_config(ROOT / "configs" / "local-demo.yaml").job.state_dir == f"{tmp_path}/xdg/raydl/local-demo/state"
+    monkeypatch.setenv("RAYDL_DEMO_DIR", str(tmp_path / "demo"))
+    monkeypatch.delenv("HOME")  # a default that is not needed is not read
+    assert load_config(ROOT / "configs" / "local-demo.yaml").job.state_dir == f"{tmp_path}/demo/state"
+
+# ------------------------------------------------- docs/errors.md against the real messages ----
+
+ERRORS_MD = ROOT / "docs" / "errors.md"
+_SPAN = re.compile(r"``(.+?)``|`([^`]+)`")
+
+
+def _documented_errors() -> list[str]:
+    """The messages errors.md quotes: code spans holding ': ' in the first cell of a table row (`…` stands
+    for any text); rows about Ray's own messages ("Ray's ...") are Ray's to word."""
+    found = []
+    for line in ERRORS_MD.read_text().splitlines():
+        cell = line[2:].split(" | ")[0] if line.startswith("| ") else ""
+        if cell and cell != "you see" and not cell.startswith("Ray's"):
+            found += [text for a, b in _SPAN.findall(cell) if ": " in (text := a or b)]
+    return found
+
+
+def _as_regex(documented: str) -> re.Pattern:
+    return re.compile(".*?".join(re.escape(part) for part in documented.split("…")), re.S)
+
+
+def _raised(call) -> str:
+    """`ExceptionName: message` of what call() raises."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - any error is the one to compare
+        return f"{type(exc).__name__}: {exc}"
+    raise AssertionError(f"{call} raised nothing")
+
+
+def _error_triggers(tmp: Path) -> dict[str, list]:
+    """Each documented message that one process can trigger without Ray, and the calls that raise it."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import raydl
+    from raydl import checkpoint
+    from raydl.storage.local import LocalStorage
+
+    (tmp / "empty").mkdir()
+    (tmp / "loose" / "c0").mkdir(parents=True)
+    for path in (tmp / "loose" / "a.jpg", tmp / "loose" / "c0" / "b.jpg"):
+        path.write_bytes(b"not decoded at listing")
+    (tmp / "junk.tar").write_bytes(bytes(range(256)) * 4)
+    member = io.BytesIO()
+    with tarfile.open(fileobj=member, mode="w") as tar:
+        info = tarfile.TarInfo("a.jpg")
+        info.size = 3000
+        tar.addfile(info, io.BytesIO(b"x" * 3000))
+    (tmp / "cut.tar").write_bytes(member.getvalue()[:2000])
+    (tmp / "junk.parquet").write_bytes(b"not a parquet file")
+    (tmp / "footer.parquet").write_bytes(b"PAR1" + bytes(20) + (10**6).to_bytes(4, "little") + b"PAR1")
+    pq.write_table(pa.table({"img": [b"x"]}), tmp / "ok.parquet")
+    ds = raydl.read_images(str(tmp / "loose"), labels=None)
+
+    def config(text: str, sets=()):
+        path = tmp / f"bad{len(list(tmp.glob('bad*.yaml')))}.yaml"
+        path.write_text("source: {kind: images, path: /x}\n" + text + "\n")
+        return lambda: load_config(path, list(sets))
+
+    missing = str(tmp / "missing.jpg")
+    return {
+        "DataSourceError: '…' does not exist": [lambda: raydl.read_images(str(tmp / "no-such-folder"))],
+        "DataSourceError: no images (.jpg, .jpeg, .png, .webp, .bmp) found under '…'": [
+            lambda: raydl.read_images(str(tmp / "empty")), lambda: raydl.read_images(str(ROOT / "README.md"))],
+        "DataSourceError: '…' (and … more) lie directly in the root, so they have no class folder; move them into "
+        "a class folder or pass labels=None": [lambda: raydl.read_images(str(tmp / "loose"))],
+        "DataSourceError: cannot stat '…': …": [lambda: LocalStorage().stat(missing)],
+        "DataSourceError: cannot read '…' at offset …: …": [lambda: LocalStorage().read_range(missing, 0, 1)],
+        "DataSourceError: …: corrupt tar header at offset … (…); the shard is damaged": [
+            lambda: raydl.read_webdataset(str(tmp / "junk.tar"))],
+        "DataSourceError: …: truncated tar shard: …": [lambda: raydl.read_webdataset(str(tmp / "cut.tar"))],
+        "DataSourceError: … is not a Parquet file (…)": [
+            lambda: raydl.read_parquet(str(tmp / "junk.parquet"), image_column="img")],
+        "DataSourceError: …: corrupt Parquet footer (…)": [
+            lambda: raydl.read_parquet(str(tmp / "footer.parquet"), image_column="img")],
+        "ValueError: the shard pattern '…' matches nothing": [
+            lambda: raydl.read_webdataset(str(tmp / "none-*.tar")),
+            lambda: raydl.read_webdataset(str(tmp / "x-{000..}.tar"))],
+        "ValueError: unsupported URL scheme '…' in '…'; raydl reads file, s3 (local paths need no scheme)": [
+            lambda: raydl.read_images("gs://bucket/train")],
+        "ValueError: … has no column '…'; its columns are […]": [
+            lambda: raydl.read_parquet(str(tmp / "ok.parquet"), image_column="image")],
+        "ValueError: .… needs .decode() before it: the first stage must be .decode()": [
+            lambda: ds.center_crop(8), lambda: ds.normalize()],
+        "ValueError: .normalize() must be the last stage, but .… follows it (…)": [
+            lambda: ds.decode().normalize().random_hflip()],
+        "ValueError: .… cannot join this pipeline: .aspect_buckets() replaces the crop/resize stages: …": [
+            lambda: ds.decode().center_crop(8).aspect_buckets(64)],
+        "ValueError: …: unknown key `…`; `…` takes […]": [config("loader: {batch_size: 8, batchsize: 9}")],
+        "ValueError: … (--set …): unknown key `…`; …": [config("loader: {batch_size: 8}", ["loader.batchsize=3"])],
+        "ValueError: …: unknown stage `pipeline[…].…`; stages are […]": [
+            config("loader: {batch_size: 8}\npipeline: [decode, blur]")],
+        "ValueError: …: `loader`: batch_size must be a positive int, got …": [config("loader: {batch_size: 0}")],
+        "ValueError: …: ${…} is not set (write ${…:-default} for a default)": [
+            config("loader: {batch_size: 8}\njob:\n  state_dir: ${RAYDL_DOCS_TEST_UNSET}")],
+        "ValueError: …: not valid YAML: …": [config("loader: {batch_size: 8")],
+        "CheckpointError: cannot publish checkpoint path '…': not a regular file": [
+            lambda: checkpoint.publish(str(tmp / "empty"))],
+        "ValueError: state must map str to torch.Tensor; '…' maps to …": [lambda: checkpoint.publish({"w": 1})],
+    }
+
+
+@pytest.mark.timeout(120)
+def test_documented_errors_are_the_raised_ones(tmp_path):
+    """Each message docs/errors.md quotes that can be triggered here without Ray is quoted there and matches the
+    text the call really raises (`…` standing for the names and numbers in it)."""
+    documented = _documented_errors()
+    for message, calls in _error_triggers(tmp_path).items():
+        assert message in documented, f"docs/errors.md no longer quotes {message!r}"
+        for call in calls:
+            got = _raised(call)
+            assert _as_regex(message).fullmatch(got), f"docs/errors.md says {message!r}, the code says {got!r}"
+
+
+def _string_constants(root: Path) -> list[str]:
+    """Every string literal (f-strings' fixed parts included) of the .py files under root, docstrings left out."""
+    import ast
+
+    strings = []
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        strings += [node.value for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    return strings
+
+
+@pytest.mark.timeout(120)
+def test_every_documented_error_is_worded_as_in_the_code(tmp_path):
+    """Each message docs/errors.md quotes names an exception raydl raises (or a raydl warning), and every fixed
+    piece of its wording (between the `…`) is a string the code writes: the docs cannot drift from messages
+    that need Ray, S3 or libfabric to trigger."""
+    import builtins
+
+    from raydl import errors
+
+    strings = _string_constants(ROOT / "raydl") + _string_constants(ROOT / "examples")
+    triggered = _error_triggers(tmp_path)
+    for message in _documented_errors():
+        kind, _, text = message.partition(": ")
+        assert hasattr(errors, kind) or hasattr(builtins, kind) or kind.startswith("raydl"), message
+        if message in triggered:
+            continue  # compared with the real text above
+        for piece in text.split("…"):
+            piece = piece.strip(" '\"()[].,;:")
+            if len(piece) > 3:
+                assert any(piece in s for s in strings), f"docs/errors.md: {piece!r} of {message!r} is not in the code"
