@@ -119,8 +119,8 @@ def no_room_message(
         f"no node has room for a loader worker reserving cpus_per_worker={config.cpus_per_worker:g} CPUs "
         f"(node_resource={config.node_resource!r}; waited {waited_s:.0f} s for room): {'; '.join(parts)}. "
         "Pass cpus_per_worker=0 (the default: workers reserve no CPU in Ray's accounting and share the "
-        "cores, see the README's 'Resources'), reserve less or use fewer num_workers, or shut down what holds "
-        "the CPUs (another loader: loader.shutdown())."
+        "cores, see 'Resources' in docs/loader.md), reserve less or use fewer num_workers, or shut down "
+        "what holds the CPUs (another loader: loader.shutdown())."
     )
 
 
