@@ -255,8 +255,13 @@ def _raised(call) -> str:
     raise AssertionError(f"{call} raised nothing")
 
 
+def _raise(exc: Exception):
+    raise exc
+
+
 def _error_triggers(tmp: Path) -> dict[str, list]:
-    """Each documented message that one process can trigger without Ray, and the calls that raise it."""
+    """Each documented message that one process can trigger without Ray, and the calls that raise it (the
+    loader's sample errors from the error policy that builds them, as the worker and the iterator do)."""
     import io
     import tarfile
 
@@ -289,7 +294,22 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         return lambda: load_config(path, list(sets))
 
     missing = str(tmp / "missing.jpg")
+    from raydl.errors import DataSourceError
+    from raydl.plan.failures import ErrorPolicy, Failure  # the one policy the worker and the iterator ask
+
+    bad = Failure(3, "/data/c0/x.jpg", "corrupt JPEG")
+    gone = Failure.read_failed(3, "/data/c0/x.jpg", DataSourceError("cannot read '/data/c0/x.jpg'", uri=""))
     return {
+        "DataSourceError: rank …: batch … of epoch …: cannot read sample … (…): …": [
+            lambda: ErrorPolicy("skip").settle([gone], rank=1, epoch=0, batch=7)],
+        "SampleDecodeError: rank …: cannot decode sample … (…): …": [
+            lambda: ErrorPolicy("raise").settle([bad], rank=1, epoch=0, batch=7)],
+        "SampleDecodeError: cannot bucket sample … (…): …": [
+            lambda: ErrorPolicy("raise").settle([Failure.unsized(3, "/data/c0/x.jpg", "no SOF marker")])],
+        "SampleDecodeError: …sample … (…) failed (…) and none of its substitutes … could be decoded either; is most "
+        "of the data bad?": [lambda: _raise(ErrorPolicy("replace").no_substitute(bad, [5, 9]))],
+        "LoaderError: loader worker …: sample … (…) failed with …: … (not a decode error: on_error does not cover "
+        "it)": [lambda: Failure.decode_failed(3, "/data/c0/x.jpg", MemoryError("no room"), worker="host:123")],
         "DataSourceError: '…' does not exist": [lambda: raydl.read_images(str(tmp / "no-such-folder"))],
         "DataSourceError: no images (.jpg, .jpeg, .png, .webp, .bmp) found under '…'": [
             lambda: raydl.read_images(str(tmp / "empty")), lambda: raydl.read_images(str(ROOT / "README.md"))],
