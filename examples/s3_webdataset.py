@@ -96,8 +96,8 @@ def main() -> None:
             stats = it.stats()
         assert seen == len(ds) - len(ds) % 16  # drop_last: whole batches only
         print(
-            f"read {seen} of {len(ds)} samples from {args.shards} shards in s3://raydl-example over {endpoint} "
-            f"({stats.images_per_s:.0f} images/s, {stats.samples_skipped} skipped)"
+            f"read {seen} of {len(ds)} samples from {args.shards} shards in s3://raydl-example over "
+            f"{endpoint} ({stats.images_per_s:.0f} images/s, {stats.samples_skipped} skipped)"
         )
         ray.shutdown()
     finally:

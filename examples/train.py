@@ -82,7 +82,8 @@ def load_state(state_dir: str | None) -> dict | None:
 
 
 def save_state(state_dir: str, epoch: int, model: torch.nn.Module, iterators: list[dict]) -> None:
-    """Model and iterator states of a finished epoch, each file renamed into place (a crash leaves the old)."""
+    """Model and iterator states of a finished epoch, each file renamed into place (a crash leaves the
+    old)."""
     os.makedirs(state_dir, exist_ok=True)
     weights = os.path.join(state_dir, f"model-{epoch}.pt")
     torch.save(model.state_dict(), weights + ".tmp")
@@ -119,7 +120,8 @@ class Evaluator:
 
 
 def start_evaluator(val_loader, num_classes: int):
-    """The evaluator on a node other than this one when the cluster has one (a peer-to-peer fetch across nodes)."""
+    """The evaluator on a node other than this one when the cluster has one (a peer-to-peer fetch across
+    nodes)."""
     here = ray.get_runtime_context().get_node_id()
     others = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here]
     options = {"num_cpus": 0}
@@ -179,7 +181,8 @@ def train_loop_per_worker(cfg: dict) -> None:
         ray.train.report({"epoch": epoch + 1, "loss": mine["loss"]})  # every rank reports (a collective)
     for e in ray.get(evals):
         say(
-            f"{PREFIX} eval epoch {e['epoch']}: accuracy {e['accuracy']:.3f} on {e['samples']} validation samples"
+            f"{PREFIX} eval epoch {e['epoch']}: accuracy {e['accuracy']:.3f} on {e['samples']} "
+            "validation samples"
         )
     if published_box:
         checkpoint.unpublish(published_box[0])
@@ -189,10 +192,10 @@ def report_epoch(
     epoch: int, job, ranks: list[dict], evaluator, evals: list, published_box: list, model
 ) -> None:
     """Rank 0 at an epoch's end: publish the weights to the evaluator, persist the state, print the line."""
-    world = len(ranks)
+    world, samples = len(ranks), sum(r["samples"] for r in ranks)
     line = (
-        f"{PREFIX} epoch {epoch + 1}/{job.epochs}: {sum(r['samples'] for r in ranks)} samples on {world} ranks, "
-        f"{sum(r['samples'] for r in ranks) / max(r['wall'] for r in ranks):.1f} images/s, "
+        f"{PREFIX} epoch {epoch + 1}/{job.epochs}: {samples} samples on {world} ranks, "
+        f"{samples / max(r['wall'] for r in ranks):.1f} images/s, "
         f"wait {max(r['wait'] for r in ranks):.2f} s, skipped {sum(r['skipped'] for r in ranks)}, "
         f"loss {ranks[0]['loss']:.3f}"
     )
@@ -203,7 +206,8 @@ def report_epoch(
         published_box.append(checkpoint.publish(plain.state_dict()))
         got = ray.get(evaluator.fetch.remote(published_box[0]))
         where = "another node" if got["node"] != ray.get_runtime_context().get_node_id() else "this node"
-        line += f", checkpoint {got['seconds']:.3f} s ({got['bytes'] / 1e6:.2f} MB over {got['transport']} to {where})"
+        moved = f"{got['bytes'] / 1e6:.2f} MB over {got['transport']} to {where}"
+        line += f", checkpoint {got['seconds']:.3f} s ({moved})"
         evals.append(evaluator.evaluate.remote(epoch + 1))
     if job.state_dir:
         save_state(job.state_dir, epoch, plain, [r["state"] for r in ranks])
@@ -279,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=address)
     ds, val = cfg.dataset(), (cfg.val_dataset() if cfg.val and job.evaluate else None)
     print(
-        f"{PREFIX}: {args.config} on {len(ray.nodes())} node(s), {job.workers} ranks, {len(ds)} samples\n{ds}",
+        f"{PREFIX}: {args.config} on {len(ray.nodes())} node(s), {job.workers} ranks, {len(ds)} samples",
+        ds,
+        sep="\n",
         flush=True,
     )
     storage = job.storage_path or os.path.join(job.state_dir or tempfile.gettempdir(), "ray-train")

@@ -119,7 +119,8 @@ class ParquetSource:
 
 
 def _generate_images(path: str, n: int, seed: int) -> None:
-    """Demo images written to a sibling folder and renamed into place, so concurrent readers never see half."""
+    """Demo images written to a sibling folder and renamed into place, so concurrent readers never see
+    half."""
     import tempfile
 
     from raydl.util.synthetic import make_images
@@ -400,7 +401,8 @@ def _substitute(text: str, path: str) -> str:
 
 
 def _expand(value: object, path: str) -> object:
-    """`${VAR}` and `${VAR:-default}` in string values, from the environment (e.g. a data root per cluster)."""
+    """`${VAR}` and `${VAR:-default}` in string values, from the environment (e.g. a data root per
+    cluster)."""
     if isinstance(value, dict):
         return {k: _expand(v, path) for k, v in value.items()}
     if isinstance(value, list):

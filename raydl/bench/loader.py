@@ -339,21 +339,69 @@ def _process_note(run: dict) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Run the rounds, print the table, write --json/--plot. 0 when every peer ran at least once."""
+    try:
+        peers, skipped = _peers(args)
+        files = _inputs(args, peers, skipped)
+    except _Refused as exc:
+        _log(f"error: {exc}")
+        return 2
+    runs = _rounds(args, peers, files)
+    summary = summarize(peers, runs)
+    notes = _notes(args, peers, skipped, runs, len(files))
+    print(
+        format_table(
+            summary,
+            header=(
+                f"raydl bench loader: workload {args.workload}, {len(files)} images from {args.data}, "
+                f"batch {args.batch_size}, {args.cpus} CPUs, median of {args.rounds} round(s)"
+            ),
+        )
+    )
+    print()
+    for note in notes:
+        print(f"  * {note}")
+    if args.json:
+        report = {
+            "workload": args.workload,
+            "data": args.data,
+            "images": len(files),
+            "batch_size": args.batch_size,
+            "cpus": args.cpus,
+            "rounds": args.rounds,
+            "epochs": args.epochs,
+            "pinned": not args.no_pin,
+            "peers": peers,
+            "versions": peer_versions(),
+            "summary": summary,
+            "runs": runs,
+            "skipped": skipped,
+            "notes": notes,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _log(f"wrote {args.json}")
+    if args.plot:
+        write_plot(summary, args.plot, title=f"{args.workload}: {len(files)} images, {args.cpus} CPUs")
+        _log(f"wrote {args.plot}")
+    return 0 if all(s["rounds_ok"] > 0 for s in summary) else 1
+
+
+class _Refused(Exception):
+    """The run cannot go ahead; the message says why (main prints it and returns 2)."""
+
+
+def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """(the peers to run, in order; why each left out was skipped), after the flags are checked."""
     if importlib.util.find_spec("psutil") is None:  # the runner samples memory and CPU with it
-        _log("error: raydl bench loader needs psutil: pip install 'raydl[bench]'")
-        return 2
+        raise _Refused("raydl bench loader needs psutil: pip install 'raydl[bench]'")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        _log("error: --plot needs matplotlib: pip install 'raydl[bench]'")
-        return 2
+        raise _Refused("--plot needs matplotlib: pip install 'raydl[bench]'")
     batch = 1 if args.batch_size is None else args.batch_size  # None: chosen once the images are counted
     if min(args.cpus, args.rounds, args.nodes, args.epochs, batch) < 1:
-        _log("error: --cpus, --rounds, --batch-size, --nodes and --epochs must be positive")
-        return 2
+        raise _Refused("--cpus, --rounds, --batch-size, --nodes and --epochs must be positive")
     wanted = [p.strip() for p in args.compare.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in _COMPARABLE]
     if unknown:
-        _log(f"error: unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
-        return 2
+        raise _Refused(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
     skipped = {p: why for p in ["raydl", *wanted] if (why := _missing(p))}
     skipped.update(
         {
@@ -367,7 +415,12 @@ def main(args: argparse.Namespace) -> int:
     peers = [p for p in dict.fromkeys(["raydl", *wanted]) if p not in skipped]
     if not args.no_ceiling and not _missing("ceiling"):
         peers.append("ceiling")
+    return peers, skipped
 
+
+def _inputs(args: argparse.Namespace, peers: list[str], skipped: dict[str, str]) -> list:
+    """The samples to read (image paths, or sample numbers of a remote or sharded source), with
+    args.batch_size settled; `peers` loses those that cannot read this source (said in `skipped`)."""
     folder = args.source == "images" and "://" not in args.data
     if not folder:
         others = [p for p in peers if p not in ("raydl", "raydl-base")]
@@ -376,34 +429,35 @@ def main(args: argparse.Namespace) -> int:
                 f"{p} skipped: it reads local image folders only (--source {args.source}, --data {args.data})"
             )
             _log(skipped[p])
-        peers = [p for p in peers if p not in others]
+        peers[:] = [p for p in peers if p not in others]
         if args.limit:
-            _log("error: --limit works on local image folders only")
-            return 2
+            raise _Refused("--limit works on local image folders only")
         files = list(range(_count(args, args.data)))
     else:
         files = list_images(args.data)[: args.limit]
     if args.baseline_data:
         base_n = _count(args, args.baseline_data)
         if base_n != len(files):
-            _log(f"error: --baseline-data has {base_n} samples, --data {len(files)}")
-            return 2
+            raise _Refused(f"--baseline-data has {base_n} samples, --data {len(files)}")
         peers.insert(1, "raydl-base")
     if not files:
-        _log(f"error: no images under {args.data}")
-        return 2
+        raise _Refused(f"no images under {args.data}")
     requested = args.batch_size
     try:
         args.batch_size = batch_size_for(requested, len(files))
     except ValueError as exc:
-        _log(f"error: {exc}")
-        return 2
+        raise _Refused(str(exc)) from None
     if requested is None and args.batch_size < DEFAULT_BATCH:
         batches = -(-len(files) // args.batch_size)
         _log(
             f"batch {args.batch_size}: {len(files)} images make {batches} batches of it (--batch-size "
             f"sets it; the default {DEFAULT_BATCH} needs >= {MIN_BATCHES * DEFAULT_BATCH} images)"
         )
+    return files
+
+
+def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dict]:
+    """Every peer once per round, in turn, each in a fresh process: one row per run."""
     tmp = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
     try:
         data = _subset(files, args.data, tmp / "data") if args.limit else args.data
@@ -422,8 +476,11 @@ def main(args: argparse.Namespace) -> int:
                 runs.append({"round": i, **row})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return runs
 
-    summary = summarize(peers, runs)
+
+def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], runs: list[dict], n: int):
+    """The notes under the table: what each peer does, why some were skipped, and raydl's breakdowns."""
     notes_of = {**NOTES, **BUCKET_NOTES} if args.workload == "buckets" else NOTES
     notes = [notes_of[p] for p in peers if p in notes_of] + list(skipped.values())
     notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
@@ -482,47 +539,13 @@ def main(args: argparse.Namespace) -> int:
             "start-up (the other columns are epoch 1's)"
             + "".join(f"; {p} runs one epoch only" for p in peers if p not in MULTI_EPOCH)
         )
-    if len(files) < MIN_BATCHES * args.batch_size:
+    if n < MIN_BATCHES * args.batch_size:
         # Loaders prefetch while the first batch is awaited, so a few batches flatter images/s.
         notes.append(
-            f"only {-(-len(files) // args.batch_size)} batches per epoch: images/s is "
+            f"only {-(-n // args.batch_size)} batches per epoch: images/s is "
             f"noisy and flattered by prefetch; use >= {MIN_BATCHES * args.batch_size} images"
         )
-    print(
-        format_table(
-            summary,
-            header=(
-                f"raydl bench loader: workload {args.workload}, {len(files)} images from {args.data}, "
-                f"batch {args.batch_size}, {args.cpus} CPUs, median of {args.rounds} round(s)"
-            ),
-        )
-    )
-    print()
-    for note in notes:
-        print(f"  * {note}")
-    if args.json:
-        report = {
-            "workload": args.workload,
-            "data": args.data,
-            "images": len(files),
-            "batch_size": args.batch_size,
-            "cpus": args.cpus,
-            "rounds": args.rounds,
-            "epochs": args.epochs,
-            "pinned": not args.no_pin,
-            "peers": peers,
-            "versions": peer_versions(),
-            "summary": summary,
-            "runs": runs,
-            "skipped": skipped,
-            "notes": notes,
-        }
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        _log(f"wrote {args.json}")
-    if args.plot:
-        write_plot(summary, args.plot, title=f"{args.workload}: {len(files)} images, {args.cpus} CPUs")
-        _log(f"wrote {args.plot}")
-    return 0 if all(s["rounds_ok"] > 0 for s in summary) else 1
+    return notes
 
 
 def _cli(argv: list[str] | None = None) -> int:

@@ -348,7 +348,8 @@ class SampleProgram:
         self._run_whole(data, h, w, box, flip, factor, out)
 
     def run_many(self, items: Sequence[tuple[bytes, int, np.ndarray]]) -> list[Exception | None]:
-        """`run` for many (data, seed, out) samples of one batch; per sample None or the exception `run` raised.
+        """`run` for many (data, seed, out) samples of one batch; per sample None or the exception `run`
+        raised.
 
         The JPEGs go through one native call (the GIL released once, not once
         per sample); the pixels, and each sample's error, are those of `run`.
@@ -413,7 +414,8 @@ class SampleProgram:
         factor: int,
         out: np.ndarray,
     ) -> None:
-        """Decode the whole image (not a JPEG, or one the region decoder cannot take), then crop and resize."""
+        """Decode the whole image (not a JPEG, or one the region decoder cannot take), then crop and
+        resize."""
         scale, bias = self._affine
         img = decode.decode_rgb(data, factor=factor, fast=self.fast)
         if img.shape[0] != h or img.shape[1] != w:  # downscaled decode: map the box onto it

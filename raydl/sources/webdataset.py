@@ -233,7 +233,8 @@ def _decompressed(storage: Storage, uri: str, etag: str, size: int) -> bytes:
 
 @dataclass(frozen=True)
 class WebDatasetSource:
-    """A sample is its image member's bytes: a range of an uncompressed shard, or of a compressed one's stream."""
+    """A sample is its image member's bytes: a range of an uncompressed shard, or of a compressed one's
+    stream."""
 
     name: str = "webdataset"
 
