@@ -108,6 +108,15 @@ def _warn_fallback() -> None:
     logger.warning(msg)
 
 
+def _slot_args(ffi, box, out: np.ndarray, out_h: int, out_w: int, fmt: int, flip: bool, scale, bias) -> tuple:
+    """What both crop/resize kernels take after their source: the box, the slot's size and format, the
+    flip, the per-channel affine and the slot itself."""
+    scale_c, bias_c = _affine(ffi, fmt, scale, bias)
+    box_c = (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+    slot = ffi.from_buffer(out, require_writable=True)
+    return (*box_c, out_h, out_w, int(bool(flip)), fmt, scale_c, bias_c, slot)
+
+
 def crop_resize_into(
     src: np.ndarray,
     box: tuple[float, float, float, float],
@@ -134,23 +143,12 @@ def crop_resize_into(
         _warn_fallback()
         _crop_resize_python(src, box, out, flip=flip, scale=scale, bias=bias)
         return
-    scale_c, bias_c = _affine(ffi, fmt, scale, bias)
     rc = lib.raydl_crop_resize(
         ffi.from_buffer("uint8_t[]", src),
         src.shape[0],
         src.shape[1],
         src.strides[0],
-        float(box[0]),
-        float(box[1]),
-        float(box[2]),
-        float(box[3]),
-        out_h,
-        out_w,
-        int(bool(flip)),
-        fmt,
-        scale_c,
-        bias_c,
-        ffi.from_buffer(out, require_writable=True),
+        *_slot_args(ffi, box, out, out_h, out_w, fmt, flip, scale, bias),
     )
     if rc != _OK:
         raise NativeKernelError(
@@ -182,22 +180,11 @@ def jpeg_crop_resize_into(
     if lib is None:
         return False
     out_h, out_w, fmt = _out_format(out, scale, bias)
-    scale_c, bias_c = _affine(ffi, fmt, scale, bias)
     err = ffi.new("char[]", _ERR_LEN)
     rc = lib.raydl_jpeg_crop_resize(
         ffi.from_buffer("uint8_t[]", data),
         len(data),
-        float(box[0]),
-        float(box[1]),
-        float(box[2]),
-        float(box[3]),
-        out_h,
-        out_w,
-        int(bool(flip)),
-        fmt,
-        scale_c,
-        bias_c,
-        ffi.from_buffer(out, require_writable=True),
+        *_slot_args(ffi, box, out, out_h, out_w, fmt, flip, scale, bias),
         int(scale_denom),
         int(bool(fast)),
         err,

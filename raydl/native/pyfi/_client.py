@@ -232,7 +232,15 @@ class Connection(Closeable):
             )
         return self._stack
 
-    def _transfer(
+    def _transfer(self, call: str, span: Span, offset: int, size: int, *args: Any, **kwargs: Any) -> int:
+        """Run one pipelined read or write (see `_transfer_inside` for its arguments) while the process is
+        not exiting."""
+        if size == 0:
+            return 0
+        with GATE.inside(call):  # at exit, the poll below raises and the transfer ends (see _lifecycle)
+            return self._transfer_inside(call, span, offset, size, *args, **kwargs)
+
+    def _transfer_inside(
         self,
         call: str,
         span: Span,
@@ -248,43 +256,8 @@ class Connection(Closeable):
         on_chunk: Callable[[int, int], None] | None = None,
         owner: Any = None,
     ) -> int:
-        """Run one pipelined read or write: post chunks while slots are free, reap completions.
+        """Post chunks while slots are free, reap completions, until `size` bytes are moved.
         owner: the caller's object for span (reads: its registration is cached, see _regcache)."""
-        if size == 0:
-            return 0
-        with GATE.inside(call):  # at exit, the poll below raises and the transfer ends (see _lifecycle)
-            return self._transfer_inside(
-                call,
-                span,
-                offset,
-                size,
-                chunk_size,
-                max_inflight,
-                timeout,
-                progress,
-                watchdog,
-                watch_every,
-                pacer,
-                on_chunk,
-                owner,
-            )
-
-    def _transfer_inside(
-        self,
-        call: str,
-        span: Span,
-        offset: int,
-        size: int,
-        chunk_size: int,
-        max_inflight: int,
-        timeout: float,
-        progress: Callable[[int], None] | None,
-        watchdog: Callable[[], None] | None,
-        watch_every: float,
-        pacer: Pacer | None,
-        on_chunk: Callable[[int, int], None] | None = None,
-        owner: Any = None,
-    ) -> int:
         stack = self._live_stack()
         ffi, lib = loaded()
         access = lib.FI_READ if call == "fi_read" else lib.FI_WRITE
