@@ -136,11 +136,11 @@ class Dataset:
     catalog: Catalog
     stages: tuple[Stage, ...] = ()
 
-    def _with(self, stage: Stage, catalog: Catalog | None = None) -> Dataset:
+    def _with(self, stage: Stage) -> Dataset:
         """This dataset with `stage` added; a ValueError naming the stage when it is out of order."""
         stages = self.stages + (stage,)
         check_stage_order(stages)  # here, at the call that makes the mistake, not at loader()
-        return Dataset(self.catalog if catalog is None else catalog, stages)
+        return Dataset(self.catalog, stages)
 
     def decode(self, *, fast: bool = False) -> Dataset:
         """Bytes to RGB uint8 pixels (any mode becomes RGB).
@@ -186,8 +186,8 @@ class Dataset:
         size from its header here, once (image folders only: else ValueError).
         """
         stage = AspectBuckets(size, multiple, min_ratio, max_ratio, crop)
-        check_stage_order(self.stages + (stage,))  # before the sizes are read
-        return self._with(stage, self.catalog.with_sizes())
+        added = self._with(stage)  # the order is checked before any size is read
+        return Dataset(self.catalog.with_sizes(), added.stages)
 
     def bucket_counts(self) -> dict[tuple[int, int], int]:
         """How many images go to each bucket (H, W), from the images' sizes, in bucket order."""

@@ -13,12 +13,20 @@ optionally an int, within bounds), used by every layer.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
-__all__ = ["ON_ERROR", "LoaderConfig", "S3Options", "check_number", "is_positive_int", "positive_int"]
+__all__ = [
+    "ON_ERROR",
+    "LoaderConfig",
+    "S3Options",
+    "check_number",
+    "check_on_error",
+    "is_positive_int",
+    "positive_int",
+]
 
 ON_ERROR = ("skip", "replace", "raise")
+NUMBER_TYPES: tuple[type, ...] = (int, float)  # what check_number takes as a number unless told otherwise
 
 
 def check_number(
@@ -32,13 +40,15 @@ def check_number(
     at_most: float | None = None,
     finite: bool = False,
     optional: bool = False,
+    types: tuple[type, ...] = NUMBER_TYPES,
 ):
-    """`value` when it is a number (an int where `integer`; never a bool) within the bounds given (> `above`,
-    >= `at_least`, < `below`, <= `at_most`), finite where `finite`, or None where `optional`. Anything else
-    is a ValueError that names `name`, says what it must be and shows the value."""
+    """`value` when it is a number (a Python int where `integer`, else one of `types`; never a bool) within
+    the bounds given (> `above`, >= `at_least`, < `below`, <= `at_most`), finite where `finite`, or None
+    where `optional`. Anything else is a ValueError that names `name`, says what it must be and shows the
+    value."""
     if value is None and optional:
         return None
-    ok = isinstance(value, numbers.Integral if integer else numbers.Real) and not isinstance(value, bool)
+    ok = isinstance(value, int if integer else types) and not isinstance(value, bool)
     if ok:
         ok = (
             (above is None or value > above)
@@ -64,6 +74,13 @@ def _wanted(integer: bool, above, at_least, below, at_most) -> str:
         return f"{noun} in {low[0]}{low[1]:g}, {text.get(high[1], f'{high[1]:g}')}{high[0]}"
     ops = {"(": ">", "[": ">=", ")": "<", "]": "<="}
     return " ".join([noun, *(f"{ops[b[0]]} {b[1]:g}" for b in (low, high) if b)])
+
+
+def check_on_error(value: object) -> str:
+    """`value` when it is one of ON_ERROR; else a ValueError naming on_error."""
+    if value not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 def is_positive_int(value: object) -> bool:
@@ -148,8 +165,7 @@ class LoaderConfig:
             check_number(name, getattr(self, name), integer=True, above=0, optional=True)
         check_number("seed", self.seed, integer=True, at_least=0, below=2**63)
         check_number("cpus_per_worker", self.cpus_per_worker, at_least=0)
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        check_on_error(self.on_error)
         if self.node_resource is not None and not (
             isinstance(self.node_resource, str) and self.node_resource
         ):

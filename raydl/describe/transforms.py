@@ -45,6 +45,9 @@ __all__ = [
     "compile_stages",
 ]
 
+# Stage arguments may be numpy scalars too (sizes and probabilities read from arrays).
+_NUMBER_TYPES = (int, float, np.integer, np.floating)
+
 NORMALIZE_PRESETS = {
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
@@ -63,7 +66,7 @@ def _numbers(name: str, value: object, count: int, what: str) -> tuple[float, ..
     if not (isinstance(value, (tuple, list)) and len(value) == count):
         raise ValueError(f"{name} must be {what}, got {value!r}")
     try:
-        return tuple(float(check_number(name, v)) for v in value)
+        return tuple(float(check_number(name, v, types=_NUMBER_TYPES)) for v in value)
     except ValueError:
         raise ValueError(f"{name} must be {what}, got {value!r}") from None
 
@@ -144,7 +147,7 @@ class RandomHFlip(Stage):
     p: float = 0.5
 
     def __post_init__(self) -> None:
-        check_number("p", self.p, at_least=0, at_most=1)
+        check_number("p", self.p, at_least=0, at_most=1, types=_NUMBER_TYPES)
 
 
 @dataclass(frozen=True)

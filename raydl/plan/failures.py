@@ -32,7 +32,7 @@ from raydl.errors import (
     ObjectChangedError,
     SampleDecodeError,
 )
-from raydl.options import ON_ERROR
+from raydl.options import check_on_error
 
 __all__ = ["Action", "ErrorPolicy", "Failure", "Replaced", "Step"]
 
@@ -94,8 +94,7 @@ class ErrorPolicy:
     on_error: str = "skip"
 
     def __post_init__(self) -> None:
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        check_on_error(self.on_error)
 
     def action(self, failure: Failure) -> Action:
         """What becomes of `failure`'s sample: left out of its batch, substituted, or raised."""
