@@ -59,9 +59,8 @@ def main() -> None:
         ("AWS_SECRET_ACCESS_KEY", "testing"),
         ("AWS_DEFAULT_REGION", "us-east-1"),
     ):
-        os.environ.setdefault(
-            k, v
-        )  # moto takes any credentials; set before Ray starts, so actors inherit them
+        # Moto takes any credentials; set before Ray starts, so actors inherit them
+        os.environ.setdefault(k, v)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:

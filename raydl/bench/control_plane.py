@@ -102,12 +102,13 @@ def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list
     loader = Loader.__new__(Loader)
     loader.config, loader.num_samples, loader.fingerprint = config, num_samples, "0" * 32
     loader.samples_fingerprint = "0" * 32
+    # No buckets
     loader.buckets, loader.bucket_of, loader.unlisted, loader.plan_units = (
         None,
         None,
         (),
         num_samples,
-    )  # no buckets
+    )
     loader._lock, loader._closed, loader._owner = threading.Lock(), False, False
     loader.batch_bytes, loader.object_store_budget = 1, 1 << 40
     loader._version, loader._workers, loader._fetched = 1, list(workers), time.monotonic()
@@ -169,9 +170,8 @@ def measure_loop(
     clock = _VirtualClock()
     with clock.patch():
         while done < batches:
-            t0 = (
-                time.thread_time()
-            )  # CPU time of this thread: what the loop costs, whatever the machine's load
+            # CPU time of this thread: what the loop costs, whatever the machine's load
+            t0 = time.thread_time()
             for _batch in it.iter_batches():
                 done += 1
                 clock.advance(seconds_per_batch)

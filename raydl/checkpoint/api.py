@@ -80,11 +80,12 @@ class _Process:
         """In a forked child: the parent's endpoint and threads are not this process's. Dropped, not
         closed (closing would act on the parent's libfabric state); the next fetch opens its own."""
         self._lock = threading.Lock()
+        # Never closed here, never collected
         self._leftovers = (
             self._fabric,
             self._preparing,
             self._endpoints,
-        )  # never closed here, never collected
+        )
         self._fabric = None
         self._endpoints = {}
         self._preparing = None

@@ -83,9 +83,8 @@ class Loader:
         self.program = program
         self.num_samples = len(catalog)
         self.fingerprint = catalog.fingerprint
-        self.samples_fingerprint = (
-            catalog.samples_fingerprint
-        )  # seeds the shuffle: same files, same order anywhere
+        # Seeds the shuffle: same files, same order anywhere
+        self.samples_fingerprint = catalog.samples_fingerprint
         self.buckets, self.bucket_of, self.unlisted, self.plan_units = _plan_units(catalog, program, config)
         self._lock = threading.Lock()
         self._closed = False
@@ -413,9 +412,8 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
     """
     if program.buckets is None:
         return None, None, (), len(catalog)
-    catalog = (
-        catalog.with_sizes()
-    )  # read here when the catalog came without them (a ValueError where none exist)
+    # Read here when the catalog came without them (a ValueError where none exist)
+    catalog = catalog.with_sizes()
     buckets = program.buckets.buckets
     bucket_of = program.buckets.assign(
         int_column(catalog.table.column("width")), int_column(catalog.table.column("height"))

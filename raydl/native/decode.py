@@ -29,9 +29,8 @@ __all__ = [
     "is_jpeg",
 ]
 
-HEADER_BYTES = (
-    16 * 1024
-)  # what listing reads of each file first; EXIF and ICC blocks can push JPEG's SOF further
+# What listing reads of each file first; EXIF and ICC blocks can push JPEG's SOF further
+HEADER_BYTES = 16 * 1024
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")

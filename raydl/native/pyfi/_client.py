@@ -439,9 +439,10 @@ class Client(Closeable):
     def __init__(self, provider: str, *, host: str | None = None, fabric_name: str | None = None) -> None:
         self.provider = provider
         self.lock = threading.RLock()
+        # Polled only while reads are in flight
         self._stack: Stack | None = Stack(
             provider, host=host, service=None, fabric_name=fabric_name, wait=False
-        )  # polled only while reads are in flight
+        )
         self.fabric_name = self._stack.fabric_name
         # Server endpoint address -> its fi_addr_t here: regions served from one endpoint
         # (ServerEndpoint) share one AV entry, so rxm's connection to it is made once.

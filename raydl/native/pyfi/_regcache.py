@@ -81,9 +81,8 @@ class RegistrationCache:
         self._max = max_entries
         self._entries: dict[tuple[int, int], _Entry] = {}  # (id(owner), access) -> entry, oldest use first
         self._lock = threading.RLock()
-        self._pid = (
-            os.getpid()
-        )  # a forked child inherits the finalizers, not the right to close the parent's regions
+        # A forked child inherits the finalizers, not the right to close the parent's regions
+        self._pid = os.getpid()
         self.hits = self.misses = 0
 
     def region(self, span: Span, obj: Any, access: int) -> tuple[MemoryRegion, int, bool]:

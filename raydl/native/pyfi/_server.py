@@ -192,9 +192,8 @@ class _Turn:
     to a registration that waits for it (a plain lock it re-took at once could starve that)."""
 
     def __init__(self) -> None:
-        self._lock = (
-            threading.RLock()
-        )  # a Server collected inside the serving thread's slice revokes under it
+        # A Server collected inside the serving thread's slice revokes under it
+        self._lock = threading.RLock()
         self._count = threading.Lock()
         self._waiting = 0
 
