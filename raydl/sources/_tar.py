@@ -4,22 +4,34 @@
 data rounded up to 512), reading through a small window so that small
 members and the headers after them cost no extra read. GNU long names and
 pax `path`/`size` records are honoured, as Python's tarfile (and so the
-webdataset library) reads them. A header that does not parse or a member that
-runs past the end is a DataSourceError naming the shard and the offset.
+webdataset library) reads them.
+
+The shard is untrusted, so the indexer always ends: every step moves at least
+one 512-byte block forward, so a shard of n bytes takes at most n / 512 steps.
+Anything malformed is a DataSourceError naming the shard and the byte offset
+of the header at fault: a header that does not parse or whose checksum is
+wrong, a negative or non-decimal size (base-256 or pax), a malformed pax
+record, a GNU long name or pax header longer than `MAX_EXTENDED_HEADER`, a
+GNU sparse member (its offsets would not be the file's bytes), and a member
+whose data runs past the end of the shard.
 """
 
 from __future__ import annotations
 
+import re
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from raydl.errors import DataSourceError
 
-__all__ = ["Member", "TarIndex", "index_tar"]
+__all__ = ["MAX_EXTENDED_HEADER", "Member", "TarIndex", "index_tar"]
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)
+# A pax header or GNU long name is read whole into memory: names and a few numbers, never near this.
+MAX_EXTENDED_HEADER = 1 << 20
+_DECIMAL = re.compile(rb"[0-9]{1,20}")  # a pax length or size: ASCII digits only, no sign
 
 
 @dataclass(frozen=True)
@@ -34,30 +46,61 @@ class Member:
 @dataclass
 class TarIndex:
     members: list[Member]
-    small: dict[
-        int, bytes
-    ]  # member index -> payload, for members that came with the headers (<= small_limit)
+    # member index -> payload, for members that came with the headers (<= small_limit)
+    small: dict[int, bytes]
 
 
 def _round_up(n: int) -> int:
     return (n + BLOCK - 1) // BLOCK * BLOCK
 
 
+def _corrupt(uri: str, offset: int, why: str) -> DataSourceError:
+    return DataSourceError(
+        f"{uri}: corrupt tar header at offset {offset} ({why}); the shard is damaged", uri=uri
+    )
+
+
 def _pax_records(data: bytes, uri: str, offset: int) -> dict[str, str]:
+    """The records "<length> <key>=<value>\\n" of the pax header at `offset`; NUL padding ends them."""
     out, pos = {}, 0
-    while pos < len(data) and data[pos : pos + 1] not in (b"\0", b""):
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space])
-        except ValueError as exc:
-            raise DataSourceError(f"{uri}: corrupt pax header at offset {offset}", uri=uri) from exc
-        if length <= 0:
-            raise DataSourceError(f"{uri}: corrupt pax header at offset {offset}", uri=uri)
-        record = data[space + 1 : pos + length - 1]
-        key, _, value = record.partition(b"=")
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos, pos + 21)
+        digits = data[pos:space] if space > pos else b""
+        if not _DECIMAL.fullmatch(digits):
+            raise DataSourceError(
+                f"{uri}: corrupt pax header at offset {offset} (no record length at byte {pos})", uri=uri
+            )
+        end = pos + int(digits)
+        # the shortest record is "<length> k=\n": the length counts itself, so every record moves pos on
+        if end < space + 4 or end > len(data) or data[end - 1] != 0x0A:
+            raise DataSourceError(
+                f"{uri}: corrupt pax header at offset {offset} (record at byte {pos} of length "
+                f"{int(digits)} does not end with a newline inside the header)",
+                uri=uri,
+            )
+        key, eq, value = data[space + 1 : end - 1].partition(b"=")
+        if not eq or not key:
+            raise DataSourceError(
+                f"{uri}: corrupt pax header at offset {offset} (record at byte {pos} has no key=value)",
+                uri=uri,
+            )
         out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        pos = end
     return out
+
+
+def _member_size(info: tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: str, pos: int) -> int:
+    """The size of the data after the header at `pos`: the `size` record's of the pax header at `pax_at`
+    where there is one."""
+    if "size" in pax and info.type not in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+        text = pax["size"].encode("utf-8", "surrogateescape")
+        if not _DECIMAL.fullmatch(text):
+            why = f"its pax header at offset {pax_at} gives size {pax['size'][:40]!r}, not a decimal number"
+            raise _corrupt(uri, pos, why)
+        return int(text)
+    if info.size < 0:  # a base-256 size field can say any negative number
+        raise _corrupt(uri, pos, f"negative size {info.size}")
+    return info.size
 
 
 def index_tar(
@@ -84,34 +127,34 @@ def index_tar(
     pos = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
+    pax_at = 0
     while pos + BLOCK <= size:
         header = get(pos, BLOCK)
         if header == _ZERO:
             break  # end-of-archive marker
         try:
             info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-        except tarfile.HeaderError as exc:
-            raise DataSourceError(
-                f"{uri}: corrupt tar header at offset {pos} ({exc}); the shard is damaged", uri=uri
-            ) from exc
+        except (tarfile.HeaderError, ValueError, OverflowError) as exc:
+            raise _corrupt(uri, pos, str(exc) or type(exc).__name__) from exc
         data_at = pos + BLOCK
-        n = (
-            int(pax.get("size", info.size))
-            if info.type not in (tarfile.XHDTYPE, tarfile.XGLTYPE)
-            else info.size
-        )
+        n = _member_size(info, pax, pax_at, uri, pos)
         if data_at + n > size:
             raise DataSourceError(
                 f"{uri}: truncated tar shard: the member at offset {pos} needs {n} bytes from "
                 f"offset {data_at}, but the shard ends at {size}",
                 uri=uri,
             )
+        extended = info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE)
+        if extended and n > MAX_EXTENDED_HEADER:
+            raise _corrupt(uri, pos, f"a {n}-byte extended header, over the {MAX_EXTENDED_HEADER}-byte limit")
         if info.type == tarfile.GNUTYPE_LONGNAME:
             long_name = get(data_at, n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif info.type == tarfile.XHDTYPE:
-            pax = _pax_records(get(data_at, n), uri, pos)
+            pax, pax_at = _pax_records(get(data_at, n), uri, pos), pos
         elif info.type in (tarfile.XGLTYPE, tarfile.GNUTYPE_LONGLINK):
             pass
+        elif info.type == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse.") for k in pax):
+            raise _corrupt(uri, pos, "a GNU sparse member, which a WebDataset shard cannot hold")
         else:
             name = pax.get("path") or long_name or info.name
             if info.isreg():
@@ -121,7 +164,7 @@ def index_tar(
                     if payload is not None:
                         small[len(members) - 1] = payload
             long_name, pax = None, {}
-        pos = data_at + _round_up(n)
+        pos = data_at + _round_up(n)  # n >= 0: at least one block forward
     else:
         if pos < size and size - pos < BLOCK:  # not a whole header left
             raise DataSourceError(

@@ -10,28 +10,28 @@ Uncompressed shards are indexed once, from their headers (raydl/sources/_tar.py)
 the catalog row of a sample is its image member's offset and size, so a
 loader reads each image with one ranged read (neighbours coalesce) and can
 shuffle globally. The label member (small) is read while indexing.
-Compressed shards (.tar.gz, .tgz) cannot be read by range: they are read
-whole, decompressed, indexed in memory, and in the loader read whole again
-(a few are cached per process); prefer uncompressed shards for shuffled reads.
+Compressed shards (.tar.gz, .tgz) cannot be read by range: they are
+inflated whole, in bounded steps and to a bounded size, once per process
+however many threads ask, and indexed and cut in memory
+(raydl/sources/_inflate.py); prefer uncompressed shards for shuffled reads.
+
+Shard patterns: brace patterns (raydl/sources/_braces.py), then globs with
+one meaning on local disk and S3 (raydl/sources/_patterns.py).
 """
 
 from __future__ import annotations
 
-import collections
-import fnmatch
-import glob
-import gzip
 import logging
 import os
 import re
-import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from raydl.describe.catalog import Catalog, make_catalog
-from raydl.errors import DataSourceError, ObjectChangedError
+from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
 from raydl.sources._braces import expand_braces
+from raydl.sources._inflate import inflated
+from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
 from raydl.sources._tar import Member, TarIndex, index_tar
 from raydl.storage import ObjectInfo, Storage, split_scheme
 
@@ -43,6 +43,7 @@ _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators
 _SKIP_META = re.compile(r"__[^/]*__($|/)")
 _COMPRESSED = (".tar.gz", ".tgz")
 _LISTING_THREADS = 16
+MAX_LABEL_BYTES = 4096  # a label member is an integer in text; read at listing, so bounded
 
 
 def base_plus_ext(path: str) -> tuple[str | None, str | None]:
@@ -86,10 +87,12 @@ def _is_compressed(uri: str) -> bool:
 
 
 def expand_urls(urls: str | list[str] | tuple[str, ...], storage_of) -> list[ObjectInfo]:
-    """Brace patterns, globs (* ? [) and lists, local or s3://, to the shards they name, in order.
+    """Brace patterns, globs (* ? [ **) and lists, local or s3://, to the shards they name, in order.
 
-    A pattern that matches nothing is a ValueError naming it; so is a
-    malformed brace pattern. `storage_of(uri)` gives the storage of a URL.
+    Globs mean the same on local disk and S3 (raydl/sources/_patterns.py); a
+    name that exists as written is itself, before it is read as a glob. A
+    pattern that matches nothing is a ValueError naming it; so is a malformed
+    brace pattern. `storage_of(url)` gives the storage of a URL.
     """
     patterns = [urls] if isinstance(urls, str) else list(urls)
     if not patterns or not all(isinstance(u, str) and u for u in patterns):
@@ -100,26 +103,37 @@ def expand_urls(urls: str | list[str] | tuple[str, ...], storage_of) -> list[Obj
         for url in expand_braces(pattern):
             storage = storage_of(url)
             scheme, _ = split_scheme(url)
-            if any(c in url for c in "*?["):
-                if scheme == "file":
-                    found += [storage.stat(p) for p in sorted(glob.glob(url)) if os.path.isfile(p)]
-                else:
-                    head = re.split(r"[*?\[]", url, maxsplit=1)[0]
-                    found += sorted(
-                        (o for o in storage.list(head) if fnmatch.fnmatchcase(o.uri, url)),
-                        key=lambda o: o.uri,
-                    )
-                continue
-            try:
-                found.append(storage.stat(url))
-            except DataSourceError:
-                if scheme == "file" and not os.path.exists(url) or scheme != "file":
-                    continue  # counted below: a pattern whose every shard is missing matches nothing
-                raise
+            literal = _existing(storage, url, scheme)
+            if literal is not None:
+                found.append(literal)
+            elif has_magic(url):
+                found += _glob(storage, url, scheme)
+            elif scheme == "file" and os.path.exists(url):
+                found.append(storage.stat(url))  # not a file: its error says what it is
         if not found:
             raise ValueError(f"the shard pattern {pattern!r} matches nothing")
         out += found
     return out
+
+
+def _existing(storage: Storage, url: str, scheme: str) -> ObjectInfo | None:
+    """The file or object named exactly `url`, or None where there is none (a missing shard of a brace
+    pattern is counted with the rest: a pattern whose every shard is missing matches nothing)."""
+    if scheme == "file":
+        return storage.stat(url) if os.path.isfile(url) else None
+    try:
+        return storage.stat(url)
+    except AccessDeniedError:
+        raise
+    except DataSourceError:
+        return None
+
+
+def _glob(storage: Storage, url: str, scheme: str) -> list[ObjectInfo]:
+    if scheme == "file":
+        return [storage.stat(p) for p in local_glob(url)]
+    rx = path_regex(url)
+    return sorted((o for o in storage.list(static_prefix(url)) if rx.fullmatch(o.uri)), key=lambda o: o.uri)
 
 
 # -- indexing ---------------------------------------------------------------------------------------
@@ -127,7 +141,7 @@ def expand_urls(urls: str | list[str] | tuple[str, ...], storage_of) -> list[Obj
 
 def _index_shard(storage: Storage, info: ObjectInfo) -> TarIndex:
     if _is_compressed(info.uri):
-        stream = _decompressed(storage, info.uri, info.etag, info.size)
+        stream = inflated(storage, info)
         return index_tar(lambda off, n: stream[off : off + n], len(stream), info.uri, small_limit=1 << 20)
     return index_tar(
         lambda off, n: storage.read_range(info.uri, off, n, etag=info.etag or None), info.size, info.uri
@@ -165,8 +179,7 @@ def list_webdataset(urls, *, storage_of, image_fields: tuple[str, ...], label_fi
                 i = sample.fields[label_field]
                 payload = index.small.get(i)
                 if payload is None:
-                    m = members[i]
-                    payload = _member_bytes(storage, info, m)
+                    payload = _label_bytes(storage, info, members[i], sample.key, label_field)
                 value = _label(payload, info.uri, sample.key, label_field)
             m = members[image]
             shard_col.append(s)
@@ -200,35 +213,16 @@ def list_webdataset(urls, *, storage_of, image_fields: tuple[str, ...], label_fi
     )
 
 
-def _member_bytes(storage: Storage, info: ObjectInfo, m: Member) -> bytes:
+def _label_bytes(storage: Storage, info: ObjectInfo, m: Member, key: str, field: str) -> bytes:
+    if m.size > MAX_LABEL_BYTES:  # read at listing: never a member's worth of bytes
+        raise DataSourceError(
+            f"{info.uri}: sample {key!r} has a {m.size}-byte {field!r} member at offset {m.offset}, "
+            f"not an integer label (at most {MAX_LABEL_BYTES} bytes)",
+            uri=info.uri,
+        )
     if _is_compressed(info.uri):
-        return _decompressed(storage, info.uri, info.etag, info.size)[m.offset : m.offset + m.size]
+        return inflated(storage, info)[m.offset : m.offset + m.size]
     return storage.read_range(info.uri, m.offset, m.size, etag=info.etag or None)
-
-
-# -- compressed shards: whole, decompressed, a few cached per process ----------------------------------
-
-_CACHE_SHARDS = 4
-_cache: collections.OrderedDict[tuple[str, str], bytes] = collections.OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def _decompressed(storage: Storage, uri: str, etag: str, size: int) -> bytes:
-    with _cache_lock:
-        hit = _cache.get((uri, etag))
-        if hit is not None:
-            _cache.move_to_end((uri, etag))
-            return hit
-    raw = storage.read_range(uri, 0, size, etag=etag or None)
-    try:
-        data = gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataSourceError(f"{uri}: corrupt or truncated gzip stream ({exc})", uri=uri) from exc
-    with _cache_lock:
-        _cache[(uri, etag)] = data
-        while len(_cache) > _CACHE_SHARDS:
-            _cache.popitem(last=False)
-    return data
 
 
 @dataclass(frozen=True)
@@ -240,7 +234,7 @@ class WebDatasetSource:
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         if _is_compressed(shard.uri):
-            stream = _decompressed(storage, shard.uri, shard.etag, shard.size)
+            stream = inflated(storage, shard)
             if offset + length > len(stream):
                 raise ObjectChangedError(
                     f"{shard.uri} changed after it was listed: its stream ends before offset "

@@ -1,0 +1,147 @@
+"""Compressed (.tar.gz, .tgz) shards: inflated once per process, in bounded steps, to a bounded size.
+
+A gzip stream cannot be read by range, so a compressed shard is inflated
+whole and its tar is indexed and cut in memory. The shard is untrusted, so:
+
+- the inflate is streamed: the compressed bytes are read `READ_STEP` at a
+  time and inflated `INFLATE_STEP` at a time (zlib's `max_length`), so no
+  step holds more than that beyond the output;
+- the output is bounded: `inflated_limit(size)` bytes at most, a ratio of the
+  compressed size with a floor and a ceiling. A shard that inflates past it
+  (a bomb: 611 KB of gzipped zeros is 600 MB) is a DataSourceError naming
+  the shard and the limit, raised as soon as the output passes it;
+- a shard is read and inflated once per process however many threads ask
+  for it at once (single flight, keyed by uri and etag), and the last few
+  inflated shards are kept, at most `CACHE_BYTES` in all besides the one
+  in use, so the samples of one shard in a batch cost one inflate.
+
+Concatenated gzip members (as `cat a.gz b.gz` makes) are one stream, as for
+gzip itself; zero padding after the last member is allowed, other trailing
+bytes are not.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import zlib
+from concurrent.futures import Future
+
+from raydl.errors import DataSourceError
+from raydl.storage import ObjectInfo, Storage
+
+__all__ = ["CACHE_BYTES", "INFLATE_RATIO", "inflated", "inflated_limit"]
+
+READ_STEP = 8 << 20
+INFLATE_STEP = 1 << 20
+INFLATE_RATIO = 64  # JPEG/PNG shards inflate ~1.05x, text-heavy ones ~10x; tar headers of tiny members ~50x
+INFLATE_FLOOR = 64 << 20
+INFLATE_CEILING = 16 << 30
+CACHE_BYTES = 1 << 30
+_CACHE_SHARDS = 4
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def inflated_limit(compressed_size: int) -> int:
+    """The most bytes a compressed shard of `compressed_size` bytes may inflate to."""
+    return min(INFLATE_CEILING, max(INFLATE_FLOOR, INFLATE_RATIO * compressed_size))
+
+
+def _inflate(storage: Storage, info: ObjectInfo) -> bytes:
+    """The decompressed bytes of the gzip shard `info`, streamed, at most `inflated_limit` of them."""
+    uri, limit = info.uri, inflated_limit(info.size)
+    out = bytearray()
+    d: zlib._Decompress | None = None  # the gzip member being inflated; None between members
+    members = 0
+    member_at = 0  # compressed offset of the current gzip member
+    at = 0  # compressed offset of `data`
+    while at < info.size:
+        data = storage.read_range(uri, at, min(READ_STEP, info.size - at), etag=info.etag or None)
+        while True:
+            if d is None:  # between members: zero padding (as gzip.GzipFile allows), then a member
+                rest = data.lstrip(b"\0")
+                at, data = at + len(data) - len(rest), rest
+                if not data:
+                    break
+                if data[0] != _GZIP_MAGIC[0]:
+                    raise DataSourceError(
+                        f"{uri}: corrupt gzip stream: the bytes at offset {at} are not a gzip member", uri=uri
+                    )
+                d, member_at = zlib.decompressobj(wbits=31), at  # gzip header and trailer (CRC32, length)
+            try:
+                piece = d.decompress(data, INFLATE_STEP)
+            except zlib.error as exc:
+                raise DataSourceError(
+                    f"{uri}: corrupt gzip stream in the member at offset {member_at} ({exc})", uri=uri
+                ) from exc
+            out += piece
+            if len(out) > limit:
+                raise DataSourceError(
+                    f"{uri}: the compressed shard inflates to more than {limit} bytes, the limit for a "
+                    f"{info.size}-byte shard ({INFLATE_RATIO}x its size, at least {INFLATE_FLOOR}, at most "
+                    f"{INFLATE_CEILING}): a gzip bomb, or a shard to store uncompressed",
+                    uri=uri,
+                )
+            rest = d.unused_data if d.eof else d.unconsumed_tail
+            if not piece and not d.eof and len(rest) == len(data) > 0:  # no progress: never loop on it
+                raise DataSourceError(f"{uri}: corrupt gzip stream at offset {at}", uri=uri)
+            at, data = at + len(data) - len(rest), rest
+            if d.eof:
+                d, members = None, members + 1
+            elif not data and len(piece) < INFLATE_STEP:
+                break  # zlib has given all it can from this input: read on
+    if d is not None or not members:
+        raise DataSourceError(
+            f"{uri}: truncated gzip stream: the member at offset {member_at} does not end before the shard "
+            f"does ({info.size} bytes)",
+            uri=uri,
+        )
+    return bytes(out)
+
+
+# -- one inflate per shard and process ---------------------------------------------------------------
+
+_cache: collections.OrderedDict[tuple[str, str], bytes] = collections.OrderedDict()
+_flights: dict[tuple[str, str], Future] = {}
+_lock = threading.Lock()
+
+
+def inflated(storage: Storage, info: ObjectInfo) -> bytes:
+    """The decompressed bytes of the compressed shard `info`: from the cache, from the inflate another
+    thread is doing now, or inflated here (see the module docstring)."""
+    key = (info.uri, info.etag)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+        flight = _flights.get(key)
+        owner = flight is None
+        if owner:
+            flight = _flights[key] = Future()
+    if not owner:
+        return flight.result()  # the owner's bytes, or its error
+    try:
+        data = _inflate(storage, info)
+    except BaseException as exc:
+        with _lock:
+            del _flights[key]
+        flight.set_exception(exc)
+        raise
+    with _lock:
+        del _flights[key]
+        _cache[key] = data
+        while len(_cache) > 1 and (len(_cache) > _CACHE_SHARDS or _cached_bytes() > CACHE_BYTES + len(data)):
+            _cache.popitem(last=False)
+    flight.set_result(data)
+    return data
+
+
+def _cached_bytes() -> int:
+    return sum(len(v) for v in _cache.values())
+
+
+def clear_cache() -> None:
+    """Forget every inflated shard (tests; a process that is done with its compressed shards)."""
+    with _lock:
+        _cache.clear()
