@@ -158,8 +158,13 @@ class LoaderConfig:
     """IO threads per actor, apart from its decode threads. Default: the storage's (4 for local disk,
     `S3Options.max_concurrency` for S3)."""
 
+    max_sample_bytes: int = 256 << 20
+    """The most bytes one sample may be: an image file, a tar member, a Parquet cell. A larger sample is a
+    sample error under `on_error` naming it and its size, and is not read where the listing gave its size
+    (image files, tar members)."""
+
     def __post_init__(self) -> None:
-        for name in ("batch_size", "world_size", "prefetch_batches", "num_workers"):
+        for name in ("batch_size", "world_size", "prefetch_batches", "num_workers", "max_sample_bytes"):
             positive_int(name, getattr(self, name))
         for name in ("threads_per_worker", "io_concurrency", "object_store_budget"):
             check_number(name, getattr(self, name), integer=True, above=0, optional=True)

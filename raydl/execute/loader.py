@@ -103,6 +103,7 @@ class Loader:
             threads=config.threads_per_worker,
             on_error=config.on_error,
             io_concurrency=config.io_concurrency,
+            max_sample_bytes=config.max_sample_bytes,
         )
         self._catalog_bytes = catalog.table.nbytes + catalog.shards.nbytes
         cpus = {n.node_id: n.cpus for n in nodes}

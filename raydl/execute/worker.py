@@ -45,7 +45,7 @@ import numpy as np
 
 from raydl.describe.catalog import Catalog
 from raydl.describe.transforms import SampleProgram
-from raydl.errors import DataSourceError
+from raydl.errors import DataSourceError, DecodeError
 from raydl.plan.failures import ErrorPolicy, Failure, Replaced
 from raydl.plan.order import substitute_id
 from raydl.plan.tasks import BatchResult, BatchTask
@@ -71,6 +71,7 @@ class WorkerSpec:
     threads: int | None = None
     on_error: str = "skip"
     io_concurrency: int | None = None  # None: the storage's default
+    max_sample_bytes: int = 256 << 20  # LoaderConfig.max_sample_bytes
 
     @property
     def policy(self) -> ErrorPolicy:
@@ -189,11 +190,25 @@ class LoaderWorker:
 
     def _sample(self, sid: int, seed: int, out: np.ndarray) -> Failure | None:
         """Read and decode one sample into `out`; a Failure when its bytes are at fault, else None."""
+        if self._source.range_is_sample:
+            shard, _, length, _ = (int(v) for v in self._where[sid])
+            (info,) = self._shard_infos(np.array([shard]))
+            big = self._too_big(sid, self._source.sample_uri(info.uri, self._keys[sid]), length)
+            if big is not None:
+                return big
         try:
             uri, data = self._read(sid)
         except DataSourceError as exc:
             return Failure.read_failed(sid, self._shard_infos(self._where[sid : sid + 1, 0])[0].uri, exc)
-        return self._decode(sid, uri, data, seed, out)
+        return self._too_big(sid, uri, len(data)) or self._decode(sid, uri, data, seed, out)
+
+    def _too_big(self, sid: int, uri: str, size: int) -> Failure | None:
+        """A Failure (under on_error, as a decode error) when the sample is over max_sample_bytes."""
+        limit = self._spec.max_sample_bytes
+        if size <= limit:
+            return None
+        error = DecodeError(f"{uri} is {size} bytes, more than max_sample_bytes ({limit}); it is not decoded")
+        return Failure.decode_failed(sid, uri, error, worker=self._name)
 
     def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Failure | None:
         """Decode one sample into `out`; a Failure when its bytes are at fault, else None.
@@ -310,7 +325,21 @@ class _BatchRun:
         # block per file, and a task (and a thread wake-up) per file cost more CPU than reading it. There are
         # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
         io = self._worker._io
-        blocks = coalesce(self._where[:, :3].tolist())
+        todo = np.arange(len(self._where))
+        if (
+            self._worker._source.range_is_sample
+        ):  # the catalog knows each sample's size: never read one too big
+            sizes = self._where[:, 2]
+            for i in np.flatnonzero(sizes > self._worker._spec.max_sample_bytes).tolist():
+                self._submit(
+                    self.finish, i, self._worker._too_big(int(self._task.ids[i]), self._uri(i), sizes[i])
+                )
+            todo = np.flatnonzero(sizes <= self._worker._spec.max_sample_bytes)
+        blocks = coalesce(self._where[todo, :3].tolist())
+        if len(todo) < len(self._where):  # members index the rows read, not the batch's rows
+            blocks = [
+                Block(b.shard, b.offset, b.length, tuple(todo[list(b.members)].tolist())) for b in blocks
+            ]
         per = max(1, len(blocks) // (IO_TASKS_PER_THREAD * io.concurrency))
         for k in range(0, len(blocks), per):
             self._io_tasks.append(io.submit(self.fetch, blocks[k : k + per]))
@@ -389,9 +418,15 @@ class _BatchRun:
             start = offset - block.offset
             piece = data if (start == 0 and length == len(data)) else data[start : start + length]
             try:
-                samples.append((i, self._worker._source.cut(shard, offset, length, row, piece)))
+                sample = self._worker._source.cut(shard, offset, length, row, piece)
             except DataSourceError as exc:
                 self._unreadable([i], uri, exc)
+                continue
+            big = self._worker._too_big(int(self._task.ids[i]), self._uri(i), len(sample))
+            if big is not None:  # a Parquet cell, whose size only its decoded row group tells
+                self._submit(self.finish, i, big)
+                continue
+            samples.append((i, sample))
         return samples
 
     def _unreadable(self, members: list[int], uri: str, exc: DataSourceError) -> None:

@@ -20,6 +20,9 @@ class Source(Protocol):
     """
 
     name: str
+    #: a sample's range is exactly its bytes, so the catalog gives its size (not so for a Parquet row,
+    #: whose range is its row group's column chunk)
+    range_is_sample: bool
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         """The bytes [offset, offset+length) of `shard` as listed (of its decompressed stream, where
@@ -40,6 +43,7 @@ class WholeRanges:
     """A sample is exactly its range (image files; members of uncompressed tar shards)."""
 
     name: str = "images"
+    range_is_sample: bool = True
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)

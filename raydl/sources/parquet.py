@@ -232,6 +232,7 @@ class ParquetSource:
     footers: tuple[tuple[int, bytes], ...]  # per file: (offset, tail bytes holding the footer)
     image_leaves: tuple[int, ...]
     name: str = "parquet"
+    range_is_sample: bool = False
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)

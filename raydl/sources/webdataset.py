@@ -231,6 +231,7 @@ class WebDatasetSource:
     stream."""
 
     name: str = "webdataset"
+    range_is_sample: bool = True
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         if _is_compressed(shard.uri):
