@@ -1,0 +1,203 @@
+"""The parts of a Parquet footer that listing needs, read and checked by raydl before pyarrow sees them.
+
+A footer is a Thrift (compact protocol) FileMetaData. pyarrow parses it too,
+but some of its accessors abort the whole process on a corrupt footer
+(pyarrow 26: `RowGroupMetaData.column(i)` on a bad level histogram throws a
+C++ exception that nothing catches), and listing must survive any file. So
+the row groups' sizes and column chunk ranges come from this small reader,
+which ends on every input (every read moves forward; depth and counts are
+bounded by the bytes left) and checks every number it returns: rows per row
+group within `MAX_ROWS_PER_BYTE` times the file's size, chunks inside the
+file's data (after the leading magic, before the footer), one chunk per leaf
+column. Anything else is a DataSourceError naming the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raydl.errors import DataSourceError
+
+__all__ = ["Footer", "RowGroup", "read_footer_meta"]
+
+# A row takes at least one bit of its file (a definition level); a footer saying more rows lies, and listing
+# would make a catalog row for each.
+MAX_ROWS_PER_BYTE = 8
+_MAX_DEPTH = 24
+_STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(13)
+
+
+class _Corrupt(Exception):
+    pass
+
+
+class _Reader:
+    """A Thrift compact protocol reader over `data` that raises _Corrupt rather than run past it."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            raise _Corrupt(f"the metadata ends at byte {self.pos} inside a value")
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def varint(self) -> int:
+        out = shift = 0
+        for _ in range(10):
+            b = self.byte()
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+        raise _Corrupt(f"a varint longer than 10 bytes at byte {self.pos}")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.data):
+            raise _Corrupt(f"a {n}-byte value at byte {self.pos} runs past the metadata's end")
+        self.pos += n
+        return self.data[self.pos - n : self.pos]
+
+    def count(self, n: int) -> int:
+        if n > len(self.data) - self.pos:  # every element takes at least a byte
+            raise _Corrupt(
+                f"a collection of {n} elements at byte {self.pos} in {len(self.data) - self.pos} bytes"
+            )
+        return n
+
+    def value(self, kind: int, depth: int):
+        if depth > _MAX_DEPTH:
+            raise _Corrupt(f"values nested more than {_MAX_DEPTH} deep")
+        if kind in (_TRUE, _FALSE):
+            return kind == _TRUE
+        if kind == _BYTE:
+            return self.byte()
+        if kind in (_I16, _I32, _I64):
+            return self.zigzag()
+        if kind == _DOUBLE:
+            return self.take(8)
+        if kind == _BINARY:
+            return self.take(self.varint())
+        if kind in (_LIST, _SET):
+            head = self.byte()
+            n, elem = head >> 4, head & 0x0F
+            if n == 15:
+                n = self.varint()
+            n = self.count(n)
+            if elem in (_TRUE, _FALSE):  # in a list, a bool is a byte of its own
+                return [self.byte() == 1 for _ in range(n)]
+            return [self.value(elem, depth + 1) for _ in range(n)]
+        if kind == _MAP:
+            n = self.count(self.varint())
+            if n == 0:
+                return []
+            types = self.byte()
+            return [
+                (self.value(types >> 4, depth + 1), self.value(types & 0x0F, depth + 1)) for _ in range(n)
+            ]
+        if kind == _STRUCT:
+            return self.struct(depth + 1)
+        raise _Corrupt(f"unknown Thrift type {kind} at byte {self.pos}")
+
+    def struct(self, depth: int = 0) -> dict[int, object]:
+        out: dict[int, object] = {}
+        fid = 0
+        while True:
+            head = self.byte()
+            kind = head & 0x0F
+            if kind == _STOP:
+                return out
+            delta = head >> 4
+            fid = fid + delta if delta else self.zigzag()
+            out[fid] = self.value(kind, depth)
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    num_rows: int
+    chunks: tuple[tuple[int, int], ...]  # per leaf column: (offset, length) of its column chunk
+
+
+@dataclass(frozen=True)
+class Footer:
+    leaves: tuple[str, ...]  # leaf column paths, "a.b" for a struct's child
+    row_groups: tuple[RowGroup, ...]
+
+
+def _field(d: object, fid: int, kind: type, what: str, default=None):
+    value = d.get(fid, default) if isinstance(d, dict) else None
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise _Corrupt(f"{what} is missing or not a {kind.__name__}")
+    return value
+
+
+def _leaves(schema: list) -> tuple[str, ...]:
+    """Leaf paths of a flattened schema tree (each element's num_children say how many follow under it)."""
+    if not schema:
+        raise _Corrupt("the schema is empty")
+    leaves: list[str] = []
+    # (path of the group, children still to come); the root's name is not part of a path
+    stack: list[tuple[str, int]] = [("", _field(schema[0], 5, int, "the root's num_children", 0))]
+    for element in schema[1:]:
+        while stack and stack[-1][1] == 0:
+            stack.pop()
+        if not stack:
+            raise _Corrupt("the schema has elements after its root's last child")
+        path, left = stack[-1]
+        stack[-1] = (path, left - 1)
+        name = _field(element, 4, bytes, "a schema element's name").decode("utf-8", "replace")
+        full = f"{path}.{name}" if path else name
+        children = _field(element, 5, int, "num_children", 0)
+        if children < 0:
+            raise _Corrupt(f"schema element {full!r} has {children} children")
+        if children:
+            stack.append((full, children))
+        else:
+            leaves.append(full)
+    if any(left for _, left in stack):
+        raise _Corrupt("the schema ends before its groups' last children")
+    return tuple(leaves)
+
+
+def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
+    """The row groups and leaf columns of the FileMetaData `meta`, the footer of the `file_size`-byte file
+    `uri`; a DataSourceError naming the file when anything in it is malformed or out of range."""
+    meta_start = file_size - 8 - len(meta)
+    try:
+        fmd = _Reader(meta).struct()
+        leaves = _leaves(_field(fmd, 2, list, "the schema"))
+        groups = []
+        for g, rg in enumerate(_field(fmd, 4, list, "the row groups", [])):
+            rows = _field(rg, 3, int, f"row group {g}'s num_rows")
+            if not 0 <= rows <= MAX_ROWS_PER_BYTE * file_size:
+                raise _Corrupt(f"row group {g} says {rows} rows, in a {file_size}-byte file")
+            columns = _field(rg, 1, list, f"row group {g}'s columns")
+            if len(columns) != len(leaves):
+                raise _Corrupt(
+                    f"row group {g} has {len(columns)} column chunks for {len(leaves)} leaf columns"
+                )
+            chunks = []
+            for c, column in enumerate(columns):
+                md = _field(column, 3, dict, f"row group {g} column {c}'s metadata")
+                start = _field(md, 9, int, "data_page_offset")
+                dictionary = md.get(11)
+                if isinstance(dictionary, int) and not isinstance(dictionary, bool) and dictionary > 0:
+                    start = min(start, dictionary)
+                size = _field(md, 7, int, "total_compressed_size")
+                if not (4 <= start and 0 < size and start + size <= meta_start):
+                    raise _Corrupt(
+                        f"row group {g} column {leaves[c]!r} says bytes [{start}, {start + size}), "
+                        f"outside the file's data [4, {meta_start})"
+                    )
+                chunks.append((start, size))
+            groups.append(RowGroup(rows, tuple(chunks)))
+    except _Corrupt as exc:
+        raise DataSourceError(f"{uri}: corrupt Parquet footer ({exc})", uri=uri) from None
+    return Footer(leaves, tuple(groups))

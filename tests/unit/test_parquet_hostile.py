@@ -1,0 +1,111 @@
+"""Parquet listing on corrupt footers, each made by rewriting a few Thrift bytes of a real footer: a
+DataSourceError naming the file, never a raw pyarrow error or an aborted process (issue 17, defect 10a)."""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import raydl
+from raydl.errors import DataSourceError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def parquet_bytes() -> bytes:
+    t = pa.table({"img": [b"x" * 50] * 10, "y": list(range(10))})
+    buf = io.BytesIO()
+    pq.write_table(t, buf, row_group_size=4)
+    return buf.getvalue()
+
+
+def varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)  # zigzag, as Thrift's compact protocol writes i32/i64
+    out = bytearray()
+    while True:
+        out.append(n & 0x7F | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def rewrite(blob: bytes, old: bytes, new: bytes) -> bytes:
+    """The file with the first `old` in its footer's metadata (row group 0's, where row groups are alike)
+    replaced by `new`, its length fixed up."""
+    meta_len = int.from_bytes(blob[-8:-4], "little")
+    body, meta = blob[:-8 - meta_len], blob[-8 - meta_len:-8]
+    assert old in meta, (old, meta)
+    meta = meta.replace(old, new, 1)
+    return body + meta + len(meta).to_bytes(4, "little") + b"PAR1"
+
+
+def test_one_corrupt_footer_among_300_files_names_that_file(tmp_path):
+    """300 files, one whose footer puts a column's dictionary page after its data page: listing raises a
+    DataSourceError naming that file (pyarrow's raw OSError escaped before)."""
+    blob = parquet_bytes()
+    y = pq.read_metadata(io.BytesIO(blob)).row_group(0).column(1)
+    dictionary, data = y.dictionary_page_offset, y.data_page_offset
+    assert len(varint(dictionary)) == len(varint(data + 1))
+    bad = rewrite(blob, b"\x26" + varint(dictionary), b"\x26" + varint(data + 1))  # field 11 after field 9
+    for i in range(300):
+        (tmp_path / f"f{i:03d}.parquet").write_bytes(bad if i == 173 else blob)
+    with pytest.raises(DataSourceError) as info:
+        raydl.read_parquet(str(tmp_path), image_column="img", label_column="y")
+    assert str(tmp_path / "f173.parquet") in str(info.value)
+    assert info.value.uri == str(tmp_path / "f173.parquet")
+
+
+def test_a_footer_that_aborts_pyarrow_is_listed_or_refused_in_process(tmp_path):
+    """A schema saying REQUIRED where the column chunks carry OPTIONAL's level histograms made pyarrow 26
+    abort the whole process (an uncaught C++ exception in RowGroupMetaData.column); listing now survives it,
+    and reading the row group is a DataSourceError."""
+    path = tmp_path / "required.parquet"
+    path.write_bytes(parquet_bytes().replace(b"\x25\x02\x18\x03img", b"\x25\x00\x18\x03img"))  # repetition 1 -> 0
+    code = f"""
+import raydl
+from raydl.errors import DataSourceError
+from raydl.storage import ObjectInfo
+ds = raydl.read_parquet({str(path)!r}, image_column="img", label_column=None)
+cat = ds.catalog
+t = cat.table.to_pydict()
+info = ObjectInfo(*[cat.shards.column(c)[0].as_py() for c in ("uri", "size", "etag")])
+data = cat.source.read_block(cat.storage, info, t["offset"][0], t["length"][0])
+try:
+    cat.source.cut(0, t["offset"][0], t["length"][0], 0, data)
+except DataSourceError as exc:
+    print("refused:", exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused:" in proc.stdout
+
+
+def _rows(rg, value):  # RowGroup: total_byte_size (field 2), then num_rows (field 3)
+    return b"\x16" + varint(rg.total_byte_size) + b"\x16" + varint(value)
+
+
+@pytest.mark.parametrize("old,new,match", [
+    (lambda rg, c: _rows(rg, 4), lambda rg, c: _rows(rg, 10 ** 12), "row group 0 says 1000000000000 rows"),
+    (lambda rg, c: _rows(rg, 4), lambda rg, c: _rows(rg, -4), "row group 0 says -4 rows"),
+    # ColumnMetaData: total_compressed_size (field 7), then data_page_offset (field 9)
+    (lambda rg, c: b"\x16" + varint(c.total_compressed_size) + b"\x26",
+     lambda rg, c: b"\x16" + varint(10 ** 9) + b"\x26", "outside the file's data"),
+    (lambda rg, c: b"\x26" + varint(c.data_page_offset) + b"\x26",
+     lambda rg, c: b"\x26" + varint(-5) + b"\x26", "outside the file's data"),
+])
+def test_out_of_range_numbers_in_a_footer_are_refused_at_listing(tmp_path, old, new, match):
+    """Rows per row group, chunk sizes and offsets are checked against the file at listing: a footer saying
+    10**12 rows (a catalog of 10**12 rows before), negative rows, or a chunk outside the file is a
+    DataSourceError naming the file."""
+    blob = parquet_bytes()
+    rg = pq.read_metadata(io.BytesIO(blob)).row_group(0)
+    col = rg.column(0)
+    path = tmp_path / "f.parquet"
+    path.write_bytes(rewrite(blob, old(rg, col), new(rg, col)))
+    with pytest.raises(DataSourceError, match=match) as info:
+        raydl.read_parquet(str(path), image_column="img")
+    assert str(path) in str(info.value) and "corrupt Parquet footer" in str(info.value)
