@@ -25,11 +25,13 @@ import pyarrow.parquet as pq
 
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
+from raydl.sources._footer import Footer, read_footer_meta
 from raydl.storage import ObjectInfo, Storage, split_scheme
 
 __all__ = ["ParquetSource", "list_parquet"]
 
 _TAIL = 64 << 10  # first guess at footer + 8 bytes
+MAX_FOOTER = 64 << 20  # a footer is read whole at listing, and kept in the catalog
 _CACHE_ROW_GROUPS = 8
 _LISTING_THREADS = 16
 
@@ -100,7 +102,7 @@ def read_footer(storage: Storage, info: ObjectInfo) -> tuple[int, bytes]:
         raise DataSourceError(f"{info.uri} is not a Parquet file (no PAR1 magic at its end)", uri=info.uri)
     (meta_len,) = struct.unpack("<I", tail[-8:-4])
     need = meta_len + 8
-    if need > info.size - 4:
+    if need > info.size - 4 or meta_len > MAX_FOOTER:
         raise DataSourceError(
             f"{info.uri}: corrupt Parquet footer (metadata length {meta_len})", uri=info.uri
         )
@@ -110,53 +112,58 @@ def read_footer(storage: Storage, info: ObjectInfo) -> tuple[int, bytes]:
     return start, tail
 
 
-def _leaf(md: pq.FileMetaData, column: str, uri: str) -> int:
+def _footer_of(uri: str, size: int, tail: bytes) -> Footer:
+    """raydl's own reading of the footer in `tail` (raydl/sources/_footer.py), checked against the file."""
+    (meta_len,) = struct.unpack("<I", tail[-8:-4])
+    return read_footer_meta(tail[-(meta_len + 8) : -8], uri=uri, file_size=size)
+
+
+def _leaf(footer: Footer, column: str, uri: str) -> int:
     """Index of the leaf column holding `column`'s bytes (a struct's "bytes" child, as HF datasets store
     images)."""
-    paths = [md.schema.column(i).path for i in range(md.num_columns)]
     for want in (column, f"{column}.bytes"):
-        if want in paths:
-            return paths.index(want)
-    top = sorted({p.split(".")[0] for p in paths})
+        if want in footer.leaves:
+            return footer.leaves.index(want)
+    top = sorted({p.split(".")[0] for p in footer.leaves})
     raise ValueError(f"{uri} has no column {column!r}; its columns are {top}")
-
-
-def _chunk_range(md: pq.FileMetaData, rg: int, leaf: int) -> tuple[int, int]:
-    col = md.row_group(rg).column(leaf)
-    start = col.data_page_offset
-    if col.has_dictionary_page and col.dictionary_page_offset is not None and col.dictionary_page_offset > 0:
-        start = min(start, col.dictionary_page_offset)
-    return start, col.total_compressed_size
 
 
 @dataclass(frozen=True)
 class _FileIndex:
     footer: tuple[int, bytes]
-    md: pq.FileMetaData
+    meta: Footer
     image_leaf: int
 
 
 def _index_file(storage: Storage, info: ObjectInfo, image_column: str, label_column: str | None):
     footer = read_footer(storage, info)
-    try:
-        md = parse_footer(footer[1])
-    except (OSError, pa.ArrowException) as exc:
-        raise DataSourceError(f"{info.uri}: cannot read the Parquet footer: {exc}", uri=info.uri) from exc
-    leaf = _leaf(md, image_column, info.uri)
+    meta = _footer_of(info.uri, info.size, footer[1])
+    leaf = _leaf(meta, image_column, info.uri)
     labels: list[np.ndarray] = []
     if label_column is not None:
-        label_leaf = _leaf(md, label_column, info.uri)
-        ranges = [_chunk_range(md, rg, label_leaf) for rg in range(md.num_row_groups)]
+        label_leaf = _leaf(meta, label_column, info.uri)
+        ranges = [rg.chunks[label_leaf] for rg in meta.row_groups]
         pieces = {off: storage.read_range(info.uri, off, n, etag=info.etag or None) for off, n in ranges}
-        pf = _open(info.uri, info.size, md, pieces)
-        for rg in range(md.num_row_groups):
-            col = pf.read_row_group(rg, columns=[label_column]).column(0)
-            if not (pa.types.is_integer(col.type)):
+        try:
+            pf = _open(info.uri, info.size, parse_footer(footer[1]), pieces)
+            columns = [pf.read_row_group(g, columns=[label_column]).column(0) for g in range(len(ranges))]
+        except (OSError, pa.ArrowException, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataSourceError(
+                f"{info.uri}: cannot read the label column {label_column!r}: {exc}", uri=info.uri
+            ) from exc
+        for g, col in enumerate(columns):
+            if not pa.types.is_integer(col.type):
                 raise ValueError(
                     f"{info.uri}: label column {label_column!r} is {col.type}, not an integer column"
                 )
+            if len(col) != meta.row_groups[g].num_rows:
+                raise DataSourceError(
+                    f"{info.uri}: corrupt Parquet file: row group {g} has {len(col)} labels for "
+                    f"{meta.row_groups[g].num_rows} rows",
+                    uri=info.uri,
+                )
             labels.append(col.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
-    return _FileIndex(footer, md, leaf), labels
+    return _FileIndex(footer, meta, leaf), labels
 
 
 def expand_paths(paths, storage: Storage) -> list[ObjectInfo]:
@@ -187,9 +194,9 @@ def list_parquet(paths, *, storage: Storage, image_column: str, label_column: st
     shard, offset, length, row, label, key = [], [], [], [], [], []
     for s, (info, (fi, labels)) in enumerate(zip(files, indexed)):
         name = info.uri.rsplit("/", 1)[-1]
-        for rg in range(fi.md.num_row_groups):
-            n = fi.md.row_group(rg).num_rows
-            off, size = _chunk_range(fi.md, rg, fi.image_leaf)
+        for rg, group in enumerate(fi.meta.row_groups):
+            n = group.num_rows
+            off, size = group.chunks[fi.image_leaf]
             shard += [s] * n
             offset += [off] * n
             length += [size] * n
@@ -251,20 +258,17 @@ class ParquetSource:
                 hit = _cache.get(key)
             if hit is not None:
                 return hit
+            size = footer[0] + len(footer[1])
+            meta = _footer_of(f"Parquet file {shard}", size, footer[1])
+            leaf = self.image_leaves[shard]
+            rg = next((g for g, group in enumerate(meta.row_groups) if group.chunks[leaf][0] == offset), None)
+            if rg is None:
+                raise DataSourceError(f"no row group's {self.image_column!r} chunk starts at offset {offset}")
             try:
-                md = parse_footer(footer[1])
-                pf = _open(f"Parquet file {shard}", footer[0] + len(footer[1]), md, {offset: data})
-                leaf = self.image_leaves[shard]
-                rg = next(
-                    (g for g in range(md.num_row_groups) if _chunk_range(md, g, leaf)[0] == offset), None
-                )
-                if rg is None:
-                    raise DataSourceError(
-                        f"no row group's {self.image_column!r} chunk starts at offset {offset}"
-                    )
-                path = md.schema.column(leaf).path  # "image", or "image.bytes" of a struct column
+                pf = _open(f"Parquet file {shard}", size, parse_footer(footer[1]), {offset: data})
+                path = meta.leaves[leaf]  # "image", or "image.bytes" of a struct column
                 col = pf.read_row_group(rg, columns=[path]).column(0).combine_chunks()
-            except (OSError, pa.ArrowException) as exc:
+            except (OSError, pa.ArrowException, ValueError) as exc:
                 raise DataSourceError(
                     f"cannot decode the {self.image_column!r} column chunk at offset {offset}: {exc}"
                 ) from exc
@@ -278,10 +282,21 @@ class ParquetSource:
             return col
 
     def cut(self, shard: int, offset: int, length: int, row: int, data: bytes) -> bytes:
-        value = self._decoded(shard, offset, data)[row]
+        col = self._decoded(shard, offset, data)
+        if row >= len(col):  # the footer said more rows than the chunk holds
+            raise DataSourceError(
+                f"the {self.image_column!r} column chunk at offset {offset} holds {len(col)} rows, "
+                f"not row {row}"
+            )
+        value = col[row]
         if not value.is_valid:
             return b""  # a null image: fails to decode, and on_error decides
-        return value.as_py()
+        image = value.as_py()
+        if not isinstance(image, bytes):
+            raise DataSourceError(
+                f"the {self.image_column!r} column holds {col.type} values, not image bytes"
+            )
+        return image
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
         return f"{shard_uri}#{key.split('#', 1)[-1]}"

@@ -186,7 +186,8 @@ def list_webdataset(urls, *, storage_of, image_fields: tuple[str, ...], label_fi
             offset.append(m.offset)
             length.append(m.size)
             label.append(value)
-            key.append(sample.key)
+            # a name that is not UTF-8 (kept as tarfile keeps it, in surrogates) is shown with \x escapes
+            key.append(sample.key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
     if no_image:
         logger.warning(
             "raydl: %d webdataset samples have none of the image fields %s and are left out",
