@@ -194,3 +194,14 @@ def test_every_step_moves_forward_on_random_headers():
         except DataSourceError as exc:
             assert URI in str(exc) and "offset" in str(exc)
         assert len(reads) <= len(blob) // 512 + 1
+
+
+def test_a_member_name_that_is_not_utf8_lists_with_escapes(tmp_path):
+    """A member name that is not UTF-8 lists (its key shown with \\x escapes), where the catalog's string
+    column raised UnicodeEncodeError before (found by the tar_index fuzz target)."""
+    import raydl
+
+    path = tmp_path / "latin1.tar"
+    path.write_bytes(member(b"caf\xe9.jpg", b"jpeg") + END)
+    ds = raydl.read_webdataset(str(path), label_field=None)
+    assert ds.catalog.table.column("key").to_pylist() == ["caf\\xe9"]

@@ -1,0 +1,64 @@
+"""Parquet listing (raydl.read_parquet: footer, label column) and one row group's read and cut, on mutated
+small Parquet files written by pyarrow, through a temporary file per input."""
+
+from __future__ import annotations
+
+import atexit
+import io
+import shutil
+import tempfile
+from pathlib import Path
+
+import raydl
+import raydl.errors
+from raydl.storage import ObjectInfo
+
+ALLOWED = (raydl.errors.RaydlError,)
+_DIR = Path(tempfile.mkdtemp(prefix="raydl-fuzz-parquet-"))
+atexit.register(shutil.rmtree, _DIR, True)
+PATH = _DIR / "fuzz.parquet"
+# documented ValueErrors about the arguments given, not the bytes: a column the file does not have
+_ARGUMENT_ERRORS = ("has no column", "not an integer column")
+
+
+def seeds() -> list[bytes]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(table, **kw) -> bytes:
+        buf = io.BytesIO()
+        pq.write_table(table, buf, **kw)
+        return buf.getvalue()
+
+    images = [bytes([i]) * (20 + i) for i in range(10)]
+    labels = pa.array(list(range(10)), pa.int32())
+    plain = pa.table({"img": images, "y": labels})
+    struct = pa.table({"img": pa.array([{"bytes": b, "path": f"{i}.jpg"} for i, b in enumerate(images)]),
+                       "y": labels})
+    nulls = pa.table({"img": images[:5] + [None] * 5, "y": pa.array([1, None] * 5, pa.int64())})
+    return [
+        write(plain, row_group_size=4),
+        write(plain, row_group_size=10, use_dictionary=False, compression="zstd"),
+        write(plain, row_group_size=3, compression="snappy", data_page_version="2.0", write_statistics=False),
+        write(struct, row_group_size=5),
+        write(nulls, row_group_size=5, compression="gzip"),
+    ]
+
+
+def run_one(data: bytes) -> None:
+    with open(PATH, "wb") as f:
+        f.write(data)
+    try:
+        ds = raydl.read_parquet(str(PATH), image_column="img", label_column="y")
+    except ValueError as exc:
+        if isinstance(exc, raydl.errors.RaydlError) or any(s in str(exc) for s in _ARGUMENT_ERRORS):
+            return
+        raise
+    cat = ds.catalog
+    t = cat.table.slice(0, 1).to_pydict()
+    shards = cat.shards.to_pydict()
+    s = t["shard"][0]
+    info = ObjectInfo(shards["uri"][s], shards["size"][s], shards["etag"][s])
+    block = cat.source.read_block(cat.storage, info, t["offset"][0], t["length"][0])
+    cut = cat.source.cut(s, t["offset"][0], t["length"][0], t["row"][0], block)
+    assert isinstance(cut, bytes)
