@@ -320,6 +320,7 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         "DataSourceError: …: corrupt tar header at offset … (…); the shard is damaged": [
             lambda: raydl.read_webdataset(str(tmp / "junk.tar"))],
         "DataSourceError: …: truncated tar shard: …": [lambda: raydl.read_webdataset(str(tmp / "cut.tar"))],
+        **_hostile_shard_triggers(tmp),
         "DataSourceError: … is not a Parquet file (…)": [
             lambda: raydl.read_parquet(str(tmp / "junk.parquet"), image_column="img")],
         "DataSourceError: …: corrupt Parquet footer (…)": [
@@ -348,6 +349,44 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         "CheckpointError: cannot publish checkpoint path '…': not a regular file": [
             lambda: checkpoint.publish(str(tmp / "empty"))],
         "ValueError: state must map str to torch.Tensor; '…' maps to …": [lambda: checkpoint.publish({"w": 1})],
+    }
+
+
+def _hostile_shard_triggers(tmp: Path) -> dict[str, list]:
+    """The shard errors of issue 17: a malformed pax record, a gzip bomb, a damaged gzip stream, a label member
+    too big to be a label."""
+    import gzip
+    import io
+    import tarfile
+    import zlib
+
+    import raydl
+
+    def tar_of(*members, fmt=tarfile.GNU_FORMAT) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+            for name, data, kind in members:
+                info = tarfile.TarInfo(name)
+                info.size, info.type = len(data), kind
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    (tmp / "pax.tar").write_bytes(tar_of(("././@PaxHeader", b"abc path=x\n", tarfile.XHDTYPE),
+                                         ("a.jpg", b"x", tarfile.REGTYPE)))
+    bomb = zlib.compressobj(9, zlib.DEFLATED, 31)
+    (tmp / "bomb.tar.gz").write_bytes(b"".join([*(bomb.compress(bytes(1 << 20)) for _ in range(65)), bomb.flush()]))
+    (tmp / "damaged.tar.gz").write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(200)))
+    (tmp / "cut.tar.gz").write_bytes(gzip.compress(tar_of(("a.jpg", bytes(range(256)) * 40, tarfile.REGTYPE)))[:400])
+    (tmp / "label.tar").write_bytes(tar_of(("a.jpg", b"x", tarfile.REGTYPE), ("a.cls", b"7" * 5000, tarfile.REGTYPE)))
+    read = lambda name: lambda: raydl.read_webdataset(str(tmp / name))  # noqa: E731
+    return {
+        "DataSourceError: …: corrupt pax header at offset … (…)": [read("pax.tar")],
+        "DataSourceError: …: the compressed shard inflates to more than … bytes, the limit for a …-byte shard (…): "
+        "a gzip bomb, or a shard to store uncompressed": [read("bomb.tar.gz")],
+        "DataSourceError: …: corrupt gzip stream…": [read("damaged.tar.gz")],
+        "DataSourceError: …: truncated gzip stream: …": [read("cut.tar.gz")],
+        "DataSourceError: …: sample … has a …-byte … member at offset …, not an integer label (at most … bytes)": [
+            read("label.tar")],
     }
 
 
