@@ -326,9 +326,8 @@ class _BatchRun:
         # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
         io = self._worker._io
         todo = np.arange(len(self._where))
-        if (
-            self._worker._source.range_is_sample
-        ):  # the catalog knows each sample's size: never read one too big
+        # Where the catalog knows each sample's size, never read one that is too big.
+        if self._worker._source.range_is_sample:
             sizes = self._where[:, 2]
             for i in np.flatnonzero(sizes > self._worker._spec.max_sample_bytes).tolist():
                 self._submit(
