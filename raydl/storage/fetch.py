@@ -8,7 +8,8 @@ reward; the gap bytes read and thrown away are cheaper than a request.
 
 Retry: a pure policy says whether an attempt that failed with a given kind of
 error is tried again and after how long (exponential backoff with full
-jitter), bounded in count and in total time.
+jitter), bounded in count and in total time, and how long each try may take:
+its own limit, never more than what is left of the total.
 """
 
 from __future__ import annotations
@@ -81,20 +82,29 @@ class RetryPolicy:
     """When a failed request is tried again.
 
     Only `retryable` failures are retried (throttling, 5xx, connection
-    errors; never 403 or 404), at most `attempts` tries in all and not past
+    errors, stalls; never 403 or 404), at most `attempts` tries in all and not past
     `deadline_s` seconds after the first. The wait before try k+1 is drawn
     uniformly from [0, min(max_delay_s, base_delay_s * 2**k)] (full jitter).
+    Each try may take `attempt_timeout_s` (None: no limit of its own), and never
+    more than what is left of `deadline_s`.
     """
 
     attempts: int = 5
     base_delay_s: float = 0.05
     max_delay_s: float = 2.0
     deadline_s: float = 30.0
+    attempt_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         check_number("attempts", self.attempts, integer=True, at_least=1)
         for name in ("base_delay_s", "max_delay_s", "deadline_s"):
             check_number(name, getattr(self, name), at_least=0)
+        check_number("attempt_timeout_s", self.attempt_timeout_s, above=0, optional=True)
+
+    def time_left(self, elapsed_s: float) -> float:
+        """Seconds the try starting `elapsed_s` after the first may take: its own limit, within the total."""
+        left = max(0.0, self.deadline_s - elapsed_s)
+        return left if self.attempt_timeout_s is None else min(self.attempt_timeout_s, left)
 
     def delay(self, attempt: int, *, retryable: bool, elapsed_s: float, rand: float) -> float | None:
         """Seconds to wait before the next try after try number `attempt` (0-based) failed, or None: give up.
@@ -104,13 +114,13 @@ class RetryPolicy:
         if not retryable or attempt + 1 >= self.attempts:
             return None
         wait = rand * min(self.max_delay_s, self.base_delay_s * (2**attempt))
-        if elapsed_s + wait > self.deadline_s:
+        if elapsed_s + wait >= self.deadline_s:  # the next try would have no time left
             return None
         return wait
 
 
 def call_with_retries(
-    fn: Callable[[], bytes],
+    fn: Callable[[float], object],
     policy: RetryPolicy,
     *,
     is_retryable: Callable[[BaseException], bool],
@@ -118,13 +128,14 @@ def call_with_retries(
     sleep: Callable[[float], None],
     rng: random.Random | None = None,
 ):
-    """fn() under `policy`: the last failure is re-raised when the policy gives up."""
+    """fn(time_left_s) under `policy`, each try told the seconds it may take (`RetryPolicy.time_left`; fn
+    keeps to them): the last failure is re-raised when the policy gives up."""
     rng = rng or random.Random()
     start = clock()
     attempt = 0
     while True:
         try:
-            return fn()
+            return fn(policy.time_left(clock() - start))
         except Exception as exc:  # noqa: BLE001 - is_retryable decides; the rest re-raise unchanged
             wait = policy.delay(
                 attempt, retryable=is_retryable(exc), elapsed_s=clock() - start, rand=rng.random()

@@ -8,25 +8,42 @@ across batches. Requests are retried by raydl's own policy
 (raydl/storage/fetch.py): botocore's retries are switched off so that the
 bounds in S3Options are the only ones.
 
+Deadlines: botocore's read timeout bounds one socket read, so a store that
+drips a byte at a time never trips it. Each try therefore runs under a total
+deadline of `timeout_s` (raydl/storage/deadline.py): the client's connection
+classes register the connection a try runs on, and when the deadline passes
+the watchdog shuts its socket down, which ends a recv blocked on it at once,
+in the connect, the headers or the body alike. urllib3 then discards that
+connection (the pool never hands it out again), and the next try opens a new
+one. Setting urllib3's timeouts to the time left before each read was not
+enough: http.client reads the headers, and a body of one `read(n)`, in many
+recvs under the one timeout. The tries together stay within
+`timeout_s * retries`.
+
 botocore errors become raydl.errors types here, naming s3://bucket/key; no
 message ever carries credentials.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
 from raydl.options import S3Options
+from raydl.storage import deadline
 from raydl.storage.base import ObjectInfo
 from raydl.storage.fetch import RetryPolicy, call_with_retries
 
-__all__ = ["S3Storage", "is_retryable", "split_s3"]
+__all__ = ["S3Storage", "StalledError", "is_retryable", "split_s3"]
+
+logger = logging.getLogger(__name__)
 
 _RETRY_CODES = frozenset(
     {
@@ -63,6 +80,49 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+class StalledError(TimeoutError):
+    """A try ran past its deadline (S3Options.timeout_s) and its connection was shut down; retried."""
+
+
+def _watched(base: type) -> type:
+    """`base` (a botocore connection class) registering each request, and each connect, with the try
+    that runs it (raydl.storage.deadline), so that the try's deadline can shut the connection down."""
+
+    class Watched(base):
+        def connect(self):
+            super().connect()
+            deadline.bind_current(self)  # a deadline that passed during the connect shuts it down now
+
+        def request(self, *args, **kwargs):
+            deadline.bind_current(self)
+            return super().request(*args, **kwargs)
+
+    Watched.__name__ = Watched.__qualname__ = f"Watched{base.__name__}"
+    return Watched
+
+
+@functools.cache
+def _watched_pool(pool_cls: type) -> type:
+    return type(
+        f"Watched{pool_cls.__name__}", (pool_cls,), {"ConnectionCls": _watched(pool_cls.ConnectionCls)}
+    )
+
+
+def _watch_connections(client) -> bool:
+    """Make the client's connection pools use watched connections. This reaches into botocore's
+    URLLib3Session (`_pool_classes_by_scheme`, the dict its urllib3 PoolManagers build pools from, as of
+    botocore 1.44); tests/s3/test_deadlines.py fails if that changes. False when it cannot."""
+    try:
+        session = client._endpoint.http_session
+        pools = session._pool_classes_by_scheme
+        for scheme in ("http", "https"):
+            pools[scheme] = _watched_pool(pools[scheme])
+        session._manager.pool_classes_by_scheme = pools
+    except (AttributeError, KeyError, TypeError):
+        return False
+    return True
+
+
 def _error_code(exc: BaseException) -> tuple[str, int]:
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
@@ -97,7 +157,7 @@ def is_retryable(exc: BaseException) -> bool:
         ConnectionError,
         TimeoutError,
     )
-    if isinstance(exc, transient):
+    if isinstance(exc, transient):  # StalledError is a TimeoutError
         return True
     try:
         from urllib3.exceptions import HTTPError as Urllib3Error
@@ -125,8 +185,15 @@ class S3Storage:
 
     @property
     def retry_policy(self) -> RetryPolicy:
+        """`retries` tries of at most `timeout_s` each, all of them within `timeout_s * retries`."""
         o = self.options
-        return RetryPolicy(attempts=o.retries, base_delay_s=0.05, max_delay_s=2.0, deadline_s=o.timeout_s)
+        return RetryPolicy(
+            attempts=o.retries,
+            base_delay_s=0.05,
+            max_delay_s=2.0,
+            deadline_s=o.timeout_s * o.retries,
+            attempt_timeout_s=o.timeout_s,
+        )
 
     # -- the client (per process, lazily) -----------------------------------------------------------
     def client(self):
@@ -155,18 +222,34 @@ class S3Storage:
         )
         try:
             session = boto3.session.Session(profile_name=o.profile) if o.profile else boto3.session.Session()
-            return session.client("s3", endpoint_url=o.endpoint_url, config=config)
+            client = session.client("s3", endpoint_url=o.endpoint_url, config=config)
         except BotoCoreError as exc:  # an unknown profile, a bad region ...
             raise DataSourceError(f"cannot set up the S3 client: {type(exc).__name__}: {exc}") from exc
+        if not _watch_connections(client):
+            logger.warning(
+                "raydl: this botocore's connection pool cannot be watched, so S3Options.timeout_s bounds "
+                "each socket read of a request, not the whole request"
+            )
+        return client
 
     # -- errors ------------------------------------------------------------------------------------
     def _translate(
-        self, exc: BaseException, uri: str, what: str, *, tries: int = 1, offset: int | None = None
+        self,
+        exc: BaseException,
+        uri: str,
+        what: str,
+        *,
+        tries: int = 1,
+        waited_s: float = 0.0,
+        offset: int | None = None,
+        length: int | None = None,
     ) -> DataSourceError:
         from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
         bucket, _ = split_s3(uri)
         at = f" at offset {offset}" if offset is not None else ""
+        if length is not None:
+            at += f" ({length} bytes)"
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
             return AccessDeniedError(
                 f"cannot {what} {uri}: no usable AWS credentials were found (set a profile, "
@@ -195,16 +278,37 @@ class S3Storage:
             detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
         else:
             detail = f"{type(exc).__name__}: {exc}"
-        tried = f" after {tries} tries" if tries > 1 else ""
+        tried = ""
+        if isinstance(exc, StalledError) or tries > 1:
+            tried = f" after {tries} {'try' if tries == 1 else 'tries'} in {waited_s:.1f} s"
         return DataSourceError(f"cannot {what} {uri}{at}{tried}: {detail}", uri=uri)
 
-    def _call(self, fn, uri: str, what: str, *, offset: int | None = None):
+    def _call(
+        self,
+        fn: Callable[[], object],
+        uri: str,
+        what: str,
+        *,
+        offset: int | None = None,
+        length: int | None = None,
+    ):
+        """fn() under the retry policy, each try within its deadline; failures become raydl errors."""
         tries = [0]
 
-        def attempt():
+        def attempt(time_left_s: float):
             tries[0] += 1
-            return fn()
+            with deadline.deadline(time_left_s) as watch:
+                try:
+                    return fn()
+                except Exception as exc:
+                    if watch.expired:  # whatever the shut-down connection raised: the deadline did it
+                        raise StalledError(
+                            f"the store stalled: no complete response within {time_left_s:.3g} s "
+                            f"(S3Options.timeout_s={self.options.timeout_s:g}); the connection was closed"
+                        ) from exc
+                    raise
 
+        start = time.monotonic()
         try:
             return call_with_retries(
                 attempt,
@@ -217,7 +321,10 @@ class S3Storage:
         except DataSourceError:
             raise
         except Exception as exc:  # noqa: BLE001 - every botocore/urllib3 failure is translated here
-            raise self._translate(exc, uri, what, tries=tries[0], offset=offset) from exc
+            waited = time.monotonic() - start
+            raise self._translate(
+                exc, uri, what, tries=tries[0], waited_s=waited, offset=offset, length=length
+            ) from exc
 
     # -- the interface -----------------------------------------------------------------------------
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
@@ -263,7 +370,7 @@ class S3Storage:
             finally:
                 body.close()
 
-        data, got = self._call(get, uri, "read", offset=offset)
+        data, got = self._call(get, uri, "read", offset=offset, length=length)
         if etag and got and got != etag:
             raise ObjectChangedError(
                 f"{uri} changed after it was listed: etag {got!r}, listed {etag!r}", uri=uri
