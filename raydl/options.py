@@ -195,11 +195,13 @@ class S3Options:
     """Concurrent GETs per loader actor, and its connection pool size."""
 
     retries: int = 5
-    """Tries per request in all, on throttling (503 SlowDown), 5xx and connection errors, with exponential
-    backoff and jitter; never on 403 or 404."""
+    """Tries per request in all, on throttling (503 SlowDown), 5xx, connection errors and stalls (a try past
+    `timeout_s`), with exponential backoff and jitter; never on 403 or 404."""
 
     timeout_s: float = 30.0
-    """Connect and read timeout of one request, and the time after which a read stops retrying."""
+    """The most one try of a request may take, all of it: connect, headers and the whole body of the range
+    (not one socket read: a store that drips bytes is cut off too). A try past it has its connection
+    closed and is retried on a new one; all tries of a request end within `timeout_s * retries`."""
 
     def __post_init__(self) -> None:
         for name in ("endpoint_url", "region", "profile"):

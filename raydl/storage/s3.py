@@ -276,6 +276,8 @@ class S3Storage:
                     f"{uri} changed after it was listed ({code or status}{at}); list the data again", uri=uri
                 )
             detail = f"{code or status}: {exc.response.get('Error', {}).get('Message', '')}".rstrip(": ")
+        elif isinstance(exc, StalledError):
+            detail = str(exc)
         else:
             detail = f"{type(exc).__name__}: {exc}"
         tried = ""

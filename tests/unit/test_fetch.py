@@ -85,8 +85,8 @@ def test_call_with_retries_retries_only_retryable_errors():
     calls = []
 
     def flaky(fails, exc):
-        def fn():
-            calls.append(1)
+        def fn(time_left_s):
+            calls.append(time_left_s)
             if len(calls) <= fails:
                 raise exc
             return b"ok"
@@ -96,6 +96,7 @@ def test_call_with_retries_retries_only_retryable_errors():
               sleep=lambda s: clock.__setitem__(0, clock[0] + s), rng=random.Random(1))
     assert call_with_retries(flaky(2, ConnectionError("reset")), RetryPolicy(attempts=3), **kw) == b"ok"
     assert len(calls) == 3
+    assert calls[0] == 30.0 and calls[0] > calls[1] > calls[2]  # each try is told what is left of the total
     calls.clear()
     with pytest.raises(PermissionError):
         call_with_retries(flaky(1, PermissionError("403")), RetryPolicy(attempts=3), **kw)
@@ -104,6 +105,38 @@ def test_call_with_retries_retries_only_retryable_errors():
     with pytest.raises(ConnectionError):
         call_with_retries(flaky(9, ConnectionError("reset")), RetryPolicy(attempts=3), **kw)
     assert len(calls) == 3
+
+
+def test_each_try_gets_its_own_limit_within_the_total():
+    """time_left: a try may take attempt_timeout_s, never more than what is left of deadline_s; the policy starts
+    no try that would have no time left."""
+    p = RetryPolicy(attempts=5, base_delay_s=0.1, max_delay_s=1.0, deadline_s=3.0, attempt_timeout_s=1.0)
+    assert p.time_left(0.0) == 1.0
+    assert p.time_left(2.5) == pytest.approx(0.5)
+    assert p.time_left(3.5) == 0.0
+    assert RetryPolicy(deadline_s=3.0).time_left(1.0) == 2.0  # no limit of its own: the rest of the total
+    assert p.delay(1, retryable=True, elapsed_s=2.9, rand=0.5) is None  # 2.9 + 0.1 leaves nothing
+    assert p.delay(1, retryable=True, elapsed_s=2.8, rand=0.5) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="attempt_timeout_s"):
+        RetryPolicy(attempt_timeout_s=0)
+
+
+def test_call_with_retries_tells_each_try_its_limit():
+    """Stalled tries (each taking its whole limit on a fake clock) are retried, each told min(its limit, what is
+    left), until the total is spent: 3 tries of 1 s in a 2.5 s budget are 1, 1 and the 0.5 s left."""
+    clock = [0.0]
+    limits = []
+
+    def stalls(time_left_s):
+        limits.append(time_left_s)
+        clock[0] += time_left_s
+        raise TimeoutError("stalled")
+
+    policy = RetryPolicy(attempts=10, base_delay_s=0.0, deadline_s=2.5, attempt_timeout_s=1.0)
+    with pytest.raises(TimeoutError):
+        call_with_retries(stalls, policy, is_retryable=lambda e: True, clock=lambda: clock[0],
+                          sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    assert limits == [1.0, 1.0, 0.5]
 
 
 def test_unknown_scheme_is_a_value_error_naming_it():
