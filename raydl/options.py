@@ -163,6 +163,13 @@ class LoaderConfig:
     sample error under `on_error` naming it and its size, and is not read where the listing gave its size
     (image files, tar members)."""
 
+    batch_timeout_s: float = 300.0
+    """The least time `iter_batches()` waits for one batch before a BatchTimeoutError, when its own
+    `timeout_s` is not given: it waits max(batch_timeout_s, 10 × the longest wait for a batch so far), and
+    2 × batch_timeout_s for an iterator's first batch (actors starting, first reads). 300 s outlasts one S3
+    read's retries at the default S3Options (30 s × 5), so a stalled store is reported as itself first.
+    `float("inf")` waits forever (raydl/plan/timeouts.py)."""
+
     def __post_init__(self) -> None:
         for name in ("batch_size", "world_size", "prefetch_batches", "num_workers", "max_sample_bytes"):
             positive_int(name, getattr(self, name))
@@ -170,6 +177,7 @@ class LoaderConfig:
             check_number(name, getattr(self, name), integer=True, above=0, optional=True)
         check_number("seed", self.seed, integer=True, at_least=0, below=2**63)
         check_number("cpus_per_worker", self.cpus_per_worker, at_least=0)
+        check_number("batch_timeout_s", self.batch_timeout_s, above=0)
         check_on_error(self.on_error)
         if self.node_resource is not None and not (
             isinstance(self.node_resource, str) and self.node_resource

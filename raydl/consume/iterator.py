@@ -5,11 +5,17 @@ is left part-way (a `break`, a timeout) leaves the iterator at the next batch,
 and the next call continues that epoch. The iterator keeps at most
 `prefetch_batches` batch tasks in flight, yields in plan order, and never waits
 for another rank.
+
+Nor does it wait forever: without `timeout_s`, each batch may take what
+raydl/plan/timeouts.py allows (a floor, `LoaderConfig.batch_timeout_s`, and
+10 × the longest wait so far); past it, a BatchTimeoutError names the rank,
+epoch, batch, the worker and its node.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -25,6 +31,7 @@ from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
 from raydl.plan.scheduling import choose_worker, prefetch_depth
 from raydl.plan.tasks import BatchResult, BatchTask
+from raydl.plan.timeouts import batch_timeout
 
 if TYPE_CHECKING:
     from raydl.execute.coordinator import WorkerInfo
@@ -103,6 +110,7 @@ class DataIterator:
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
         self._logged: set[str] = set()  # URIs of failed samples logged so far (each once)
+        self._longest_wait_s: float | None = None  # for the default timeout; None until the first batch
         self._policy = ErrorPolicy(loader.config.on_error)
 
     # -- plan ---------------------------------------------------------------------------
@@ -171,21 +179,29 @@ class DataIterator:
             raise LoaderError(f"{where}: {cause}") from exc
         raise LoaderError(f"{where} failed on actor {worker.name}: {type(cause).__name__}: {cause}") from exc
 
-    def _get(self, task_of, k: int, timeout_s: float | None) -> BatchResult:
-        """Wait for batch k; re-run it on another actor when its actor died."""
+    def _timeout_for_next(self, timeout_s: float | None) -> tuple[float, str]:
+        """(seconds, why) the next batch may take: `timeout_s` as given, else plan/timeouts.py's default."""
+        if timeout_s is not None:
+            return timeout_s, "timeout_s"
+        return batch_timeout(self._config.batch_timeout_s, self._longest_wait_s)
+
+    def _get(self, task_of, k: int, timeout: tuple[float, str]) -> BatchResult:
+        """Wait for batch k (up to timeout[0] s each time it runs; inf: forever); re-run it on another actor
+        when its actor died."""
+        wait = None if math.isinf(timeout[0]) else timeout[0]
         while True:
             ref, worker, attempt = self._pending[k]
             if isinstance(ref, Future):  # made in this process while the workers start
                 try:
-                    return ref.result(timeout=timeout_s)
+                    return ref.result(timeout=wait)
                 except FutureTimeoutError as exc:
-                    raise self._timeout(k, timeout_s, worker) from exc
+                    raise self._timeout(k, timeout, worker) from exc
                 except Exception as exc:  # noqa: BLE001 - named by _failed
                     self._failed(k, worker, exc, exc)
             try:
-                return ray.get(ref, timeout=timeout_s)
+                return ray.get(ref, timeout=wait)
             except ray.exceptions.GetTimeoutError as exc:
-                raise self._timeout(k, timeout_s, worker) from exc
+                raise self._timeout(k, timeout, worker) from exc
             except ray.exceptions.RayTaskError as exc:  # the worker raised: not a sample it could skip
                 self._failed(k, worker, exc.cause, exc)
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
@@ -198,10 +214,13 @@ class DataIterator:
                 self._stats.retries += 1
                 self._submit(task_of(k), attempt + 1)
 
-    def _timeout(self, k: int, timeout_s: float | None, worker: WorkerInfo) -> BatchTimeoutError:
+    def _timeout(self, k: int, timeout: tuple[float, str], worker: WorkerInfo) -> BatchTimeoutError:
+        seconds, why = timeout
+        node = f"node {worker.node_id}" + (f" ({worker.node_ip})" if worker.node_ip else "")
         return BatchTimeoutError(
-            f"rank {self._rank}: batch {k} of epoch {self._epoch} did not arrive within {timeout_s} s "
-            f"(actor {worker.name}); call iter_batches() again to keep waiting",
+            f"rank {self._rank}: batch {k} of epoch {self._epoch} did not arrive within {seconds:.3g} s "
+            f"({why}) from loader worker {worker.name} on {node}; call iter_batches() again to keep "
+            "waiting, or pass timeout_s= (float('inf') waits forever)",
             rank=self._rank,
             batch_index=k,
         )
@@ -260,7 +279,13 @@ class DataIterator:
         batch_format: str = "numpy",
         timeout_s: float | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Batches of one epoch as dicts: image, label (int64), id (int64), key (list of str)."""
+        """Batches of one epoch as dicts: image, label (int64), id (int64), key (list of str).
+
+        `timeout_s`: the most to wait for one batch before a BatchTimeoutError (naming the rank, batch,
+        worker and node); `float("inf")` waits forever. None (the default): max(the loader's
+        `batch_timeout_s`, 300 s by default, and 10 × the longest wait for a batch so far), twice
+        `batch_timeout_s` for this iterator's first batch.
+        """
         if batch_format != "numpy":
             raise ValueError(f"batch_format must be 'numpy', got {batch_format!r}")
         depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
@@ -296,13 +321,14 @@ class DataIterator:
                 if j not in self._pending:
                     self._submit(task_of(j))
             t0 = time.perf_counter()
-            result = self._get(task_of, k, timeout_s)
+            result = self._get(task_of, k, self._timeout_for_next(timeout_s))
             self._loader.sync(result.membership)
             worker = self._pending.pop(k)[1]
             self._stats.local_batches += worker.node_id == self._node
             self._stats.driver_batches += worker.handle is None  # made by the Loader's process (bootstrap)
             now = time.perf_counter()
             self._stats.wait_s += now - t0
+            self._longest_wait_s = max(self._longest_wait_s or 0.0, now - t0)
             if self._stats.time_to_first_batch_s is None:
                 self._stats.time_to_first_batch_s = now - self._created
             self._account(result, k)
@@ -329,7 +355,8 @@ class DataIterator:
 
         On CPU the tensors share memory with the object store (zero-copy) and
         are read-only in spirit: copy before writing into them in place.
-        `dtypes` is one torch dtype for the image, or a dict column -> dtype.
+        `dtypes` is one torch dtype for the image, or a dict column -> dtype. `timeout_s` as in
+        iter_batches (None: the default, derived from the waits so far; `float("inf")`: forever).
         """
         from raydl.consume.torch import torch_batches
 

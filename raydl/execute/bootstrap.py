@@ -37,7 +37,10 @@ class Bootstrap:
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
         self._on_first = on_first  # called when the first batch is done (or failed)
         self.busy = False  # a batch was asked for and the first is not done yet
-        self.info = WorkerInfo(None, node_id, f"{process_name()} (this process, while the workers start)")
+        import ray
+
+        name = f"{process_name()} (this process, while the workers start)"
+        self.info = WorkerInfo(None, node_id, name, ray.util.get_node_ip_address())
 
     def submit(self, task) -> Future:
         self.busy = True

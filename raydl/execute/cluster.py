@@ -45,6 +45,7 @@ class WorkerInfo:
     handle: ray.actor.ActorHandle
     node_id: str
     name: str
+    node_ip: str = ""  # the node's address, as Ray knows it (named in a BatchTimeoutError)
 
 
 def live_nodes() -> list[scheduling.NodeInfo]:

@@ -187,7 +187,7 @@ class LoaderCoordinator:
                 with self._lock:
                     self._warn(f"raydl: a loader worker died while starting: {exc}")
                 continue
-            out.append(WorkerInfo(h, info["node_id"], info["name"]))
+            out.append(WorkerInfo(h, info["node_id"], info["name"], info["node_ip"]))
         return out
 
     def _add(self, new: list[WorkerInfo]) -> None:

@@ -212,7 +212,7 @@ class Loader:
                 continue  # the coordinator says why, in its warnings
             with self._lock:
                 if self._version == 0:
-                    self._workers.append(WorkerInfo(handle, info["node_id"], info["name"]))
+                    self._workers.append(WorkerInfo(handle, info["node_id"], info["name"], info["node_ip"]))
 
     def _update(self, version: int, workers: list[WorkerInfo], events: list[tuple[int, str]]) -> None:
         with self._lock:

@@ -129,6 +129,7 @@ class LoaderWorker:
         return {
             "name": self._name,
             "node_id": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
             "threads": self._pool._max_workers,
             "io_concurrency": self._io.concurrency,
             "torch_imported": "torch" in sys.modules,

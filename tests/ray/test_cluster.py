@@ -110,6 +110,64 @@ def test_timeout_names_rank_and_batch_and_the_epoch_goes_on(cluster, image_folde
     np.testing.assert_array_equal(got, expected)
 
 
+def _stalled_copy(image_folder, tmp_path):
+    """The image folder, listed, with its first file (in catalog order) then swapped for a FIFO: whoever reads it
+    blocks in open() until a writer comes, as on a hung network mount."""
+    import os
+    import shutil
+
+    root = tmp_path / "imgs"
+    shutil.copytree(image_folder, root)
+    ds = _pipeline(root)
+    victim = ds.catalog.uri(0)
+    os.remove(victim)
+    os.mkfifo(victim)
+    return ds, victim
+
+
+def _unblock(fifo) -> None:
+    """Let a reader blocked opening `fifo` go on (its read then fails: a FIFO cannot be read at an offset)."""
+    import os
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO until a reader is there
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def test_the_default_timeout_is_finite_and_names_the_worker_and_its_node(cluster, image_folder, tmp_path):
+    """Without timeout_s, a batch stuck on a read that never returns raises BatchTimeoutError after the first
+    batch's default (2 × batch_timeout_s), naming rank, epoch, batch, the worker and its node id and IP; then
+    timeout_s=float("inf") waits as long as it takes, and the epoch completes."""
+    ds, fifo = _stalled_copy(image_folder, tmp_path)
+    floor = 1.0
+    try:
+        with ds.loader(batch_size=8, shuffle=False, on_error="replace", batch_timeout_s=floor,
+                       cpus_per_worker=0.25) as loader:
+            loader.wait_for_workers()  # an actor makes the batch, not this process's bootstrap
+            it = loader.iterator(0)
+            t0 = time.monotonic()
+            with pytest.raises(BatchTimeoutError) as info:
+                next(it.iter_batches())
+            took = time.monotonic() - t0
+            msg = str(info.value)
+            assert "this process" not in msg
+            assert 2 * floor <= took < 2 * floor + 5.0
+            assert msg.startswith("rank 0: batch 0 of epoch 0 did not arrive within 2 s (the first batch's default")
+            assert "batch_timeout_s=1" in msg and "from loader worker " in msg
+            node_ids = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+            named = [(nid, ip) for nid, ip in node_ids.items() if f"on node {nid} ({ip})" in msg]
+            assert len(named) == 1, msg
+            _unblock(fifo)
+            got = list(it.iter_batches(timeout_s=float("inf")))
+            assert sum(len(b["id"]) for b in got) == N and it.stats().samples_replaced == 1
+    finally:
+        _unblock(fifo)
+
+
 def test_keyboard_interrupt_leaves_no_actors(cluster, image_folder):
     """Ctrl-C inside the with-block: the loader's actors are killed and their CPUs come back."""
     total = ray.cluster_resources()["CPU"]
