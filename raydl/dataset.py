@@ -142,15 +142,20 @@ class Dataset:
         check_stage_order(stages)  # here, at the call that makes the mistake, not at loader()
         return Dataset(self.catalog, stages)
 
-    def decode(self, *, fast: bool = False) -> Dataset:
+    def decode(self, *, fast: bool = False, max_pixels: int | None = None) -> Dataset:
         """Bytes to RGB uint8 pixels (any mode becomes RGB).
 
         By default the output stays within about a grey level of Pillow's (full
         decode, box crop, antialiased resize). fast=True opts into the shortcuts
         that change pixels for speed: a coarser DCT scale, libjpeg's IFAST IDCT
-        and no fancy upsampling.
+        and no fancy upsampling. max_pixels: the pixel limit of every image,
+        checked from its header before anything is allocated; past it a sample
+        is a DecodeError under on_error (default: Pillow's MAX_IMAGE_PIXELS
+        when raydl was imported, about 89.5 M).
         """
-        return self._with(Decode(fast=fast))
+        return self._with(
+            Decode(fast=fast) if max_pixels is None else Decode(fast=fast, max_pixels=max_pixels)
+        )
 
     def random_resized_crop(self, size, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> Dataset:
         """A random box of `scale` of the area and `ratio` aspect, resized to `size`."""

@@ -82,15 +82,22 @@ class Decode(Stage):
     """Bytes to RGB uint8 (JPEG via libjpeg-turbo, the rest via Pillow).
 
     fast=True: coarser DCT scaling, IFAST IDCT, no fancy upsampling (faster, changes pixels).
+    max_pixels: the pixel limit of every sample, whatever its format, checked from its header before
+    anything is allocated (a DecodeError past it); the default is Pillow's Image.MAX_IMAGE_PIXELS when
+    raydl was imported. A field of the stage, so it travels with the stages to every worker.
     """
 
     method: ClassVar[str] = "decode"
 
     fast: bool = False
+    max_pixels: int = decode.MAX_PIXELS
 
     def __post_init__(self) -> None:
         if not isinstance(self.fast, bool):
             raise ValueError(f"fast must be True or False, got {self.fast!r}")
+        if not is_positive_int(self.max_pixels):
+            raise ValueError(f"max_pixels must be a positive int, got {self.max_pixels!r}")
+        object.__setattr__(self, "max_pixels", int(self.max_pixels))
 
 
 @dataclass(frozen=True)
@@ -280,6 +287,7 @@ class SampleProgram:
     dct_scaling: bool = True
     fast: bool = False
     buckets: AspectBuckets | None = None
+    max_pixels: int = decode.MAX_PIXELS
 
     @property
     def dtype(self) -> np.dtype:
@@ -345,7 +353,15 @@ class SampleProgram:
         h, w, box, flip, factor = self._plan(data, seed, out)
         scale, bias = self._affine
         if decode.is_jpeg(data) and native.jpeg_crop_resize_into(
-            data, box, out, flip=flip, scale=scale, bias=bias, scale_denom=factor, fast=self.fast
+            data,
+            box,
+            out,
+            flip=flip,
+            scale=scale,
+            bias=bias,
+            scale_denom=factor,
+            fast=self.fast,
+            max_pixels=self.max_pixels,
         ):
             return  # decoded only the region the box needs
         self._run_whole(data, h, w, box, flip, factor, out)
@@ -380,6 +396,7 @@ class SampleProgram:
                 bias=bias,
                 scale_denoms=[j[5] for j in jpegs],
                 fast=self.fast,
+                max_pixels=self.max_pixels,
             )
         except Exception as exc:  # noqa: BLE001 - a bad slot layout: every sample of the call fails with it
             done = [exc] * len(jpegs)
@@ -398,13 +415,18 @@ class SampleProgram:
     def _plan(
         self, data: bytes, seed: int, out: np.ndarray
     ) -> tuple[int, int, tuple[float, float, float, float], bool, int]:
-        """(h, w, box, flip, DCT factor) of one sample, from its header and seed."""
-        h, w = decode.image_size(data)
+        """(h, w, box, flip, DCT factor) of one sample, from its header and seed.
+
+        A DecodeError when the header's size is over the pixel limit, or the resize would read more than the
+        limit allows (native.check_resample): before anything is decoded or allocated.
+        """
+        h, w = decode.image_size(data, max_pixels=self.max_pixels)
         oh, ow = (out.shape[1], out.shape[2]) if self.normalize else (out.shape[0], out.shape[1])
         box, flip = self.geometry(h, w, seed, (oh, ow) if self.buckets is not None else None)
         factor = 1
         if self.dct_scaling and decode.is_jpeg(data):
             factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow, fast=self.fast)
+        native.check_resample(box, oh, ow, self.max_pixels, factor)
         return h, w, box, flip, factor
 
     def _run_whole(
@@ -420,11 +442,11 @@ class SampleProgram:
         """Decode the whole image (not a JPEG, or one the region decoder cannot take), then crop and
         resize."""
         scale, bias = self._affine
-        img = decode.decode_rgb(data, factor=factor, fast=self.fast)
+        img = decode.decode_rgb(data, factor=factor, fast=self.fast, max_pixels=self.max_pixels)
         if img.shape[0] != h or img.shape[1] != w:  # downscaled decode: map the box onto it
             sy, sx = img.shape[0] / h, img.shape[1] / w
             box = (box[0] * sx, box[1] * sy, min(box[2] * sx, img.shape[1]), min(box[3] * sy, img.shape[0]))
-        native.crop_resize_into(img, box, out, flip=flip, scale=scale, bias=bias)
+        native.crop_resize_into(img, box, out, flip=flip, scale=scale, bias=bias, max_pixels=self.max_pixels)
 
     @functools.cached_property
     def _affine(self) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -499,4 +521,5 @@ def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> Sa
         dct_scaling=dct_scaling,
         fast=stages[0].fast,
         buckets=buckets,
+        max_pixels=stages[0].max_pixels,
     )

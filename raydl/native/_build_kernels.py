@@ -18,6 +18,7 @@ _COMMON = """
 #define RAYDL_ENOMEM -2
 #define RAYDL_EJPEG -3
 #define RAYDL_EUNSUPPORTED -4
+#define RAYDL_ETOOBIG -5
 #define RAYDL_OUT_U8_HWC 0
 #define RAYDL_OUT_F32_CHW 1
 int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
@@ -31,11 +32,11 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            double box_x0, double box_y0, double box_x1, double box_y1,
                            int out_h, int out_w, int flip, int out_format,
                            const float *scale, const float *bias, void *dst,
-                           int scale_denom, int fast, char *errbuf, int errbuf_len);
+                           int scale_denom, int fast, long long max_pixels, char *errbuf, int errbuf_len);
 void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t *len, const double *box,
                                  const int *flip, const int *scale_denom, int out_h, int out_w,
                                  int out_format, const float *scale, const float *bias, void *const *dst,
-                                 int fast, int *rc, char *errbuf, int errbuf_len);
+                                 int fast, long long max_pixels, int *rc, char *errbuf, int errbuf_len);
 """
 # Paths relative to the project root: setup.py runs the build from there.
 # -ffp-contract=off: value * scale + bias stays a multiply then an add (no FMA) in every path, so the AVX2

@@ -4,6 +4,14 @@ Every mode Pillow knows (grayscale, CMYK, palette, 16-bit, with or without
 alpha) comes out as (H, W, 3) uint8. Bytes that cannot be decoded raise
 raydl.errors.DecodeError (a ValueError) with the decoder's reason, never an
 object's repr; the caller names the file. Nothing else here is a decode error.
+
+One pixel limit for every format (`max_pixels`, default MAX_PIXELS: Pillow's
+Image.MAX_IMAGE_PIXELS when raydl is imported, about 89.5 M pixels): the size
+comes from the header (JPEG SOF, progressive or not; PNG IHDR; Pillow's header
+reader for the rest) and is checked before any pixel is allocated, so a
+decompression bomb is a DecodeError that names its size, never a MemoryError.
+Pillow's own refusal past twice *its* limit still applies to the formats that
+only Pillow decodes.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ from raydl.errors import DecodeError
 
 __all__ = [
     "HEADER_BYTES",
+    "MAX_PIXELS",
     "NeedMoreBytes",
+    "check_pixels",
     "dct_factor",
     "decode_rgb",
     "header_size",
@@ -37,6 +47,20 @@ _REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")
 # What Pillow raises on bad bytes (UnidentifiedImageError is an OSError).
 _PILLOW_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 
+# The default pixel limit: Pillow's when raydl is imported (its own default where a user switched it off).
+MAX_PIXELS: int = int(Image.MAX_IMAGE_PIXELS or 1024 * 1024 * 1024 // 4 // 3)
+# The largest width or height a PNG may declare (its spec), and what the catalog's int32 size columns hold.
+MAX_SIDE = 2**31 - 1
+
+
+def check_pixels(height: int, width: int, max_pixels: int) -> None:
+    """DecodeError naming the size and the limit when a height x width image has more than max_pixels pixels."""
+    if height * width > max_pixels:
+        raise DecodeError(
+            f"image is {width}x{height} ({height * width} pixels), over the pixel limit of {max_pixels} "
+            "(decode(max_pixels=...) sets it)"
+        )
+
 
 def _reason(exc: BaseException) -> str:
     """The decoder's reason, without the reprs of our in-memory buffers (`<_io.BytesIO object at 0x…>`)."""
@@ -49,8 +73,23 @@ def is_jpeg(data: bytes) -> bool:
     return data[:3] == _JPEG_MAGIC
 
 
-def image_size(data: bytes) -> tuple[int, int]:
-    """(height, width) from the header alone, without decoding pixels."""
+def image_size(data: bytes, *, max_pixels: int | None = None) -> tuple[int, int]:
+    """(height, width) from the header alone, without decoding pixels; past max_pixels (when given) a
+    DecodeError naming the size and the limit (check_pixels)."""
+    if data[:8] == _PNG_MAGIC and max_pixels is not None:
+        try:
+            h, w = header_size(data, complete=True)  # IHDR: ours is checked before Pillow's own bomb check
+        except DecodeError:
+            pass  # a malformed header: Pillow gives its reason below
+        else:
+            check_pixels(h, w, max_pixels)
+    h, w = _header_size(data)
+    if max_pixels is not None:
+        check_pixels(h, w, max_pixels)
+    return h, w
+
+
+def _header_size(data: bytes) -> tuple[int, int]:
     if is_jpeg(data):
         try:
             h, w, _, _ = simplejpeg.decode_jpeg_header(data)
@@ -130,6 +169,8 @@ def header_size(prefix: bytes, *, complete: bool) -> tuple[int, int]:
         w, h = int.from_bytes(prefix[16:20], "big"), int.from_bytes(prefix[20:24], "big")
         if h == 0 or w == 0:
             raise DecodeError(f"PNG IHDR gives an empty size {w}x{h}")
+        if h > MAX_SIDE or w > MAX_SIDE:
+            raise DecodeError(f"PNG IHDR gives a size {w}x{h} past PNG's limit of {MAX_SIDE} pixels a side")
         return h, w
     try:
         with warnings.catch_warnings():
@@ -177,11 +218,22 @@ def dct_factor(
     return factor
 
 
-def decode_rgb(data: bytes, *, factor: int = 1, fast: bool = False) -> np.ndarray:
+def decode_rgb(
+    data: bytes, *, factor: int = 1, fast: bool = False, max_pixels: int = MAX_PIXELS
+) -> np.ndarray:
     """Decode to (H, W, 3) uint8, JPEGs optionally downscaled by `factor` in the DCT domain.
 
     fast=True: libjpeg-turbo's IFAST IDCT without fancy upsampling (faster, different pixels).
+    An image whose header gives more than max_pixels pixels is a DecodeError before anything is decoded.
     """
+    h, w = image_size(data, max_pixels=max_pixels)
+    try:
+        return _decode(data, factor, fast)
+    except MemoryError as exc:  # within the limit, yet the process has no room: this sample's failure
+        raise DecodeError(f"out of memory decoding a {w}x{h} image") from exc
+
+
+def _decode(data: bytes, factor: int, fast: bool) -> np.ndarray:
     if is_jpeg(data):
         try:
             if factor > 1:
@@ -203,7 +255,8 @@ def decode_rgb(data: bytes, *, factor: int = 1, fast: bool = False) -> np.ndarra
 def _decode_pillow(data: bytes, factor: int) -> np.ndarray:
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # palette-with-transparency notes etc.
+            # palette-with-transparency notes etc., and Pillow's bomb warning: decode_rgb checked the size
+            warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as im:
                 if factor > 1 and im.format == "JPEG":
                     im.draft("RGB", (im.size[0] // factor, im.size[1] // factor))

@@ -13,7 +13,20 @@
  * we longjmp back here and turn it into RAYDL_EJPEG with the message.
  * Warnings (corrupt or truncated data that libjpeg patches over) are errors
  * too, as in simplejpeg's strict mode.
+ *
+ * Hostile files (raydl's trust boundary: data is untrusted):
+ *  - the frame header's width x height is checked against max_pixels right
+ *    after jpeg_read_header, before jpeg_start_decompress allocates anything
+ *    (a progressive file makes it buffer every coefficient of the image), and
+ *    libjpeg's own memory is capped by what that many pixels need, a second
+ *    guard (RAYDL_ETOOBIG for both);
+ *  - truncation is decided from the bytes, not from the rows the crop happens
+ *    to decode: a file with no end-of-image marker after its first scan header
+ *    is refused before any row is decoded, whatever the crop (a crop that
+ *    missed the damage used to decode "ok").
  */
+#define _GNU_SOURCE /* memrchr */
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdio.h>
@@ -21,6 +34,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
 #include "kernels.h"
 
@@ -53,11 +67,33 @@ static void copy_msg(char *dst, int dst_len, const char *src) {
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
+/* Whether an EOI marker (FF D9) lies in [from, end). Inside entropy-coded data every
+ * FF byte is followed by 00 (stuffing) or a marker, so FF D9 there is the end of the
+ * image, never data; a truncated file lost it. Searched from the end: O(1) for a whole
+ * file (EOI is its last two bytes), O(trailing bytes) for one with bytes after EOI. */
+static int has_eoi(const uint8_t *from, const uint8_t *end) {
+    for (const uint8_t *p = end; p > from + 1;) {
+        const uint8_t *d = memrchr(from + 1, 0xD9, (size_t)(p - (from + 1)));
+        if (!d) return 0;
+        if (d[-1] == 0xFF) return 1;
+        p = d;
+    }
+    return 0;
+}
+
+/* libjpeg's memory for an image of max_pixels: 3 full-resolution components' coefficients
+ * at 2 bytes (what a progressive or multi-scan file buffers), block padding, and 64 MiB for
+ * tables, rows and small images. Past it libjpeg fails with JERR_NO_BACKING_STORE. */
+static long memory_cap(long long max_pixels) {
+    double cap = 8.0 * (double)max_pixels + (double)(64 << 20);
+    return cap >= (double)LONG_MAX ? LONG_MAX : (long)cap;
+}
+
 int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            double box_x0, double box_y0, double box_x1, double box_y1,
                            int out_h, int out_w, int flip, int out_format,
                            const float *scale, const float *bias, void *dst,
-                           int scale_denom, int fast, char *errbuf, int errbuf_len) {
+                           int scale_denom, int fast, long long max_pixels, char *errbuf, int errbuf_len) {
     struct jpeg_decompress_struct cinfo;
     err_mgr_t err;
     /* volatile: these change after setjmp and are read after a longjmp */
@@ -72,14 +108,27 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     err.msg[0] = '\0';
     if (setjmp(err.jump)) {
         copy_msg(errbuf, errbuf_len, err.msg);
+        int code = err.pub.msg_code == JERR_NO_BACKING_STORE ? RAYDL_ETOOBIG : RAYDL_EJPEG;
         jpeg_destroy_decompress(&cinfo);
         raydl_scratch_release(1, buf);
         raydl_resize_release(plan);
-        return RAYDL_EJPEG;
+        return code;
     }
     jpeg_create_decompress(&cinfo);
+    cinfo.mem->max_memory_to_use = memory_cap(max_pixels);
     jpeg_mem_src(&cinfo, data, (unsigned long)len);
     jpeg_read_header(&cinfo, TRUE);
+    if ((long long)cinfo.image_width * (long long)cinfo.image_height > max_pixels) {
+        jpeg_destroy_decompress(&cinfo);
+        copy_msg(errbuf, errbuf_len, "JPEG frame header over the pixel limit");
+        return RAYDL_ETOOBIG;
+    }
+    /* jpeg_read_header stopped just past the first scan header */
+    if (!has_eoi(cinfo.src->next_input_byte, data + len)) {
+        jpeg_destroy_decompress(&cinfo);
+        copy_msg(errbuf, errbuf_len, "truncated: no end-of-image marker after the scan header");
+        return RAYDL_EJPEG;
+    }
     if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
         jpeg_destroy_decompress(&cinfo);
         copy_msg(errbuf, errbuf_len, "CMYK/YCCK JPEG: not converted here");
@@ -106,6 +155,12 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
     }
     jpeg_start_decompress(&cinfo);
     started = 1;
+    if (err.pub.num_warnings > 0) { /* a progressive file's scans were all read here: fail before any row */
+        copy_msg(errbuf, errbuf_len, err.msg);
+        jpeg_abort_decompress(&cinfo);
+        jpeg_destroy_decompress(&cinfo);
+        return RAYDL_EJPEG;
+    }
 
     /* The box in the (possibly scaled) output, and the rows/columns the filter reads. */
     int ow = (int)cinfo.output_width, oh = (int)cinfo.output_height;
@@ -145,7 +200,7 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
         raydl_resize_release(r);
         return RAYDL_ENOMEM;
     }
-    const uint8_t *win[cap];
+    const uint8_t **win = raydl_resize_rows(r); /* cap pointers on the heap (cap grows with the downscale) */
     int have = 0; /* rows decoded so far, row i in ring slot i % cap */
     for (int yy = 0; yy < out_h; yy++) {
         int first, n;
@@ -177,13 +232,13 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
 
 void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t *len, const double *box,
                                  const int *flip, const int *scale_denom, int out_h, int out_w, int out_format,
-                                 const float *scale, const float *bias, void *const *dst, int fast, int *rc,
-                                 char *errbuf, int errbuf_len) {
+                                 const float *scale, const float *bias, void *const *dst, int fast,
+                                 long long max_pixels, int *rc, char *errbuf, int errbuf_len) {
     for (int i = 0; i < n; i++) {
         char *err = errbuf ? errbuf + (size_t)i * (size_t)errbuf_len : NULL;
         if (err && errbuf_len > 0) err[0] = '\0';
         rc[i] = raydl_jpeg_crop_resize(data[i], len[i], box[4 * i], box[4 * i + 1], box[4 * i + 2], box[4 * i + 3],
                                        out_h, out_w, flip[i], out_format, scale, bias, dst[i], scale_denom[i], fast,
-                                       err, errbuf_len);
+                                       max_pixels, err, errbuf_len);
     }
 }

@@ -85,21 +85,39 @@ static double triangle(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+/* Taps per window: 2 * ceil(support) + 1, or 0 when the downscale is so large that
+ * it would not fit an int (callers refuse the plan then). */
 static int axis_ksize(double in0, double in1, int out_size) {
     double scale = (in1 - in0) / out_size;
     double support = scale < 1.0 ? 1.0 : scale;
+    if (!(support <= RAYDL_MAX_SUPPORT)) return 0;
     return (int)ceil(support) * 2 + 1;
 }
 
+/* An upper bound of the source columns [col0, col1) that axis_coeffs' windows read,
+ * from the same formula (the windows' starts and ends only grow with the output index),
+ * so the row buffers are sized by the box rather than by the whole source row. */
+static int axis_span_bound(int in_size, double in0, double in1, int out_size) {
+    double scale = (in1 - in0) / out_size;
+    double support = scale < 1.0 ? 1.0 : scale;
+    double lo = floor(in0 + 0.5 * scale - support + 0.5), hi = floor(in0 + (out_size - 0.5) * scale + support + 0.5);
+    if (lo < 0) lo = 0;
+    if (hi > in_size) hi = in_size;
+    double span = hi - lo + 1; /* + 1: the one-tap window axis_coeffs keeps where a window is empty */
+    if (span < 1) span = 1;
+    return span > in_size ? in_size : (int)span;
+}
+
 /* Windows mapping [in0, in1) of an axis of in_size to out_size, as Pillow's
- * precompute_coeffs; weights in Q14, `stride` int16 per output index (zero-padded). */
+ * precompute_coeffs; weights in Q14, `stride` int16 per output index (zero-padded).
+ * tmp: ksize doubles of scratch (on the heap: ksize grows with the downscale, and a
+ * 10,000,000-pixel axis resized to 16 made a 10 MB stack array before). */
 static void axis_coeffs(int in_size, double in0, double in1, int out_size, int ksize, int stride,
-                        int *start, int *count, int16_t *k) {
+                        int *start, int *count, int16_t *k, double *tmp) {
     double scale = (in1 - in0) / out_size;
     double filterscale = scale < 1.0 ? 1.0 : scale;
     double support = 1.0 * filterscale;
     double ss = 1.0 / filterscale;
-    double tmp[ksize];
     for (int xx = 0; xx < out_size; xx++) {
         double center = in0 + (xx + 0.5) * scale;
         int xmin = (int)(center - support + 0.5);
@@ -313,6 +331,8 @@ struct raydl_resize {
     int32_t *acc;         /* one horizontally filtered row, 4 int32 per pixel */
     int32_t *vacc;        /* the portable vertical pass's sums (span * 3), NULL with AVX2 */
     const uint8_t **rows; /* the source rows of one output row */
+    const uint8_t **win;  /* the caller's pointers to those rows (raydl_resize_rows) */
+    double *tmp;          /* axis_coeffs' weights of one window */
     const float *scale, *bias;
     float fscale[3];      /* scale[c] / 2^HSHIFT: acc is Q20 */
     void *dst;
@@ -335,8 +355,9 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
     if (out_format != RAYDL_OUT_U8_HWC && out_format != RAYDL_OUT_F32_CHW) return RAYDL_EINVAL;
     int simd = raydl_simd(-1);
     int kxs = axis_ksize(box_x0, box_x1, out_w), kys = axis_ksize(box_y0, box_y1, out_h);
+    if (kxs == 0 || kys == 0) return RAYDL_EINVAL; /* callers bound the work far below this */
     int kx_stride = (kxs + 3) & ~3, nq = kx_stride / 4;
-    int span_max = src_w; /* the row buffer is sized for the widest possible span */
+    int span_max = axis_span_bound(src_w, box_x0, box_x1, out_w); /* what the row buffers are sized for */
     size_t sz_plan = align32(sizeof(raydl_resize_t));
     size_t sz_xi = align32(sizeof(int) * (size_t)out_w), sz_yi = align32(sizeof(int) * (size_t)out_h);
     size_t sz_kx = align32(sizeof(int16_t) * (size_t)out_w * kx_stride);
@@ -345,8 +366,10 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
     size_t sz_row = align32(sizeof(int16_t) * ((size_t)span_max * 3 + ROW_SLACK(kx_stride)));
     size_t sz_acc = align32(sizeof(int32_t) * 4 * (size_t)out_w);
     size_t sz_rows = align32(sizeof(uint8_t *) * (size_t)kys);
+    size_t sz_tmp = align32(sizeof(double) * (size_t)(kxs > kys ? kxs : kys));
     size_t sz_vacc = simd ? 0 : align32(sizeof(int32_t) * (size_t)span_max * 3);
-    size_t total = sz_plan + 2 * sz_xi + 2 * sz_yi + sz_kx + sz_ky + sz_kv + sz_row + sz_acc + sz_rows + sz_vacc + 32;
+    size_t total = sz_plan + 2 * sz_xi + 2 * sz_yi + sz_kx + sz_ky + sz_kv + sz_row + sz_acc + 2 * sz_rows + sz_tmp +
+                   sz_vacc + 32;
     void *mem = raydl_scratch(0, total);
     if (!mem) return RAYDL_ENOMEM;
     char *p = (char *)(((uintptr_t)mem + 31) & ~(uintptr_t)31);
@@ -362,13 +385,15 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
     r->row = (int16_t *)p; p += sz_row;
     r->acc = (int32_t *)p; p += sz_acc;
     r->rows = (const uint8_t **)p; p += sz_rows;
+    r->win = (const uint8_t **)p; p += sz_rows;
+    r->tmp = (double *)p; p += sz_tmp;
     r->vacc = simd ? NULL : (int32_t *)p;
     r->out_w = out_w; r->out_h = out_h; r->flip = flip; r->out_format = out_format;
     r->kx_stride = kx_stride; r->nq = nq; r->ky_stride = kys; r->simd = simd;
     r->scale = scale; r->bias = bias; r->dst = dst; r->mem = mem;
     for (int c = 0; c < 3; c++) r->fscale[c] = scale ? scale[c] * (1.0f / (float)(1 << HSHIFT)) : 0.0f;
-    axis_coeffs(src_w, box_x0, box_x1, out_w, kxs, kx_stride, r->xstart, r->xcount, r->kx);
-    axis_coeffs(src_h, box_y0, box_y1, out_h, kys, kys, r->ystart, r->ycount, r->ky);
+    axis_coeffs(src_w, box_x0, box_x1, out_w, kxs, kx_stride, r->xstart, r->xcount, r->kx, r->tmp);
+    axis_coeffs(src_h, box_y0, box_y1, out_h, kys, kys, r->ystart, r->ycount, r->ky, r->tmp);
     r->col0 = r->xstart[0];
     int col1 = r->xstart[0] + r->xcount[0];
     for (int x = 0; x < out_w; x++) {
@@ -376,6 +401,10 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
         if (r->xstart[x] + r->xcount[x] > col1) col1 = r->xstart[x] + r->xcount[x];
     }
     r->span = col1 - r->col0;
+    if (r->span > span_max) { /* cannot happen (axis_span_bound follows axis_coeffs); never overrun the rows */
+        raydl_scratch_release(0, mem);
+        return RAYDL_EINVAL;
+    }
     int maxc = 1;
     for (int x = 0; x < out_w; x++) {
         r->xstart[x] -= r->col0;
@@ -409,6 +438,8 @@ void raydl_resize_window(const raydl_resize_t *r, int yy, int *first, int *count
 }
 
 int raydl_resize_max_taps(const raydl_resize_t *r) { return r->ky_stride; }
+
+const uint8_t **raydl_resize_rows(raydl_resize_t *r) { return r->win; }
 
 static void write_row(const raydl_resize_t *r, int yy) {
     const int32_t *acc = r->acc;
@@ -477,7 +508,7 @@ int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
     int rc = raydl_resize_plan(&r, src_h, src_w, box_x0, box_y0, box_x1, box_y1, out_h, out_w, flip,
                                out_format, scale, bias, dst);
     if (rc != RAYDL_OK) return rc;
-    const uint8_t *rows[r->ky_stride];
+    const uint8_t **rows = raydl_resize_rows(r);
     for (int yy = 0; yy < out_h; yy++) {
         int first = r->ystart[yy];
         for (int t = 0; t < r->ycount[yy]; t++) rows[t] = src + (size_t)(first + t) * src_stride;

@@ -8,6 +8,11 @@
 #define RAYDL_ENOMEM -2
 #define RAYDL_EJPEG -3
 #define RAYDL_EUNSUPPORTED -4
+#define RAYDL_ETOOBIG -5 /* over the pixel limit, or over the memory it allows libjpeg */
+
+/* The largest filter support (source pixels per output pixel) a plan takes, so the tap
+ * count fits an int; raydl's callers bound the resampling work far below it. */
+#define RAYDL_MAX_SUPPORT ((double)(1 << 28))
 
 #define RAYDL_OUT_U8_HWC 0
 #define RAYDL_OUT_F32_CHW 1
@@ -41,6 +46,8 @@ int raydl_resize_plan(raydl_resize_t **plan, int src_h, int src_w,
                       const float *scale, const float *bias, void *dst);
 void raydl_resize_window(const raydl_resize_t *r, int yy, int *first, int *count);
 int raydl_resize_max_taps(const raydl_resize_t *r);
+/* Room for raydl_resize_max_taps row pointers, owned by the plan (heap, not the caller's stack). */
+const uint8_t **raydl_resize_rows(raydl_resize_t *r);
 void raydl_resize_row(raydl_resize_t *r, int yy, const uint8_t *const *src_rows);
 void raydl_resize_release(raydl_resize_t *r);
 
@@ -53,22 +60,25 @@ int raydl_simd(int mode);
  * pixels) needs, downscaled by 1/scale_denom (1, 2, 4 or 8) in the DCT domain,
  * then raydl_crop_resize it into dst. fast: IFAST IDCT and no fancy upsampling
  * (faster, different pixels).
- * RAYDL_EJPEG: corrupt data (message in errbuf); RAYDL_EUNSUPPORTED: a JPEG
- * this path does not convert (CMYK), to be decoded another way. */
+ * RAYDL_EJPEG: corrupt or truncated data (message in errbuf); RAYDL_EUNSUPPORTED:
+ * a JPEG this path does not convert (CMYK), to be decoded another way;
+ * RAYDL_ETOOBIG: the frame header gives more than max_pixels pixels (checked
+ * before anything is allocated), or libjpeg needed more memory than that many
+ * pixels allow. */
 int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            double box_x0, double box_y0, double box_x1, double box_y1,
                            int out_h, int out_w, int flip, int out_format,
                            const float *scale, const float *bias, void *dst,
-                           int scale_denom, int fast, char *errbuf, int errbuf_len);
+                           int scale_denom, int fast, long long max_pixels, char *errbuf, int errbuf_len);
 
 /* raydl_jpeg_crop_resize for n samples of one batch, one after the other in
  * the calling thread (one call from Python, the GIL released once). Slot i:
  * data[i] (len[i] bytes), box[4i .. 4i+3], flip[i], scale_denom[i], dst[i];
- * the output size, format, scale, bias and fast are shared. rc[i] gets slot
+ * the output size, format, scale, bias, fast and max_pixels are shared. rc[i] gets slot
  * i's code and errbuf + i * errbuf_len its message: one slot's failure never
  * stops the others. */
 void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t *len, const double *box,
                                  const int *flip, const int *scale_denom, int out_h, int out_w, int out_format,
-                                 const float *scale, const float *bias, void *const *dst, int fast, int *rc,
-                                 char *errbuf, int errbuf_len);
+                                 const float *scale, const float *bias, void *const *dst, int fast,
+                                 long long max_pixels, int *rc, char *errbuf, int errbuf_len);
 #endif
