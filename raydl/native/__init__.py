@@ -162,7 +162,8 @@ def check_resample(
     if work > bound:
         raise DecodeError(
             f"resizing a {box_w:.0f}x{box_h:.0f} box to {out_w}x{out_h} would read {work:.3g} filter taps, "
-            f"over the {bound:.3g} that max_pixels={max_pixels} allows (4 per pixel of the limit, 8 per output pixel)"
+            f"over the {bound:.3g} that max_pixels={max_pixels} allows "
+            "(4 per pixel of the limit, 8 per output pixel)"
         )
 
 

@@ -54,7 +54,7 @@ MAX_SIDE = 2**31 - 1
 
 
 def check_pixels(height: int, width: int, max_pixels: int) -> None:
-    """DecodeError naming the size and the limit when a height x width image has more than max_pixels pixels."""
+    """DecodeError naming the size and the limit when a height x width image has over max_pixels pixels."""
     if height * width > max_pixels:
         raise DecodeError(
             f"image is {width}x{height} ({height * width} pixels), over the pixel limit of {max_pixels} "
