@@ -7,7 +7,9 @@ parses the JPEG SOF / PNG IHDR (or lets Pillow read any other header), and
 reads the whole file only when the header lies further in (large EXIF or ICC
 blocks). Files are read in parallel on a thread pool. A file whose header
 cannot be read gets width = height = -1 and a reason, so that the loader can
-route it through on_error like any other bad sample.
+route it through on_error like any other bad sample; so does one whose header
+gives a side that the int32 size columns cannot hold (a PNG may declare up to
+2**31 - 1): one hostile header never fails the listing of the whole dataset.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from raydl.errors import DataSourceError
-from raydl.native.decode import HEADER_BYTES, NeedMoreBytes, header_size
+from raydl.native.decode import HEADER_BYTES, MAX_SIDE, NeedMoreBytes, header_size
 
 __all__ = ["HeaderSizes", "header_sizes"]
 
@@ -43,9 +45,11 @@ def _one(read: ReadPrefix, key: Any) -> tuple[int, int] | str:
             h, w = header_size(head, complete=len(head) < HEADER_BYTES)
         except NeedMoreBytes:
             h, w = header_size(read(key, None), complete=True)
-        return w, h
     except (ValueError, DataSourceError) as exc:
         return f"cannot read the image size from the header: {exc}"
+    if w > MAX_SIDE or h > MAX_SIDE:
+        return f"the header gives a size {w}x{h}, past the {MAX_SIDE} pixels a side that image sizes hold"
+    return w, h
 
 
 def header_sizes(read: ReadPrefix, keys: Sequence[Any], *, threads: int = 16) -> HeaderSizes:
