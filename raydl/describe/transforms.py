@@ -417,8 +417,8 @@ class SampleProgram:
     ) -> tuple[int, int, tuple[float, float, float, float], bool, int]:
         """(h, w, box, flip, DCT factor) of one sample, from its header and seed.
 
-        A DecodeError when the header's size is over the pixel limit, or the resize would read more than the
-        limit allows (native.check_resample): before anything is decoded or allocated.
+        A DecodeError when the header's size is over the pixel limit, before anything is decoded or allocated
+        (the kernels refuse a resize that would read more than the limit allows, before they allocate).
         """
         h, w = decode.image_size(data, max_pixels=self.max_pixels)
         oh, ow = (out.shape[1], out.shape[2]) if self.normalize else (out.shape[0], out.shape[1])
@@ -426,7 +426,6 @@ class SampleProgram:
         factor = 1
         if self.dct_scaling and decode.is_jpeg(data):
             factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow, fast=self.fast)
-        native.check_resample(box, oh, ow, self.max_pixels, factor)
         return h, w, box, flip, factor
 
     def _run_whole(

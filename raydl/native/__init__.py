@@ -9,8 +9,8 @@ Every entry point takes the pipeline's pixel limit (`max_pixels`, default
 decode.MAX_PIXELS: Pillow's). It bounds what one sample may cost: the JPEG
 region decoder refuses a frame header over it before allocating anything, and
 a resize whose filter would read more than `resample_bound(max_pixels, ...)`
-taps is refused before the kernel runs (`check_resample`), so a 20,000,000 x 1
-image resized to 224 x 224 is a DecodeError, not 13 s of CPU.
+taps is refused by the kernel before it allocates or reads anything, so a
+20,000,000 x 1 image resized to 224 x 224 is a DecodeError, not 13 s of CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
-import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +31,6 @@ from raydl.native import decode
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "check_resample",
     "crop_resize_into",
     "jpeg_available",
     "jpeg_crop_resize_into",
@@ -44,7 +42,7 @@ __all__ = [
     "simd",
 ]
 
-_OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED, _ETOOBIG = 0, -1, -2, -3, -4, -5
+_OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED, _ETOOBIG, _EWORK = 0, -1, -2, -3, -4, -5, -6
 _ERR_LEN = 200  # bytes for one native error message
 
 
@@ -120,51 +118,34 @@ def _warn_fallback() -> None:
     logger.warning(msg)
 
 
-def resample_work(box_w: float, box_h: float, out_h: int, out_w: int) -> float:
-    """The filter taps the resampler reads to resize a box_w x box_h box to out_h x out_w (an upper bound).
-
-    The vertical pass reads, for each output row, its window of source rows
-    across the box's span of columns; the horizontal pass, for each output
-    pixel, its window of columns (kernels.c). Windows are 2 * ceil(support) + 1
-    taps, the support being the downscale (at least 1).
-    """
-    sx, sy = max(box_w / out_w, 1.0), max(box_h / out_h, 1.0)
-    span = box_w + 2.0 * sx + 2.0
-    return float(out_h) * ((2 * math.ceil(sy) + 1) * span + out_w * (2 * math.ceil(sx) + 1))
+def resample_work(src_hw: tuple[int, int], box, out_h: int, out_w: int) -> float | None:
+    """The filter taps the C resampler reads to resize `box` of an image of src_hw (height, width) to
+    out_h x out_w, as it counts them against resample_bound; None without the kernels."""
+    ffi, lib, _ = _load()
+    if lib is None:
+        return None
+    x0, y0, x1, y1 = (float(v) for v in box)
+    return float(
+        lib.raydl_resize_work(int(src_hw[0]), int(src_hw[1]), x0, y0, x1, y1, int(out_h), int(out_w))
+    )
 
 
 def resample_bound(max_pixels: int, out_h: int, out_w: int) -> float:
-    """The most filter taps one sample's resize may read: 4 per pixel of the limit and 8 per output pixel.
-
-    Downscaling an image of max_pixels reads about 2 taps per source pixel
-    (2.5 for the widest images at the limit) and any upscale at most 6 per
-    output pixel, so every resize of an image within the limit fits, except
-    those of images thousands of times wider than tall (or taller than
-    wide) into square outputs: there every output row re-reads the whole
-    span, which the pixel limit alone does not bound (20,000,000 x 1 pixels
-    to 224 x 224: 13 s of CPU).
-    """
-    return 4.0 * max_pixels + 8.0 * out_h * out_w
+    """The most filter taps one resize may read under `max_pixels`: 4 per pixel of the limit and 8 per
+    output pixel (kernels.h, raydl_resize_bound, says why); the plan's own memory is bounded by 4 bytes a
+    pixel of it. The kernel's own formula; without the kernels nothing is bounded (Pillow resizes)."""
+    lib = _load()[1]
+    return float(lib.raydl_resize_bound(int(max_pixels), int(out_h), int(out_w))) if lib else float("inf")
 
 
-def check_resample(
-    box: tuple[float, float, float, float], out_h: int, out_w: int, max_pixels: int, scale_denom: int = 1
-) -> None:
-    """DecodeError when resizing `box` (x0, y0, x1, y1; DCT-scaled by 1/scale_denom first) to out_h x out_w
-    would read more filter taps than max_pixels allows (resample_bound)."""
-    box_w, box_h = (
-        (float(box[2]) - float(box[0])) / scale_denom,
-        (float(box[3]) - float(box[1])) / scale_denom,
+def _over_bound(box, out_h: int, out_w: int, max_pixels: int) -> DecodeError:
+    """The error of a resize the kernel refused as over the bound (RAYDL_EWORK)."""
+    bw, bh = float(box[2]) - float(box[0]), float(box[3]) - float(box[1])
+    return DecodeError(
+        f"resizing a {bw:.0f}x{bh:.0f} box to {out_w}x{out_h} would read more filter taps than the "
+        f"{resample_bound(max_pixels, out_h, out_w):.3g} that max_pixels={max_pixels} allows "
+        "(4 per pixel of the limit, 8 per output pixel)"
     )
-    if not (box_w > 0 and box_h > 0):
-        return  # an empty or NaN box: the kernels refuse it with their own error
-    work, bound = resample_work(box_w, box_h, out_h, out_w), resample_bound(max_pixels, out_h, out_w)
-    if work > bound:
-        raise DecodeError(
-            f"resizing a {box_w:.0f}x{box_h:.0f} box to {out_w}x{out_h} would read {work:.3g} filter taps, "
-            f"over the {bound:.3g} that max_pixels={max_pixels} allows "
-            "(4 per pixel of the limit, 8 per output pixel)"
-        )
 
 
 def _slot_args(ffi, box, out: np.ndarray, out_h: int, out_w: int, fmt: int, flip: bool, scale, bias) -> tuple:
@@ -191,7 +172,7 @@ def crop_resize_into(
     `out` is either uint8 (H, W, 3) or float32 (3, H, W); for float32 each
     channel c becomes value * scale[c] + bias[c]. `out` must be C-contiguous
     (a slot of a preallocated batch). A resize that would read more filter
-    taps than max_pixels allows is a DecodeError (check_resample).
+    taps than max_pixels allows is a DecodeError (resample_bound).
     """
     if src.dtype != np.uint8 or src.ndim != 3 or src.shape[2] != 3:
         raise ValueError(f"src must be uint8 (H, W, 3), got {src.dtype} {src.shape}")
@@ -199,7 +180,6 @@ def crop_resize_into(
         src = np.ascontiguousarray(src)
     out_h, out_w, fmt = _out_format(out, scale, bias)
     _check_box(box, src.shape[0], src.shape[1])
-    check_resample(box, out_h, out_w, max_pixels)
     ffi, lib, _ = _load()
     if lib is None:
         _warn_fallback()
@@ -211,7 +191,10 @@ def crop_resize_into(
         src.shape[1],
         src.strides[0],
         *_slot_args(ffi, box, out, out_h, out_w, fmt, flip, scale, bias),
+        int(max_pixels),
     )
+    if rc == _EWORK:
+        raise _over_bound(box, out_h, out_w, max_pixels)
     if rc == _ENOMEM:
         raise DecodeError(f"out of memory resizing a {src.shape[1]}x{src.shape[0]} image (box {box})")
     if rc != _OK:
@@ -247,7 +230,6 @@ def jpeg_crop_resize_into(
     if lib is None:
         return False
     out_h, out_w, fmt = _out_format(out, scale, bias)
-    check_resample(box, out_h, out_w, max_pixels, int(scale_denom))
     err = ffi.new("char[]", _ERR_LEN)
     rc = lib.raydl_jpeg_crop_resize(
         ffi.from_buffer("uint8_t[]", data),
@@ -259,7 +241,7 @@ def jpeg_crop_resize_into(
         err,
         _ERR_LEN,
     )
-    status = _jpeg_status(rc, ffi.string(err), data, box, out.shape, max_pixels)
+    status = _jpeg_status(rc, ffi.string(err), data, box, out, max_pixels)
     if isinstance(status, Exception):
         raise status
     return status
@@ -305,28 +287,17 @@ def jpeg_crop_resize_many(
             raise ValueError(
                 f"outs must be C-contiguous slots of one shape and dtype, got {out.dtype} {out.shape}"
             )
-    refused: dict[int, Exception] = {}  # resizes over the bound: they never reach the kernel
-    for i, (box, denom) in enumerate(zip(boxes, scale_denoms)):
-        try:
-            check_resample(box, out_h, out_w, max_pixels, int(denom))
-        except DecodeError as exc:
-            refused[i] = exc
-    run = [i for i in range(n) if i not in refused]
-    results: list[bool | Exception] = [refused.get(i, False) for i in range(n)]
-    if not run:
-        return results
-    m = len(run)
     scale_c, bias_c = _affine(ffi, fmt, scale, bias)
-    keep = [ffi.from_buffer("uint8_t[]", data[i]) for i in run]
-    dsts = [ffi.from_buffer(outs[i], require_writable=True) for i in run]
-    box_arr = np.ascontiguousarray([boxes[i] for i in run], dtype=np.float64).reshape(m, 4)
-    ints = np.empty((3, m), np.int32)  # flip, scale_denom, rc
-    ints[0], ints[1] = [bool(flips[i]) for i in run], [scale_denoms[i] for i in run]
-    err = ffi.new("char[]", _ERR_LEN * m)
+    keep = [ffi.from_buffer("uint8_t[]", d) for d in data]
+    dsts = [ffi.from_buffer(out, require_writable=True) for out in outs]
+    box_arr = np.ascontiguousarray(boxes, dtype=np.float64).reshape(n, 4)
+    ints = np.empty((3, n), np.int32)  # flip, scale_denom, rc
+    ints[0], ints[1] = [bool(f) for f in flips], scale_denoms
+    err = ffi.new("char[]", _ERR_LEN * n)
     lib.raydl_jpeg_crop_resize_many(
-        m,
+        n,
         ffi.new("uint8_t *[]", keep),
-        ffi.new("size_t[]", [len(data[i]) for i in run]),
+        ffi.new("size_t[]", [len(d) for d in data]),
         ffi.from_buffer("double[]", box_arr),
         ffi.from_buffer("int[]", ints[0]),
         ffi.from_buffer("int[]", ints[1]),
@@ -342,10 +313,17 @@ def jpeg_crop_resize_many(
         err,
         _ERR_LEN,
     )
-    for j, (i, rc) in enumerate(zip(run, ints[2].tolist())):
-        msg = ffi.string(err + j * _ERR_LEN) if rc != _OK else b""
-        results[i] = _jpeg_status(int(rc), msg, data[i], boxes[i], outs[i].shape, max_pixels)
-    return results
+    return [
+        _jpeg_status(
+            int(rc),
+            ffi.string(err + i * _ERR_LEN) if rc != _OK else b"",
+            data[i],
+            boxes[i],
+            outs[i],
+            max_pixels,
+        )
+        for i, rc in enumerate(ints[2].tolist())
+    ]
 
 
 def _try_one(data: bytes, box, out: np.ndarray, **kwargs) -> bool | Exception:
@@ -355,8 +333,9 @@ def _try_one(data: bytes, box, out: np.ndarray, **kwargs) -> bool | Exception:
         return exc
 
 
-def _jpeg_status(rc: int, msg: bytes, data: bytes, box, shape, max_pixels: int) -> bool | Exception:
+def _jpeg_status(rc: int, msg: bytes, data: bytes, box, out: np.ndarray, max_pixels: int) -> bool | Exception:
     """What raydl_jpeg_crop_resize's code means: True (done), False (not this path's), or the error."""
+    shape = out.shape
     if rc == _OK:
         return True
     if rc == _EUNSUPPORTED:
@@ -372,6 +351,9 @@ def _jpeg_status(rc: int, msg: bytes, data: bytes, box, shape, max_pixels: int) 
             f"JPEG needs more memory than max_pixels={max_pixels} allows its decoder "
             f"({(8 * max_pixels + (64 << 20)) >> 20} MiB): {msg.decode(errors='replace')}"
         )
+    if rc == _EWORK:
+        out_h, out_w = (shape[1], shape[2]) if out.dtype == np.float32 else (shape[0], shape[1])
+        return _over_bound(box, out_h, out_w, max_pixels)
     if rc == _ENOMEM:
         return DecodeError(f"out of memory decoding a JPEG region (box {box}, out {shape})")
     return NativeKernelError(f"raydl_jpeg_crop_resize failed with code {rc} (box {box}, out {shape})")

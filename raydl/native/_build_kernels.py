@@ -19,12 +19,16 @@ _COMMON = """
 #define RAYDL_EJPEG -3
 #define RAYDL_EUNSUPPORTED -4
 #define RAYDL_ETOOBIG -5
+#define RAYDL_EWORK -6
 #define RAYDL_OUT_U8_HWC 0
 #define RAYDL_OUT_F32_CHW 1
 int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
-                      const float *scale, const float *bias, void *dst);
+                      const float *scale, const float *bias, void *dst, long long max_pixels);
+double raydl_resize_bound(long long max_pixels, int out_h, int out_w);
+double raydl_resize_work(int src_h, int src_w, double box_x0, double box_y0, double box_x1, double box_y1,
+                         int out_h, int out_w);
 int raydl_simd(int mode);
 """
 _JPEG = """

@@ -184,11 +184,11 @@ int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
      * reads them and no buffer of the whole region is written to memory. */
     raydl_resize_t *r;
     int rc = raydl_resize_plan(&r, rows, (int)cw, bx0 - (double)xoff, by0 - row0, bx1 - (double)xoff,
-                               by1 - row0, out_h, out_w, flip, out_format, scale, bias, dst);
+                               by1 - row0, out_h, out_w, flip, out_format, scale, bias, dst, max_pixels);
     if (rc != RAYDL_OK) {
         jpeg_abort_decompress(&cinfo);
         jpeg_destroy_decompress(&cinfo);
-        copy_msg(errbuf, errbuf_len, "bad crop box or output size");
+        copy_msg(errbuf, errbuf_len, rc == RAYDL_EWORK ? "resize over the work bound" : "bad crop box or output size");
         return rc;
     }
     plan = r;

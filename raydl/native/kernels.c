@@ -341,10 +341,62 @@ struct raydl_resize {
 
 static size_t align32(size_t n) { return (n + 31) & ~(size_t)31; }
 
+double raydl_resize_bound(long long max_pixels, int out_h, int out_w) {
+    return 4.0 * (double)max_pixels + 8.0 * (double)out_h * (double)out_w;
+}
+
+/* What a plan costs, known before anything is allocated: the taps both passes read (each
+ * output row's window of rows across the span, each output pixel's window of columns; a
+ * window is never longer than its axis) and the bytes of the plan itself, whose weights
+ * take 10 bytes a horizontal tap with AVX2 (a 1 x 89 M image resized to 1 x 1 would
+ * need 1.8 GB of them). */
+typedef struct {
+    int kxs, kys, span_max;
+    double work;
+    size_t bytes;
+} plan_cost_t;
+
+static int plan_cost(int src_h, int src_w, double box_x0, double box_y0, double box_x1, double box_y1,
+                     int out_h, int out_w, int simd, plan_cost_t *c, size_t sizes[12]) {
+    int kxs = axis_ksize(box_x0, box_x1, out_w), kys = axis_ksize(box_y0, box_y1, out_h);
+    if (kxs == 0 || kys == 0) return RAYDL_EINVAL; /* a downscale past 2^28: far over any work bound */
+    if (kxs > src_w) kxs = src_w;                  /* axis_coeffs never fills more: same weights */
+    if (kys > src_h) kys = src_h;
+    int kx_stride = (kxs + 3) & ~3, nq = kx_stride / 4;
+    int span_max = axis_span_bound(src_w, box_x0, box_x1, out_w); /* what the row buffers are sized for */
+    sizes[0] = align32(sizeof(raydl_resize_t));
+    sizes[1] = align32(sizeof(int) * (size_t)out_w);                          /* xstart, xcount */
+    sizes[2] = align32(sizeof(int) * (size_t)out_h);                          /* ystart, ycount */
+    sizes[3] = align32(sizeof(int16_t) * (size_t)out_w * kx_stride);          /* kx */
+    sizes[4] = align32(sizeof(int16_t) * (size_t)out_h * kys);                /* ky */
+    sizes[5] = simd ? align32((size_t)32 * out_w * nq) : 0;                   /* kv */
+    sizes[6] = align32(sizeof(int16_t) * ((size_t)span_max * 3 + ROW_SLACK(kx_stride))); /* row */
+    sizes[7] = align32(sizeof(int32_t) * 4 * (size_t)out_w);                  /* acc */
+    sizes[8] = align32(sizeof(uint8_t *) * (size_t)kys);                      /* rows, win */
+    sizes[9] = align32(sizeof(double) * (size_t)(kxs > kys ? kxs : kys));     /* tmp */
+    sizes[10] = simd ? 0 : align32(sizeof(int32_t) * (size_t)span_max * 3);  /* vacc */
+    sizes[11] = 0;
+    c->kxs = kxs;
+    c->kys = kys;
+    c->span_max = span_max;
+    c->bytes = sizes[0] + 2 * sizes[1] + 2 * sizes[2] + sizes[3] + sizes[4] + sizes[5] + sizes[6] + sizes[7] +
+               2 * sizes[8] + sizes[9] + sizes[10] + 32;
+    c->work = (double)out_h * kys * span_max + (double)out_h * out_w * kxs;
+    return RAYDL_OK;
+}
+
+/* RAYDL_EWORK past the bound on taps, or on the plan's bytes: 4 per pixel of the limit
+ * (more than the decoded image's 3) and 64 MiB. */
+static int over_bound(const plan_cost_t *c, long long max_pixels, int out_h, int out_w) {
+    if (max_pixels <= 0) return 0;
+    return c->work > raydl_resize_bound(max_pixels, out_h, out_w) ||
+           (double)c->bytes > 4.0 * (double)max_pixels + (double)(64 << 20);
+}
+
 int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
-                      const float *scale, const float *bias, void *dst) {
+                      const float *scale, const float *bias, void *dst, long long max_pixels) {
     *out_plan = NULL;
     if (!dst || src_h <= 0 || src_w <= 0 || out_h <= 0 || out_w <= 0) return RAYDL_EINVAL;
     /* Written as what must hold, so that NaN (every comparison false) is refused too. */
@@ -354,23 +406,16 @@ int raydl_resize_plan(raydl_resize_t **out_plan, int src_h, int src_w,
     if (out_format == RAYDL_OUT_F32_CHW && (!scale || !bias)) return RAYDL_EINVAL;
     if (out_format != RAYDL_OUT_U8_HWC && out_format != RAYDL_OUT_F32_CHW) return RAYDL_EINVAL;
     int simd = raydl_simd(-1);
-    int kxs = axis_ksize(box_x0, box_x1, out_w), kys = axis_ksize(box_y0, box_y1, out_h);
-    if (kxs == 0 || kys == 0) return RAYDL_EINVAL; /* callers bound the work far below this */
+    plan_cost_t cost;
+    size_t sz[12];
+    int rc = plan_cost(src_h, src_w, box_x0, box_y0, box_x1, box_y1, out_h, out_w, simd, &cost, sz);
+    if (rc != RAYDL_OK) return rc;
+    if (over_bound(&cost, max_pixels, out_h, out_w)) return RAYDL_EWORK; /* before any allocation */
+    int kxs = cost.kxs, kys = cost.kys, span_max = cost.span_max;
     int kx_stride = (kxs + 3) & ~3, nq = kx_stride / 4;
-    int span_max = axis_span_bound(src_w, box_x0, box_x1, out_w); /* what the row buffers are sized for */
-    size_t sz_plan = align32(sizeof(raydl_resize_t));
-    size_t sz_xi = align32(sizeof(int) * (size_t)out_w), sz_yi = align32(sizeof(int) * (size_t)out_h);
-    size_t sz_kx = align32(sizeof(int16_t) * (size_t)out_w * kx_stride);
-    size_t sz_ky = align32(sizeof(int16_t) * (size_t)out_h * kys);
-    size_t sz_kv = simd ? align32((size_t)32 * out_w * nq) : 0;
-    size_t sz_row = align32(sizeof(int16_t) * ((size_t)span_max * 3 + ROW_SLACK(kx_stride)));
-    size_t sz_acc = align32(sizeof(int32_t) * 4 * (size_t)out_w);
-    size_t sz_rows = align32(sizeof(uint8_t *) * (size_t)kys);
-    size_t sz_tmp = align32(sizeof(double) * (size_t)(kxs > kys ? kxs : kys));
-    size_t sz_vacc = simd ? 0 : align32(sizeof(int32_t) * (size_t)span_max * 3);
-    size_t total = sz_plan + 2 * sz_xi + 2 * sz_yi + sz_kx + sz_ky + sz_kv + sz_row + sz_acc + 2 * sz_rows + sz_tmp +
-                   sz_vacc + 32;
-    void *mem = raydl_scratch(0, total);
+    size_t sz_plan = sz[0], sz_xi = sz[1], sz_yi = sz[2], sz_kx = sz[3], sz_ky = sz[4], sz_kv = sz[5];
+    size_t sz_row = sz[6], sz_acc = sz[7], sz_rows = sz[8], sz_tmp = sz[9];
+    void *mem = raydl_scratch(0, cost.bytes);
     if (!mem) return RAYDL_ENOMEM;
     char *p = (char *)(((uintptr_t)mem + 31) & ~(uintptr_t)31);
     raydl_resize_t *r = (raydl_resize_t *)p;
@@ -499,14 +544,24 @@ void raydl_resize_release(raydl_resize_t *r) {
     if (r) raydl_scratch_release(0, r->mem); /* frees only a plan too large to keep */
 }
 
+double raydl_resize_work(int src_h, int src_w, double box_x0, double box_y0, double box_x1, double box_y1,
+                         int out_h, int out_w) {
+    plan_cost_t cost;
+    size_t sz[12];
+    if (src_h <= 0 || src_w <= 0 || out_h <= 0 || out_w <= 0 ||
+        plan_cost(src_h, src_w, box_x0, box_y0, box_x1, box_y1, out_h, out_w, raydl_simd(-1), &cost, sz) != RAYDL_OK)
+        return -1.0;
+    return cost.work;
+}
+
 int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
-                      const float *scale, const float *bias, void *dst) {
+                      const float *scale, const float *bias, void *dst, long long max_pixels) {
     if (!src) return RAYDL_EINVAL;
     raydl_resize_t *r;
     int rc = raydl_resize_plan(&r, src_h, src_w, box_x0, box_y0, box_x1, box_y1, out_h, out_w, flip,
-                               out_format, scale, bias, dst);
+                               out_format, scale, bias, dst, max_pixels);
     if (rc != RAYDL_OK) return rc;
     const uint8_t **rows = raydl_resize_rows(r);
     for (int yy = 0; yy < out_h; yy++) {

@@ -9,6 +9,7 @@
 #define RAYDL_EJPEG -3
 #define RAYDL_EUNSUPPORTED -4
 #define RAYDL_ETOOBIG -5 /* over the pixel limit, or over the memory it allows libjpeg */
+#define RAYDL_EWORK -6   /* the resize would read more filter taps than the pixel limit allows */
 
 /* The largest filter support (source pixels per output pixel) a plan takes, so the tap
  * count fits an int; raydl's callers bound the resampling work far below it. */
@@ -28,11 +29,25 @@ void raydl_scratch_release(int slot, void *p);
 /* Resample the box [x0, x1) x [y0, y1) of an RGB uint8 image (rows src_stride
  * bytes apart) to out_h x out_w with an antialiased bilinear filter (fixed point), mirror it
  * left-right when flip is set, and write it to dst: uint8 HWC, or float32 CHW
- * computed as value * scale[c] + bias[c]. Returns RAYDL_OK or a negative code. */
+ * computed as value * scale[c] + bias[c]. Returns RAYDL_OK or a negative code:
+ * RAYDL_EWORK when the filter would read more taps than raydl_resize_bound(max_pixels, ...)
+ * (checked once the windows are known, before any pixel is read). */
 int raydl_crop_resize(const uint8_t *src, int src_h, int src_w, int src_stride,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
-                      const float *scale, const float *bias, void *dst);
+                      const float *scale, const float *bias, void *dst, long long max_pixels);
+
+/* The most filter taps one resize may read under a pixel limit: 4 per pixel of the limit
+ * (a whole-image downscale reads about 2 per source pixel) and 8 per output pixel (an
+ * upscale reads at most 6). What it refuses are images thousands of times wider than tall
+ * (or taller than wide) resized to square outputs, where every output row re-reads the
+ * whole span: 20,000,000 x 1 pixels to 224 x 224 took 13 s of CPU. */
+double raydl_resize_bound(long long max_pixels, int out_h, int out_w);
+
+/* The filter taps resizing the box of a src_h x src_w image to out_h x out_w reads (the
+ * plan's exact count), or -1 for arguments a plan refuses. */
+double raydl_resize_work(int src_h, int src_w, double box_x0, double box_y0, double box_x1, double box_y1,
+                         int out_h, int out_w);
 
 /* The resampler in steps, for callers that produce source rows one at a time
  * (the JPEG decoder): plan once, then for each output row yy in order ask for
@@ -43,7 +58,7 @@ typedef struct raydl_resize raydl_resize_t;
 int raydl_resize_plan(raydl_resize_t **plan, int src_h, int src_w,
                       double box_x0, double box_y0, double box_x1, double box_y1,
                       int out_h, int out_w, int flip, int out_format,
-                      const float *scale, const float *bias, void *dst);
+                      const float *scale, const float *bias, void *dst, long long max_pixels);
 void raydl_resize_window(const raydl_resize_t *r, int yy, int *first, int *count);
 int raydl_resize_max_taps(const raydl_resize_t *r);
 /* Room for raydl_resize_max_taps row pointers, owned by the plan (heap, not the caller's stack). */
@@ -64,7 +79,7 @@ int raydl_simd(int mode);
  * a JPEG this path does not convert (CMYK), to be decoded another way;
  * RAYDL_ETOOBIG: the frame header gives more than max_pixels pixels (checked
  * before anything is allocated), or libjpeg needed more memory than that many
- * pixels allow. */
+ * pixels allow; RAYDL_EWORK: the resize is over raydl_resize_bound(max_pixels). */
 int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
                            double box_x0, double box_y0, double box_x1, double box_y1,
                            int out_h, int out_w, int flip, int out_format,
