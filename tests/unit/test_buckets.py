@@ -178,3 +178,25 @@ def test_bucket_plan_is_independent_of_world_size():
     d2, d3 = _deal(bb, 2, True), _deal(bb, 3, True)
     assert sorted(j for r in d2 for j in r)[: len(bb) - 2] == list(range(len(bb)))[: len(bb) - 2]
     assert [d3[r][0] for r in range(3)] == [0, 1, 2]
+
+
+def test_one_huge_png_header_does_not_abort_aspect_buckets(tmp_path):
+    """One PNG declaring width 3,000,000,000 among good images: aspect_buckets() lists the dataset, that one sample
+    is in no bucket with its reason (on_error then decides), the others are bucketed."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    import raydl
+
+    (tmp_path / "c0").mkdir()
+    for i in range(3):
+        Image.new("RGB", (64 + 8 * i, 48), "green").save(tmp_path / "c0" / f"{i}.png")
+    body = struct.pack(">IIBBBBB", 3_000_000_000, 1, 8, 2, 0, 0, 0)
+    ihdr = struct.pack(">I", 13) + b"IHDR" + body + struct.pack(">I", zlib.crc32(b"IHDR" + body))
+    (tmp_path / "c0" / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + ihdr)
+    ds = raydl.read_images(str(tmp_path)).decode().aspect_buckets(64)
+    assert sum(ds.bucket_counts().values()) == 3
+    [(sid, reason)] = ds.catalog.size_errors.items()
+    assert ds.catalog.uri(sid).endswith("huge.png") and "3000000000x1" in reason

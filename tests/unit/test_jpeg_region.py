@@ -147,3 +147,51 @@ def test_run_many_gives_the_pixels_and_errors_of_run(fast):
     assert errors[0] is None and errors[1] is None and errors[3] is None and errors[5] is None
     assert errors[2] is not None and errors[4] is not None
     np.testing.assert_array_equal(got, want)
+
+
+def _real_jpeg() -> bytes:
+    """A real photograph from ../shared/data when present, else a generated 640x480 one."""
+    from pathlib import Path
+
+    photo = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "photos" / "dog.jpg"
+    return photo.read_bytes() if photo.exists() else _jpeg(480, 640, 9)
+
+
+@pytest.mark.parametrize("cut", ["half", "no-eoi"])
+def test_a_truncated_jpeg_is_corrupt_whatever_the_crop(cut):
+    """A JPEG truncated at 50% (or missing only its end-of-image marker) fails for each of 40 crop seeds, one at a
+    time and batched, as Pillow refuses it: truncation is decided from the bytes, never from the rows a crop reads
+    (a crop that missed the damage used to decode "ok")."""
+    whole = _real_jpeg()
+    data = whole[: len(whole) // 2] if cut == "half" else whole[:-2]
+    with pytest.raises(OSError, match="truncated"):
+        Image.open(io.BytesIO(data)).load()
+    prog = compile_stages((Decode(), RandomResizedCrop(64), RandomHFlip(), Normalize.make("imagenet", None)))
+    outs = np.empty((40, *prog.slot_shape()), prog.dtype)
+    for seed in range(40):
+        with pytest.raises(ValueError, match="corrupt JPEG: truncated"):
+            prog.run(data, seed, outs[seed])
+    errors = prog.run_many([(data, seed, outs[seed]) for seed in range(40)])
+    assert all(isinstance(e, ValueError) and "truncated" in str(e) for e in errors)
+
+
+def test_bytes_after_the_end_of_image_are_not_truncation():
+    """Padding or other data after EOI (cameras append some) decodes as the file without it; so does a
+    progressive file."""
+    prog = _program()
+    for data in (_real_jpeg(), _jpeg(120, 160, 4, progressive=True)):
+        want = np.empty(prog.slot_shape(), prog.dtype)
+        got = np.empty_like(want)
+        prog.run(data, 3, want)
+        prog.run(data + bytes(300) + b"trailing \xff\xd8 bytes", 3, got)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_truncated_progressive_jpeg_fails_before_any_row_is_decoded():
+    """A progressive file's scans are all read at the start: its warnings fail it there, whatever the crop."""
+    data = _jpeg(300, 400, 5, progressive=True)
+    out = np.empty((16, 16, 3), np.uint8)
+    for cut in (len(data) // 2, len(data) - 2):
+        for box in ((0.0, 0.0, 20.0, 20.0), (0.0, 0.0, 400.0, 300.0)):
+            with pytest.raises(ValueError, match="corrupt JPEG"):
+                native.jpeg_crop_resize_into(data[:cut], box, out, flip=False)

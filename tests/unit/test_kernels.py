@@ -409,5 +409,5 @@ def test_c_kernel_itself_refuses_nan_boxes():
     out = np.zeros((4, 4, 3), np.uint8)
     for box in [(0, float("nan"), 5, 5), (float("nan"), 0, 5, 5), (0, 0, float("nan"), 5)]:
         rc = lib.raydl_crop_resize(ffi.from_buffer("uint8_t[]", src), 10, 10, 30, *box, 4, 4, 0, 0,
-                                   ffi.NULL, ffi.NULL, ffi.from_buffer(out, require_writable=True))
+                                   ffi.NULL, ffi.NULL, ffi.from_buffer(out, require_writable=True), 1 << 30)
         assert rc == -1

@@ -79,3 +79,21 @@ def test_header_sizes_match_decoded_sizes_on_pillow_images(shared_data):
         assert (int(sizes.heights[i]), int(sizes.widths[i])) == (h, w), (key, sizes.errors.get(i))
         compared += 1
     assert compared > 300
+
+
+def _png_header(w: int, h: int) -> bytes:
+    """A PNG signature and IHDR chunk declaring w x h (and nothing after): all listing reads."""
+    import struct
+    import zlib
+
+    body = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + body + struct.pack(">I", zlib.crc32(b"IHDR" + body))
+
+
+def test_a_header_past_the_int32_size_columns_is_that_rows_error():
+    """A PNG header declaring width 3,000,000,000 gets -1 and a reason naming its size; the other rows keep theirs
+    (it used to raise OverflowError for the whole listing)."""
+    files = {"a.png": _png_header(40, 30), "huge.png": _png_header(3_000_000_000, 1), "b.png": _png_header(7, 9)}
+    sizes = header_sizes(_read_from(files), list(files), threads=2)
+    assert sizes.widths.tolist() == [40, -1, 7] and sizes.heights.tolist() == [30, -1, 9]
+    assert set(sizes.errors) == {1} and "3000000000x1" in sizes.errors[1]
