@@ -38,9 +38,11 @@ def ray_worker_niceness() -> int:
         return 15
 
 
-def checkpoint_bind() -> str | None:
-    """Where checkpoint publishers listen: RAYDL_CHECKPOINT_BIND ("host:port", e.g. "127.0.0.1:0"),
-    else this node's Ray address (reachable from the other nodes), else the provider's default."""
+def checkpoint_bind() -> str:
+    """Where checkpoint publishers listen: RAYDL_CHECKPOINT_BIND ("host:port", e.g. "10.0.0.5:0"; an
+    empty value counts as unset), else this node's Ray address inside Ray (the interface the other
+    nodes reach it on), else loopback. Never every interface (0.0.0.0) unless asked for by name.
+    See docs/security.md."""
     bind = os.environ.get("RAYDL_CHECKPOINT_BIND")
     if bind:
         return bind
@@ -49,9 +51,9 @@ def checkpoint_bind() -> str | None:
 
         if ray.is_initialized():
             return f"{ray.util.get_node_ip_address()}:0"
-    except Exception:  # noqa: BLE001 - no Ray: the provider picks
+    except Exception:  # noqa: BLE001 - no Ray here: loopback
         pass
-    return None
+    return "127.0.0.1:0"
 
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -16,10 +16,8 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import mmap
 import os
 import secrets
-import tempfile
 import threading
 import time
 from typing import Any
@@ -27,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from raydl.checkpoint import layout, object_store
-from raydl.checkpoint.buffers import BufferPool, populate_in_slices
+from raydl.checkpoint.buffers import BufferPool
 from raydl.checkpoint.fabric import FabricClient, pull, verify
 from raydl.checkpoint.held import HeldCopies, HeldCopy, SharedBuffer
 from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint, holder_name
+from raydl.checkpoint.target import FetchTarget
 from raydl.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -38,6 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_CHUNK",
     "TRANSPORTS",
+    "VERIFY",
     "choose_transport",
     "fetch",
     "prepare",
@@ -47,6 +47,7 @@ __all__ = [
 
 DEFAULT_CHUNK = 4 << 20
 TRANSPORTS = ("auto", "fabric", "object_store")
+VERIFY = ("xxh3", "sha256")
 
 
 class _Process:
@@ -97,19 +98,28 @@ class _Process:
                 self._fabric = FabricClient()
             return self._fabric
 
-    def server_endpoint(self, bind: str | None, provider: str | None):
-        """The endpoint this process serves its published copies from, per (bind, provider): one
-        stack and serving thread for every checkpoint it publishes, and a fetcher that read an
-        earlier one reuses its connection."""
+    def serve(self, buf: np.ndarray, bind: str, provider: str):
+        """Serve `buf` from this process's endpoint for (bind, provider), opened now if none is open:
+        one stack and serving thread for every checkpoint it publishes, and a fetcher that read an
+        earlier one reuses its connection. Nothing listens before the first publish."""
         from raydl.native import pyfi
 
-        with self._lock:
+        with self._lock:  # held while registering: an unpublish cannot close the endpoint meanwhile
             endpoint = self._endpoints.get((bind, provider))
             if endpoint is None or endpoint.closed:
                 if endpoint is not None:
                     endpoint.close()  # its serving thread stopped: free its stack, serve from a new one
                 endpoint = self._endpoints[(bind, provider)] = pyfi.ServerEndpoint(provider, bind=bind)
-            return endpoint
+            return endpoint.serve(buf)
+
+    def close_idle_endpoints(self) -> None:
+        """Close every endpoint that serves nothing any more: the listener lives only while some
+        checkpoint is published from it (docs/security.md)."""
+        with self._lock:
+            idle = [k for k, endpoint in self._endpoints.items() if endpoint.idle]
+            endpoints = [self._endpoints.pop(k) for k in idle]
+        for endpoint in endpoints:
+            endpoint.close()
 
     def close(self) -> None:
         self.published.close_all()
@@ -126,7 +136,7 @@ _PROCESS = _Process()
 atexit.register(_PROCESS.close)
 
 
-def _bind(bind: str | None) -> str | None:
+def _bind(bind: str | None) -> str:
     from raydl.env import checkpoint_bind
 
     return bind if bind is not None else checkpoint_bind()
@@ -134,8 +144,9 @@ def _bind(bind: str | None) -> str | None:
 
 def prepare(*, buffer_bytes: int | None = None, wait: bool = False) -> None:
     """Bring this process's fabric side up ahead of its first fetch: libfabric's start-up (0.3-0.4 s
-    here), the provider probe and the client endpoint; with buffer_bytes, also fault a receive
-    buffer of that size in. A trainer calls it at start; it runs on a background thread unless
+    here) and the provider probe; with buffer_bytes, also fault a receive buffer of that size in. It
+    opens no endpoint, so nothing listens until something is published (a fetch opens its client
+    endpoint, ~3-6 ms). A trainer calls it at start; it runs on a background thread unless
     wait=True. Idempotent; without a usable libfabric only the buffer is prepared."""
     if buffer_bytes is not None and buffer_bytes < 0:
         raise ValueError(f"buffer_bytes must be >= 0, got {buffer_bytes}")
@@ -157,18 +168,14 @@ def prepare(*, buffer_bytes: int | None = None, wait: bool = False) -> None:
 
 def _prepare_fabric() -> None:
     try:
-        from raydl.env import checkpoint_bind
         from raydl.native import pyfi
         from raydl.native.pyfi._lifecycle import GATE
-        from raydl.native.pyfi._stack import is_loopback, parse_bind
 
         with GATE.inside("checkpoint.prepare"):  # the process's exit waits for libfabric's start-up to end
-            if not pyfi.available():
-                return
-            host, _ = parse_bind(checkpoint_bind())
-            _PROCESS.fabric.prepare(pyfi.choose_provider(), host if is_loopback(host) else None)
+            if pyfi.available():
+                pyfi.choose_provider()
     except Exception as exc:  # noqa: BLE001 - preparing is an optimisation: the fetch will say what fails
-        logger.info("raydl: checkpoint.prepare() could not open the fabric endpoint: %s", exc)
+        logger.info("raydl: checkpoint.prepare() could not start libfabric: %s", exc)
 
 
 def prepare_at_import() -> None:
@@ -202,6 +209,7 @@ def publish(
     chunk_size: int = DEFAULT_CHUNK,
     bind: str | None = None,
     provider: str | None = None,
+    verify: str = "xxh3",
 ) -> CheckpointRef:
     """Lay `state` out once as safetensors, serve it from this process, return its CheckpointRef.
 
@@ -211,9 +219,16 @@ def publish(
     can work (fabric needs an RMA provider, the object store needs Ray). The
     object store serves on demand, from these same bytes: nothing is put in
     plasma until a peer asks. Keep serving until unpublish(ref).
+    bind: "host:port" the fabric endpoint listens on (default: RAYDL_CHECKPOINT_BIND,
+    else Ray's node address inside Ray, else 127.0.0.1; "" lets the provider choose).
+    verify: "xxh3" (default: an XXH3-64 digest per chunk, which catches corruption)
+    or "sha256" (a SHA-256 digest per chunk too, which also catches tampering in
+    flight: it travels with the ref through Ray, and every fetcher checks it).
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if verify not in VERIFY:
+        raise ValueError(f"verify must be one of {VERIFY}, got {verify!r}")
     from raydl.native import pyfi
 
     _PROCESS.wait_prepared()  # libfabric's start-up may be under way: not twice at once
@@ -228,6 +243,7 @@ def publish(
         )
     key = secrets.token_hex(16)
     memory = None
+    server = None
     if isinstance(state, (str, os.PathLike)):
         memory = SharedBuffer.file(os.fspath(state))
 
@@ -241,35 +257,40 @@ def publish(
             layout.pack_into(state, alloc)
         buf = memory.array
         header, _start = layout.parse_header(buf)
-        server = (
-            _PROCESS.server_endpoint(_bind(bind), pyfi.choose_provider(provider)).serve(buf)
-            if "fabric" in transports
-            else None
+        checksums = layout.checksums(buf, chunk_size)
+        sha256 = layout.sha256s(buf, chunk_size) if verify == "sha256" else None
+        if "fabric" in transports:
+            server = _PROCESS.serve(buf, _bind(bind), pyfi.choose_provider(provider))
+        ref = CheckpointRef(
+            key=key,
+            size=len(buf),
+            chunk_size=chunk_size,
+            checksums=checksums,
+            header=json.dumps(header),
+            holder=holder_name(),
+            fabric=server.address if server else None,
+            location=memory.location,
+            object_store="object_store" in transports,
+            sha256=sha256,
         )
+        _PROCESS.published.add(HeldCopy(key, memory, server))
     except BaseException:
+        if server is not None:
+            server.close()
+            _PROCESS.close_idle_endpoints()
         if memory is not None:
             memory.close()
         raise
-    ref = CheckpointRef(
-        key=key,
-        size=len(buf),
-        chunk_size=chunk_size,
-        checksums=layout.checksums(buf, chunk_size),
-        header=json.dumps(header),
-        holder=holder_name(),
-        fabric=server.address if server else None,
-        location=memory.location,
-        object_store="object_store" in transports,
-    )
-    _PROCESS.published.add(HeldCopy(key, memory, server))
     logger.info("raydl: published checkpoint %s (%d bytes) over %s", key[:8], ref.size, ref.transports)
     return ref
 
 
 def unpublish(ref: CheckpointRef) -> None:
     """Stop serving `ref` from this process: deregister its fabric region and close its memory, so
-    later fetches fail with a CheckpointError naming the holder. Idempotent."""
+    later fetches fail with a CheckpointError naming the holder; the last one unpublished from an
+    endpoint closes it (its listener too). Idempotent."""
     _PROCESS.published.close(ref.key)
+    _PROCESS.close_idle_endpoints()
 
 
 def choose_transport(ref: CheckpointRef, transport: str) -> str:
@@ -325,7 +346,7 @@ def fetch(
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
-    target = _Target(ref.size, into, _PROCESS.buffers)
+    target = FetchTarget(ref.size, into, _PROCESS.buffers, what=f"checkpoint {ref.key[:8]}")
     target.fault_ahead()  # fresh memory faults in while the stack comes up and the reads run
     phases["register"] = time.perf_counter() - t0
     try:
@@ -372,64 +393,3 @@ def fetch(
         state.seconds,
     )
     return state
-
-
-class _Target:
-    """Where fetched bytes land: memory, or a temporary file renamed into place on success."""
-
-    def __init__(self, size: int, into: str | os.PathLike | None, pool: BufferPool) -> None:
-        self.path = None if into is None else os.fspath(into)
-        self._tmp = None
-        if self.path is None:
-            self.buffer, self._fresh = pool.take(size)
-            return
-        self._fresh = None
-        d = os.path.dirname(os.path.abspath(self.path))
-        fd, self._tmp = tempfile.mkstemp(prefix=".raydl-", suffix=".part", dir=d)
-        try:
-            os.ftruncate(fd, size)
-            self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
-        finally:
-            os.close(fd)
-        self.buffer = np.frombuffer(self._mm, np.uint8)
-
-    def fault_ahead(self) -> None:
-        """Fault fresh memory in on a thread (no GIL held), in slices: each holds the process's mmap
-        lock only briefly, which opening the stack meanwhile also needs. From the end: the reads fill
-        (and fault) the buffer from its start, so the two meet in the middle instead of racing."""
-        if self._fresh is not None:
-            threading.Thread(
-                target=populate_in_slices,
-                args=(self._fresh,),
-                kwargs={"from_end": True},
-                name="raydl-prefault",
-                daemon=True,
-            ).start()
-            self._fresh = None
-
-    def commit(self) -> None:
-        if self._tmp is None:
-            return
-        self._mm.flush()
-        fd = os.open(self._tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(self._tmp, self.path)
-        self._tmp = None
-
-    def abort(self) -> None:
-        if self._tmp is not None:
-            try:
-                os.unlink(self._tmp)
-            except FileNotFoundError:
-                pass
-            self._tmp = None
-
-    def final_buffer(self) -> np.ndarray:
-        if self.path is None:
-            return self.buffer
-        with open(self.path, "rb") as f:  # private copy-on-write mapping: writable tensors, no copy
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        return np.frombuffer(mm, np.uint8)

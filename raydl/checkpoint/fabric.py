@@ -13,19 +13,24 @@ within about a second, naming it, instead of after the read timeout.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-from raydl.checkpoint.layout import first_corrupt
+from raydl.checkpoint.layout import first_corrupt, first_tampered
 from raydl.checkpoint.object_store import DEAD, UNPUBLISHED, holder_status
 from raydl.checkpoint.ref import CheckpointRef
 from raydl.errors import CheckpointError, FabricError
 
 __all__ = ["FabricClient", "UpstreamPace", "pull", "verify"]
 
+# What a provider answers a read of a region it does not serve under that key (rxm: ECANCELED,
+# sockets: EACCES): a forged or stale ref, or a region revoked meanwhile
+_REFUSED = (errno.ECANCELED, errno.EACCES, errno.EKEYREJECTED)
+REFUSED_HINT = "the holder refused the read: no region of it matches the ref's memory key"
 WATCH_EVERY_S = 1.0  # no completion for this long: ask whether the holder is still there
 UPSTREAM_POLL_S = (
     0.003  # a broadcast peer's next look at its upstream's progress word, before it knows its pace
@@ -139,7 +144,16 @@ class _Lease:
 
 
 def verify(buf: np.ndarray, ref: CheckpointRef, first: int, last: int, peer: str) -> None:
-    """Check chunks [first, last) of buf against the ref's digests; CheckpointError naming peer and chunk."""
+    """Check chunks [first, last) of buf against the ref's digests (SHA-256 when the ref carries them,
+    else XXH3-64); CheckpointError naming peer and chunk."""
+    if ref.sha256 is not None:
+        bad = first_tampered(buf, ref.sha256, ref.chunk_size, first, last)
+        if bad is not None:
+            raise CheckpointError(
+                f"checkpoint {ref.key[:8]}: chunk {bad} from {peer} does not match its sha256 digest "
+                "(changed in flight or at the holder)"
+            )
+        return
     bad = first_corrupt(buf, ref.checksums, ref.chunk_size, first, last)
     if bad is not None:
         i, got = bad
@@ -338,8 +352,10 @@ def pull(
             watch()
         except CheckpointError as why:
             raise why from exc
+        refused = exc.code in _REFUSED
         raise CheckpointError(
             f"checkpoint {ref.key[:8]}: transfer from {ref.holder} ({peer}) failed at chunk {done}: {exc}"
+            + (f" ({REFUSED_HINT})" if refused else "")
         ) from exc
     if phases is not None:
         phases["transfer"] = phases.get("transfer", 0.0) + (t2 - t1) - landing.seconds

@@ -9,6 +9,7 @@ every server before the process goes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -37,7 +38,8 @@ class CheckpointPeer:
         self._copies = HeldCopies()
         self._fabric = FabricClient()
         self._lock = threading.Lock()
-        self._endpoint = None  # pyfi.ServerEndpoint every copy is served from (one stack, one thread)
+        # pyfi.ServerEndpoint every copy is served from (one stack, one thread), open while it holds one
+        self._endpoint = None
         self._refs: dict[str, CheckpointRef] = {}
         self._state: dict[str, Any] | None = None
 
@@ -61,22 +63,19 @@ class CheckpointPeer:
                         self._endpoint.close()  # its serving thread stopped: serve from a new one
                     bind = self._bind if self._bind is not None else checkpoint_bind()
                     self._endpoint = pyfi.ServerEndpoint(self._provider, bind=bind)
-                endpoint = self._endpoint
-            copy.server = endpoint.serve(memory.array)
+                copy.server = self._endpoint.serve(memory.array)  # under the lock: release() closes idle ones
             self._copies.add(copy)
         except BaseException:
             copy.close()
             raise
-        mine = CheckpointRef(
-            key=ref.key,
-            size=ref.size,
-            chunk_size=ref.chunk_size,
-            checksums=ref.checksums,
-            header=ref.header,
+        # The publisher's digests (SHA-256 too, when it asked for them) go down the chain unchanged
+        mine = dataclasses.replace(
+            ref,
             holder=self._name,
             fabric=copy.server.address,
             location=memory.location,
             progress_at=word_at,
+            object_store=True,
         )
         self._refs[ref.key] = mine
         return mine
@@ -169,9 +168,18 @@ class CheckpointPeer:
         return {k: (str(v.dtype), tuple(v.shape), float(v.double().sum())) for k, v in state.items()}
 
     def release(self, key: str) -> None:
-        """Stop serving the copy of checkpoint `key` and free it."""
+        """Stop serving the copy of checkpoint `key` and free it; with it the last, the endpoint (and its
+        listener) closes until the next prepare()."""
         self._refs.pop(key, None)
         self._copies.close(key)
+        with self._lock:
+            endpoint = self._endpoint
+            if endpoint is not None and endpoint.idle:
+                self._endpoint = None
+            else:
+                endpoint = None
+        if endpoint is not None:
+            endpoint.close()
 
     def close(self) -> None:
         """Stop serving every copy (their threads end) and close connections. Idempotent."""

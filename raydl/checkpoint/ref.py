@@ -96,6 +96,8 @@ class CheckpointRef:
     # an int64, the chunks it holds, verified; None: it holds them all
     progress_at: int | None = field(default=None, compare=False)
     object_store: bool = True  # may be served through the object store (when its holder has Ray)
+    # publish(verify="sha256"): one SHA-256 digest per chunk, checked by every fetcher; None: XXH3 only
+    sha256: tuple[bytes, ...] | None = field(default=None, compare=False)
 
     @property
     def transports(self) -> tuple[str, ...]:
@@ -105,9 +107,11 @@ class CheckpointRef:
         return tuple(t for t, ok in (("fabric", self.fabric is not None), ("object_store", store)) if ok)
 
     def __repr__(self) -> str:
+        # Never the fabric address's memory key: it is the secret a reader must hold (docs/security.md)
         return (
             f"CheckpointRef(key={self.key[:8]}…, size={self.size}, chunks={len(self.checksums)}, "
-            f"holder={self.holder!r}, transports={self.transports})"
+            f"holder={self.holder!r}, transports={self.transports}"
+            f"{', verify=sha256' if self.sha256 is not None else ''})"
         )
 
 

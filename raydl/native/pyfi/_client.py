@@ -24,7 +24,7 @@ from raydl.native.pyfi._lib import check, fabric_error, loaded
 from raydl.native.pyfi._lifecycle import GATE
 from raydl.native.pyfi._objects import Closeable, CompletionError, MemoryRegion
 from raydl.native.pyfi._regcache import RegistrationCache
-from raydl.native.pyfi._stack import FabricAddress, Stack, is_loopback
+from raydl.native.pyfi._stack import FabricAddress, Stack, is_loopback, route_source, socket_host
 
 logger = logging.getLogger(__name__)
 
@@ -422,9 +422,13 @@ class Connection(Closeable):
 
 
 def _client_host(address: FabricAddress) -> str | None:
-    # A loopback server is only reachable from loopback: bind there too.
-    # Otherwise the provider's default interface, on the server's fabric.
-    return address.host if is_loopback(address.host) else None
+    # rxm's client endpoint listens too (for connections it never gets): bind it to the one interface
+    # that reaches the server (loopback for a loopback server, Ray's node address inside Ray), never
+    # the provider's default. Providers without socket addresses (efa, verbs) have no such listener.
+    if is_loopback(address.host):
+        return address.host
+    host = socket_host(address.raw) or address.host
+    return route_source(host) if host else None
 
 
 class Client(Closeable):

@@ -11,7 +11,9 @@ return raises raydl.errors.FabricError naming the call.
 
 from __future__ import annotations
 
+import os
 import secrets
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -312,10 +314,37 @@ class Domain(_Fid):
     def register(self, buf: Any, *, access: int, key: int | None = None) -> MemoryRegion:
         return MemoryRegion(self, buf, access=access, key=key)
 
-    def random_key(self) -> int:
-        """An unpredictable key of the domain's key size (at most 64 bits)."""
+    def random_key(self, *, fresh: bool = False) -> int:
+        """An unpredictable key of the domain's key size (at most 64 bits); fresh=True: also one this
+        process never gave out before (a region peers may access: its key is their secret)."""
         bits = 8 * min(self.info.mr_key_size or 8, 8)
-        return secrets.randbits(bits)
+        return _KEYS.draw(bits) if fresh else secrets.randbits(bits)
+
+
+class _IssuedKeys:
+    """Keys of regions peers may access: drawn at random (secrets), never the same twice in this
+    process. Only these are remembered (8 bytes-ish each, one per served region), not the keys of a
+    client's local registrations."""
+
+    def __init__(self) -> None:
+        self._issued: set[int] = set()
+        self._lock = threading.Lock()
+
+    def draw(self, bits: int) -> int:
+        with self._lock:
+            while True:
+                key = secrets.randbits(bits)
+                if key and key not in self._issued:
+                    self._issued.add(key)
+                    return key
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()  # the parent's may have been held by another thread
+
+
+_KEYS = _IssuedKeys()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_KEYS.after_fork)
 
 
 @dataclass(frozen=True)
@@ -512,7 +541,8 @@ class MemoryRegion(_Fid):
         self._owns_span = not isinstance(buf, Span)
         self.span: Span = as_span(buf, writable=writable) if self._owns_span else buf
         prov_key = bool(domain.mr_mode & lib.FI_MR_PROV_KEY)
-        requested = 0 if prov_key else (domain.random_key() if key is None else key)
+        remote = bool(access & (lib.FI_REMOTE_READ | lib.FI_REMOTE_WRITE))
+        requested = 0 if prov_key else (domain.random_key(fresh=remote) if key is None else key)
         out = ffi.new("struct fid_mr **")
         try:
             with GATE.inside("fi_mr_reg"):
@@ -521,7 +551,7 @@ class MemoryRegion(_Fid):
                         domain.ptr, self.span.ptr, self.span.nbytes, access, 0, requested, 0, out, ffi.NULL
                     ),
                     "fi_mr_reg",
-                    detail=f"{self.span.nbytes} bytes" + ("" if prov_key else f", key {requested:#x}"),
+                    detail=f"{self.span.nbytes} bytes",  # never the key: it is a reader's secret
                 )
         except BaseException:
             self._after_close()

@@ -120,6 +120,12 @@ class ServerEndpoint(Closeable):
         self._stack.close()
 
     @property
+    def idle(self) -> bool:
+        """Serves no region now: its owner may close it (and its listener) until the next one."""
+        with self._lock:
+            return not self._servers
+
+    @property
     def closed(self) -> bool:
         """Closed, or its serving thread stopped (a failed completion queue): serve nothing more on it."""
         return self._closed or not self._thread.is_alive()

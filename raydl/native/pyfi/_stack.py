@@ -8,6 +8,7 @@ when the provider sets FI_MR_VIRT_ADDR (efa, verbs) and 0 when it does not
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
@@ -48,6 +49,29 @@ def describe_peer(provider: str, raw: bytes) -> str:
         port = struct.unpack_from(">H", raw, 2)[0]
         return f"{provider}@[{socket.inet_ntop(socket.AF_INET6, raw[8:24])}]:{port}"
     return f"{provider}@{raw[:16].hex()}"
+
+
+def socket_host(raw: bytes) -> str | None:
+    """The IP address in an endpoint name that is a socket address (tcp, sockets), else None (efa, verbs)."""
+    family = struct.unpack_from("<H", raw)[0] if len(raw) >= 2 else -1
+    if family == socket.AF_INET and len(raw) >= 8:
+        return socket.inet_ntop(socket.AF_INET, raw[4:8])
+    if family == socket.AF_INET6 and len(raw) >= 24:
+        return socket.inet_ntop(socket.AF_INET6, raw[8:24])
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def route_source(host: str) -> str | None:
+    """The local address the kernel would send from to reach `host` (no packet is sent: a UDP socket's
+    connect() only picks the route), or None when there is no route."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
 
 
 def parse_bind(bind: str | None) -> tuple[str | None, str | None]:

@@ -1,0 +1,139 @@
+"""Where a fetch's bytes land: a receive buffer from the pool, or (fetch(into=path)) a temporary file
+beside `path`, renamed into place once every chunk is verified.
+
+The file is allocated for real before it is mapped (posix_fallocate, else written with zeros): a
+sparse file written through a mapping turns a full disk into SIGBUS in the middle of the copy (the
+object-store path) or a bare EFAULT from the provider's recv (fabric). Allocated first, a full disk
+is a CheckpointError naming the path, the bytes needed and the bytes free, before any transfer.
+Every failure removes the temporary file; a commit fsyncs the file, renames it and fsyncs the
+directory, so the name and the bytes survive a crash together.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+
+import numpy as np
+
+from raydl.checkpoint.buffers import BufferPool, populate_in_slices
+from raydl.errors import CheckpointError
+
+__all__ = ["FetchTarget", "allocate"]
+
+_ZEROS = 1 << 20  # the block the fallback writes
+
+
+def allocate(fd: int, size: int) -> None:
+    """Give the open file `fd` `size` bytes of real blocks: posix_fallocate, or writing zeros where the
+    filesystem cannot (glibc emulates it for most; some return EOPNOTSUPP or EINVAL). OSError on failure."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+    zeros = bytes(_ZEROS)
+    pos = 0
+    while pos < size:
+        pos += os.pwrite(fd, zeros[: min(_ZEROS, size - pos)], pos)
+
+
+def _free_bytes(directory: str) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free} bytes"
+    except OSError:
+        return "an unknown number of bytes"
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FetchTarget:
+    """Where fetched bytes land: memory, or a temporary file renamed into place on success.
+    `what` names the checkpoint in errors."""
+
+    def __init__(self, size: int, into: str | os.PathLike | None, pool: BufferPool, *, what: str) -> None:
+        self.path = None if into is None else os.fspath(into)
+        self._tmp: str | None = None
+        self._what = what
+        if self.path is None:
+            self.buffer, self._fresh = pool.take(size)
+            return
+        self._fresh = None
+        self._dir = os.path.dirname(os.path.abspath(self.path))
+        try:
+            fd, self._tmp = tempfile.mkstemp(prefix=".raydl-", suffix=".part", dir=self._dir)
+        except OSError as exc:
+            raise CheckpointError(f"cannot fetch {what} into {self.path!r}: {exc.strerror}") from exc
+        try:
+            try:
+                allocate(fd, size)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"cannot fetch {what} into {self.path!r}: it needs {size} bytes and its "
+                    f"filesystem has {_free_bytes(self._dir)} free ({exc.strerror})"
+                ) from exc
+            self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        except BaseException:
+            os.close(fd)
+            self.abort()
+            raise
+        os.close(fd)
+        self.buffer = np.frombuffer(self._mm, np.uint8)
+
+    def fault_ahead(self) -> None:
+        """Fault fresh memory in on a thread (no GIL held), in slices: each holds the process's mmap
+        lock only briefly, which opening the stack meanwhile also needs. From the end: the reads fill
+        (and fault) the buffer from its start, so the two meet in the middle instead of racing."""
+        if self._fresh is not None:
+            threading.Thread(
+                target=populate_in_slices,
+                args=(self._fresh,),
+                kwargs={"from_end": True},
+                name="raydl-prefault",
+                daemon=True,
+            ).start()
+            self._fresh = None
+
+    def commit(self) -> None:
+        """Make the file durable and give it its name: fsync it, rename it, fsync the directory."""
+        if self._tmp is None:
+            return
+        try:
+            self._mm.flush()
+            fd = os.open(self._tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+            _fsync_dir(self._dir)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write {self._what} to {self.path!r}: {exc.strerror}") from exc
+
+    def abort(self) -> None:
+        """Remove the temporary file (idempotent)."""
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    def final_buffer(self) -> np.ndarray:
+        if self.path is None:
+            return self.buffer
+        with open(self.path, "rb") as f:  # private copy-on-write mapping: writable tensors, no copy
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return np.frombuffer(mm, np.uint8)
