@@ -40,25 +40,14 @@ UPSTREAM_POLL_RANGE_S = (0.001, 0.02)  # ... and once it does: about one upstrea
 
 class FabricClient:
     """This process's fabric client side: one pyfi.Client endpoint per (provider, fabric, host), opened
-    ahead of need by prepare(), and a connection per holder read from (up to `max_connections`) on it."""
+    by the first fetch that needs it, and a connection per holder read from (up to `max_connections`)
+    on it."""
 
     def __init__(self, max_connections: int = 16) -> None:
         self._endpoints: dict[Any, Any] = {}  # Client.key -> pyfi.Client
         self._idle: dict[Any, Any] = {}  # FabricAddress -> Connection
         self._lock = threading.Lock()
         self._max = max_connections
-
-    def prepare(self, provider: str, host: str | None) -> None:
-        """Open the endpoint that connections to servers of `provider` reachable from `host` will use."""
-        from raydl.native import pyfi
-
-        client = pyfi.Client(provider, host=host)
-        with self._lock:
-            key = (provider, client.fabric_name, host)
-            if key in self._endpoints and not self._endpoints[key].closed:
-                client.close()
-            else:
-                self._endpoints[key] = client
 
     def connection(
         self,
