@@ -185,3 +185,19 @@ def test_sha256_digests_travel_down_a_broadcast_chain(provider):
     finally:
         peer.close()
         checkpoint.unpublish(ref)
+
+
+def test_a_failed_registration_names_no_key(provider):
+    """A registration the provider refuses (here: a key already in use on the domain) says so without the
+    key (regression: fi_mr_reg's error detail carried it)."""
+    endpoint = pyfi.ServerEndpoint(provider, bind="127.0.0.1:0")
+    try:
+        server = endpoint.serve(np.ones(4096, np.uint8))
+        key = server.address.key
+        lib = pyfi._lib.load()[1]
+        with pytest.raises(FabricError) as err:
+            endpoint._stack.domain.register(np.ones(4096, np.uint8), access=lib.FI_REMOTE_READ, key=key)
+        assert "fi_mr_reg" in str(err.value)
+        assert f"{key:x}" not in str(err.value) and str(key) not in str(err.value)
+    finally:
+        endpoint.close()
