@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -295,3 +296,60 @@ def test_broadcast_falls_back_to_the_publisher_under_a_link_limit(cluster):
             ray.get(p.close.remote())
             ray.kill(p)
         checkpoint.unpublish(ref)
+
+
+@ray.remote(num_cpus=0)
+class Prober:
+    """A Ray worker that reports where its publisher listens, or fetches into a path."""
+
+    def publish_and_listen(self):
+        import psutil
+
+        def listening():
+            conns = psutil.Process().net_connections(kind="inet")
+            return {(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN}
+
+        ref = checkpoint.publish(_state(9), transports=("fabric",))
+        during = listening()
+        checkpoint.unpublish(ref)
+        return ray.util.get_node_ip_address(), ref.fabric.host, sorted(during - listening())
+
+    def fetch_into(self, ref, path, transport):
+        try:
+            got = checkpoint.fetch(ref, transport=transport, into=path)
+        except CheckpointError as exc:
+            return f"CheckpointError: {exc}"
+        return f"fetched {len(got)} tensors"
+
+
+def test_inside_ray_the_publisher_listens_only_on_the_node_address(cluster):
+    """With no RAYDL_CHECKPOINT_BIND, a publisher inside Ray listens on Ray's node address only (never
+    0.0.0.0), and not at all once it has unpublished."""
+    prober = Prober.options(runtime_env={"env_vars": {"RAYDL_CHECKPOINT_BIND": ""}}).remote()
+    node_ip, host, ours = ray.get(prober.publish_and_listen.remote(), timeout=120)
+    assert host == node_ip
+    assert ours and {ip for ip, _ in ours} == {node_ip}, ours  # gone after unpublish, so it was ours
+    ray.kill(prober)
+
+
+def test_a_full_disk_on_the_object_store_path_is_an_error_not_a_crash(cluster, tmp_path):
+    """A fetch through the object store into a 1 MiB tmpfs is a CheckpointError naming the path and the
+    free space; the worker lives and nothing is left (regression: SIGBUS killed the worker)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        ref = checkpoint.publish({"w": torch.ones(1 << 20)})  # 4 MiB
+        prober = Prober.remote()
+        for transport in ("object_store", "fabric"):
+            out = ray.get(prober.fetch_into.remote(ref, str(small / "x.safetensors"), transport), timeout=60)
+            assert out.startswith("CheckpointError: ") and str(small / "x.safetensors") in out, out
+            assert "its filesystem has 1048576 bytes free (No space left on device)" in out, out
+            assert os.listdir(small) == []
+        ray.kill(prober)
+        checkpoint.unpublish(ref)
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
