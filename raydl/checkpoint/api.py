@@ -346,7 +346,7 @@ def fetch(
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
-    target = FetchTarget(ref.size, into, _PROCESS.buffers, what=f"checkpoint {ref.key[:8]}")
+    target = FetchTarget(ref.size, into, _PROCESS.buffers, name=ref.key[:8])
     target.fault_ahead()  # fresh memory faults in while the stack comes up and the reads run
     phases["register"] = time.perf_counter() - t0
     try:

@@ -45,9 +45,9 @@ def allocate(fd: int, size: int) -> None:
 
 def _free_bytes(directory: str) -> str:
     try:
-        return f"{shutil.disk_usage(directory).free} bytes"
+        return str(shutil.disk_usage(directory).free)
     except OSError:
-        return "an unknown number of bytes"
+        return "an unknown number of"
 
 
 def _fsync_dir(directory: str) -> None:
@@ -60,12 +60,12 @@ def _fsync_dir(directory: str) -> None:
 
 class FetchTarget:
     """Where fetched bytes land: memory, or a temporary file renamed into place on success.
-    `what` names the checkpoint in errors."""
+    `name` (the key's first characters) names the checkpoint in errors."""
 
-    def __init__(self, size: int, into: str | os.PathLike | None, pool: BufferPool, *, what: str) -> None:
+    def __init__(self, size: int, into: str | os.PathLike | None, pool: BufferPool, *, name: str) -> None:
         self.path = None if into is None else os.fspath(into)
         self._tmp: str | None = None
-        self._what = what
+        self._name = name
         if self.path is None:
             self.buffer, self._fresh = pool.take(size)
             return
@@ -74,14 +74,16 @@ class FetchTarget:
         try:
             fd, self._tmp = tempfile.mkstemp(prefix=".raydl-", suffix=".part", dir=self._dir)
         except OSError as exc:
-            raise CheckpointError(f"cannot fetch {what} into {self.path!r}: {exc.strerror}") from exc
+            raise CheckpointError(
+                f"cannot fetch checkpoint {name} into {self.path!r}: {exc.strerror}"
+            ) from exc
         try:
             try:
                 allocate(fd, size)
             except OSError as exc:
                 raise CheckpointError(
-                    f"cannot fetch {what} into {self.path!r}: it needs {size} bytes and its "
-                    f"filesystem has {_free_bytes(self._dir)} free ({exc.strerror})"
+                    f"cannot fetch checkpoint {name} into {self.path!r}: it needs {size} bytes and its "
+                    f"filesystem has {_free_bytes(self._dir)} bytes free ({exc.strerror})"
                 ) from exc
             self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
         except BaseException:
@@ -120,7 +122,9 @@ class FetchTarget:
             self._tmp = None
             _fsync_dir(self._dir)
         except OSError as exc:
-            raise CheckpointError(f"cannot write {self._what} to {self.path!r}: {exc.strerror}") from exc
+            raise CheckpointError(
+                f"cannot write checkpoint {self._name} to {self.path!r}: {exc.strerror}"
+            ) from exc
 
     def abort(self) -> None:
         """Remove the temporary file (idempotent)."""
