@@ -20,10 +20,13 @@ The package, along its seams:
     api           publish, fetch, unpublish, prepare: one process's checkpoints
     chain         broadcast() over a chain of peers that pipelines
     peer          CheckpointPeer, peer_actor(): a process that receives a checkpoint and serves it on
+    target        where a fetch lands: a pooled buffer, or an into= file allocated in full first
 
-Importing it starts libfabric and opens this process's fabric endpoint on a
-background thread (checkpoint.prepare(); RAYDL_CHECKPOINT_PREPARE=0 turns it
-off, a size such as 512MiB also faults a receive buffer that large in).
+Importing it starts libfabric on a background thread (checkpoint.prepare();
+RAYDL_CHECKPOINT_PREPARE=0 turns it off, a size such as 512MiB also faults a
+receive buffer that large in), but opens no endpoint: nothing listens until
+something is published, and the last unpublish closes the listener (see
+docs/security.md).
 """
 
 from raydl.checkpoint.api import DEFAULT_CHUNK, fetch, prepare, publish, unpublish

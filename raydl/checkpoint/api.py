@@ -8,7 +8,9 @@ publishes (a HeldCopies) and its fabric client (connections it reads over).
 Only this module writes to it; interpreter exit closes it (servers stop before
 libfabric is unloaded). Importing raydl.checkpoint starts prepare()'s fabric
 work on a background thread (RAYDL_CHECKPOINT_PREPARE=0 turns that off), so a
-fresh process's first fetch finds libfabric started and its endpoint open.
+fresh process's first fetch finds libfabric started. No endpoint opens before
+it is needed: the serving one with the first publish (closed again with the
+last unpublish), the client one with the first fetch (docs/security.md).
 """
 
 from __future__ import annotations
