@@ -103,6 +103,7 @@ ssize_t fi_write(struct fid_ep *ep, const void *buf, size_t len, void *desc,
                  fi_addr_t dest_addr, uint64_t addr, uint64_t key, void *context);
 ssize_t fi_cq_read(struct fid_cq *cq, void *buf, size_t count);
 ssize_t fi_cq_sread(struct fid_cq *cq, void *buf, size_t count, const void *cond, int timeout);
+int fi_cq_signal(struct fid_cq *cq);
 int fi_control(struct fid *fid, int command, void *arg);
 ssize_t fi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags);
 const char *fi_cq_strerror(struct fid_cq *cq, int prov_errno, const void *err_data,

@@ -422,9 +422,17 @@ class CompletionQueue(_Fid):
             if rc in (-lib.FI_ENOSYS, -lib.FI_EOPNOTSUPP):
                 self.waitable = False
                 return [], []
-            if rc == -lib.FI_ETIMEDOUT:
+            if rc in (-lib.FI_ETIMEDOUT, -lib.FI_ECANCELED):  # FI_ECANCELED: woken by signal() (sockets)
                 return [], []
             return self._completions(rc, "fi_cq_sread")
+
+    def signal(self) -> None:
+        """Wake a thread blocked in wait() now (fi_cq_signal), so a closing server need not wait out
+        its slice (up to 50 ms). A module built before this binding, or a provider without it: no-op."""
+        _, lib = loaded()
+        fn = getattr(lib, "fi_cq_signal", None)
+        if fn is not None and self.waitable:
+            fn(self.ptr)  # its error, if any, only means the waiter wakes at the end of its slice
 
     def _completions(self, rc: int, call: str) -> tuple[list[int], list[CompletionError]]:
         ffi, lib = loaded()

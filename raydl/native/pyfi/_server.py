@@ -116,6 +116,7 @@ class ServerEndpoint(Closeable):
         for server in servers:
             server.close()
         self._stop.set()
+        self._stack.cq.signal()  # the serving thread sees the stop now, not at the end of its slice
         self._thread.join(timeout=10)
         self._stack.close()
 
