@@ -336,9 +336,12 @@ def fetch(
     transport: "fabric" (libfabric or an error), "object_store", or "auto"
     (fabric when both sides can, else the object store; the choice is logged
     and kept in `.transport`). into=path writes a .safetensors file atomically
-    (temporary file, then rename) and returns tensors mapped from it. Every
-    chunk's digest is checked; a mismatch is a CheckpointError naming the peer
-    and chunk, and nothing is left behind. A dead or unpublished holder is a
+    (a temporary file allocated in full first, so a full disk is a
+    CheckpointError naming the path and the free space; then fsync, rename,
+    fsync of the directory) and returns tensors mapped from it. Every chunk's
+    digest is checked (SHA-256 when published with verify="sha256", else
+    XXH3-64); a mismatch is a CheckpointError naming the peer and chunk, and
+    nothing is left behind. A dead or unpublished holder is a
     CheckpointError within seconds. link_gbps paces the reads (a simulated
     link, for benchmarks and tests).
     """
