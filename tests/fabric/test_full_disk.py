@@ -19,6 +19,8 @@ from raydl import checkpoint
 from raydl.errors import CheckpointError
 from raydl.native import pyfi
 
+from _ckpt_child import write_checkpoint  # beside this file
+
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(not pyfi.available(), reason=f"libfabric unavailable: {pyfi.unavailable_reason()}"),
@@ -84,11 +86,6 @@ def test_a_full_filesystem_is_a_checkpoint_error_and_leaves_nothing(tmp_path):
 def test_into_a_missing_directory_is_a_checkpoint_error(tmp_path):
     """A temporary file that cannot be made is a CheckpointError naming the path, not a bare OSError."""
     path = tmp_path / "a.safetensors"
-    sys.path.insert(0, os.path.dirname(__file__))
-    try:
-        from _ckpt_child import write_checkpoint
-    finally:
-        sys.path.pop(0)
     ref = checkpoint.publish(write_checkpoint(str(path), 4096), transports=("fabric",), bind="127.0.0.1:0")
     try:
         missing = tmp_path / "nowhere" / "x.safetensors"
@@ -102,11 +99,6 @@ def test_a_commit_fsyncs_the_file_then_its_directory(tmp_path, monkeypatch):
     """fetch(into=) fsyncs the file, renames it into place, then fsyncs the directory, so the name survives
     a crash with the bytes (regression: the directory was not fsynced)."""
     path = tmp_path / "a.safetensors"
-    sys.path.insert(0, os.path.dirname(__file__))
-    try:
-        from _ckpt_child import write_checkpoint
-    finally:
-        sys.path.pop(0)
     ref = checkpoint.publish(write_checkpoint(str(path), 4096), transports=("fabric",), bind="127.0.0.1:0")
     synced = []
     real_fsync = os.fsync

@@ -19,6 +19,8 @@ from raydl.checkpoint.peer import CheckpointPeer
 from raydl.errors import CheckpointError, FabricError
 from raydl.native import pyfi
 
+from _ckpt_child import write_checkpoint  # beside this file
+
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(not pyfi.available(), reason=f"libfabric unavailable: {pyfi.unavailable_reason()}"),
@@ -37,11 +39,6 @@ def _child(*args: str, env: dict | None = None) -> dict:
 
 
 def _file(path, n: int) -> str:
-    sys.path.insert(0, os.path.dirname(__file__))
-    try:
-        from _ckpt_child import write_checkpoint
-    finally:
-        sys.path.pop(0)
     return write_checkpoint(str(path), n)
 
 
