@@ -6,8 +6,8 @@ but some of its accessors abort the whole process on a corrupt footer
 C++ exception that nothing catches), and listing must survive any file. So
 the row groups' sizes and column chunk ranges come from this small reader,
 which ends on every input (every read moves forward; depth and counts are
-bounded by the bytes left) and checks every number it returns: rows per row
-group within `MAX_ROWS_PER_BYTE` times the file's size, chunks inside the
+bounded by the bytes left) and checks every number it returns: a file's rows
+within `MAX_ROWS_PER_BYTE` times its size or `ROWS_FLOOR`, whichever is more, chunks inside the
 file's data (after the leading magic, before the footer), one chunk per leaf
 column. Anything else is a DataSourceError naming the file.
 """
@@ -20,9 +20,12 @@ from raydl.errors import DataSourceError
 
 __all__ = ["Footer", "RowGroup", "read_footer_meta"]
 
-# A row takes at least one bit of its file (a definition level); a footer saying more rows lies, and listing
-# would make a catalog row for each.
+# How many rows a footer may claim: listing makes a catalog row for each, so a crafted footer must not claim
+# 10**12. No per-byte bound is sound (RLE stores a million equal values in a few bytes: a 20 KB file of two
+# constant int columns holds 1,000,000 rows), so a file may claim MAX_ROWS_PER_BYTE rows per byte of itself
+# or ROWS_FLOOR rows, whichever is more: a lie costs at most ROWS_FLOOR catalog rows (about 200 MiB).
 MAX_ROWS_PER_BYTE = 8
+ROWS_FLOOR = 1 << 22
 _MAX_DEPTH = 24
 _STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(13)
 
@@ -174,10 +177,15 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
         fmd = _Reader(meta).struct()
         leaves = _leaves(_field(fmd, 2, list, "the schema"))
         groups = []
+        most_rows, total_rows = max(MAX_ROWS_PER_BYTE * file_size, ROWS_FLOOR), 0
         for g, rg in enumerate(_field(fmd, 4, list, "the row groups", [])):
             rows = _field(rg, 3, int, f"row group {g}'s num_rows")
-            if not 0 <= rows <= MAX_ROWS_PER_BYTE * file_size:
-                raise _Corrupt(f"row group {g} says {rows} rows, in a {file_size}-byte file")
+            total_rows += rows
+            if rows < 0 or total_rows > most_rows:
+                raise _Corrupt(
+                    f"row group {g} says {rows} rows, in a {file_size}-byte file that can hold at most "
+                    f"{most_rows}"
+                )
             columns = _field(rg, 1, list, f"row group {g}'s columns")
             if len(columns) != len(leaves):
                 raise _Corrupt(

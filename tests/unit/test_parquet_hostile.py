@@ -109,3 +109,17 @@ def test_out_of_range_numbers_in_a_footer_are_refused_at_listing(tmp_path, old, 
     with pytest.raises(DataSourceError, match=match) as info:
         raydl.read_parquet(str(path), image_column="img")
     assert str(path) in str(info.value) and "corrupt Parquet footer" in str(info.value)
+
+
+def test_a_valid_file_with_far_more_rows_than_bytes_lists(tmp_path):
+    """RLE and dictionaries store many equal values in a few bytes, so a footer's row count is bounded by
+    8 rows per byte of the file or 4 Mi rows, whichever is more (regression: 8 per byte alone refused this
+    valid file of 300,000 rows in about 10 KB)."""
+    blob = parquet_bytes()
+    img = pq.read_table(io.BytesIO(blob)).column("img")[0].as_py()
+    n = 300_000
+    path = tmp_path / "many.parquet"
+    pq.write_table(pa.table({"img": pa.array([img] * n, pa.binary()), "label": pa.array([3] * n, pa.int64())}),
+                   path)
+    assert n > 8 * path.stat().st_size
+    assert len(raydl.read_parquet(str(path), image_column="img", label_column="label")) == n
