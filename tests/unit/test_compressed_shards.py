@@ -6,7 +6,6 @@ import gzip
 import io
 import tarfile
 import threading
-import time
 import tracemalloc
 import zlib
 
@@ -18,6 +17,8 @@ from raydl.sources import _inflate
 from raydl.sources._tar import index_tar
 from raydl.sources.webdataset import WebDatasetSource
 from raydl.storage import LocalStorage, ObjectInfo
+
+from counting_storage import CountingStorage  # beside this file
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,20 +49,6 @@ def zero_bomb(inflated: int) -> bytes:
     out.append(c.flush())
     return b"".join(out)
 
-
-class CountingStorage(LocalStorage):
-    """Local disk that counts (and slows) its reads, to see how often a shard is read."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        object.__setattr__(self, "reads", [])
-        object.__setattr__(self, "delay_s", delay_s)
-        object.__setattr__(self, "lock", threading.Lock())
-
-    def read_range(self, uri, offset, length, *, etag=None):
-        with self.lock:
-            self.reads.append((uri, offset, length))
-        time.sleep(self.delay_s)
-        return super().read_range(uri, offset, length, etag=etag)
 
 
 def test_a_gzip_bomb_is_a_data_source_error_with_bounded_memory(tmp_path):

@@ -17,21 +17,11 @@ from raydl.describe.transforms import compile_stages
 from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.options import LoaderConfig
 from raydl.plan.order import augmentation_seeds
-from raydl.storage import LocalStorage
+
+from counting_storage import CountingStorage  # beside this file
 
 pytestmark = pytest.mark.timeout(60)
 
-
-class CountingStorage(LocalStorage):
-    """Local disk that records every range it reads."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        object.__setattr__(self, "reads", [])
-
-    def read_range(self, uri, offset, length, *, etag=None):
-        self.reads.append((uri, offset, length))
-        return super().read_range(uri, offset, length, etag=etag)
 
 
 def png(shape, seed=0) -> bytes:

@@ -14,6 +14,8 @@ from raydl.sources.parquet import list_parquet
 from raydl.storage import LocalStorage, ObjectInfo
 from raydl.storage.fetch import coalesce
 
+from counting_storage import CountingStorage  # beside this file
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -22,17 +24,6 @@ def png(i: int) -> bytes:
     Image.fromarray(np.full((4 + i % 5, 6, 3), i, np.uint8)).save(b, "PNG")
     return b.getvalue()
 
-
-class CountingStorage(LocalStorage):
-    """Local disk that records every range it reads."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        object.__setattr__(self, "reads", [])
-
-    def read_range(self, uri, offset, length, *, etag=None):
-        self.reads.append((uri, offset, length))
-        return super().read_range(uri, offset, length, etag=etag)
 
 
 @pytest.fixture
