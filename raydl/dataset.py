@@ -29,7 +29,6 @@ from raydl.execute.loader import Loader
 from raydl.options import LoaderConfig, S3Options
 from raydl.sources.images import list_image_folder
 from raydl.storage import resolve, split_scheme, storage_for
-from raydl.util.arrow import int_column
 
 __all__ = ["Dataset", "read_images", "read_parquet", "read_webdataset"]
 
@@ -199,8 +198,7 @@ class Dataset:
         stage = next((st for st in self.stages if isinstance(st, AspectBuckets)), None)
         if stage is None:
             raise ValueError("bucket_counts() needs .aspect_buckets(...) in the pipeline")
-        t = self.catalog.table
-        idx = stage.assign(int_column(t.column("width")), int_column(t.column("height")))
+        idx = stage.assign(self.catalog.column("width"), self.catalog.column("height"))
         counts = np.bincount(idx[idx >= 0], minlength=len(stage.buckets))
         return {b: int(c) for b, c in zip(stage.buckets, counts)}
 
@@ -233,7 +231,7 @@ class Dataset:
     def __repr__(self) -> str:
         c = self.catalog
         classes = str(len(c.classes))
-        if not c.classes and (labelled := c.distinct_labels()):  # labels without names (WebDataset, Parquet)
+        if not c.classes and (labelled := c.distinct_labels()):  # labels without names
             classes = f"?, distinct_labels={labelled}"
         lines = [f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={classes})"]
         lines += [f"  -> {st!r}" for st in self.stages]

@@ -24,8 +24,9 @@ __all__ = ["write_parquet", "write_webdataset"]
 def _samples(folder: str):
     import raydl
 
-    t = raydl.read_images(folder).catalog.table
-    return t.column("key").to_pylist(), t.column("label").to_pylist()
+    cat = raydl.read_images(folder).catalog
+    loc = cat.source.locate(cat, range(len(cat)))
+    return loc.key, loc.label.tolist()
 
 
 def write_webdataset(folder: str, out: str, *, per_shard: int = 256) -> list[str]:

@@ -1,30 +1,32 @@
-"""The catalog: an Arrow table with one row per sample, and the table of shards (objects) they live in.
+"""The catalog: the shards (objects) a source's samples live in, and its parts, in sample-id order.
 
-    table:   shard | offset | length | row | label | key  [| extra columns] [| width | height]
-    shards:  uri | size | etag
+    shards:  uri | size | etag                 one row per object (image file, tar shard, Parquet file)
+    parts:   shard | count [| source columns]   one row per unit of samples (an image file, a tar shard,
+                                                a Parquet row group)
+
+The driver holds this and nothing per sample (but for image folders, where a
+part is one file): a source with many samples per part keeps where each
+sample's bytes are in per-part blocks that a worker loads when it reads that
+part (a WebDataset shard's index), or derives it from the part (a Parquet row
+group's rows). Part p holds the sample ids [starts[p], starts[p+1]), `starts`
+the prefix sum of `count`; `locate` maps ids to (part, position) by binary
+search, so a batch costs O(batch log parts) whatever the dataset's size.
 
 Image sizes are read only when a stage needs them (aspect buckets):
 `with_sizes()` reads each image's header (`catalog_sizes`, with the parser of
-raydl/describe/sizes.py) into int32 width and height columns, -1 where the
-header is unreadable, the reason in `size_errors` by sample id. Listing reads
-no image bytes.
-
-The sample id is the row number, 0..N-1. A sample is `length` bytes at
-`offset` of shard `shard` (a row of `shards`): the whole file for an image
-folder, a tar member for WebDataset, a row group's column chunk for Parquet
-(there `row` is the row within the row group; elsewhere -1). Sources may add
-columns after the core ones (`extra`).
+raydl/describe/sizes.py) into int32 width and height parts columns, -1 where
+the header is unreadable, the reason in `size_errors` by sample id. Listing
+reads no image bytes.
 
 Two fingerprints:
-- `samples_fingerprint` covers every column of the sample table (keys, labels,
-  where each sample sits) but the sizes, which follow from the bytes listed and
-  may or may not have been read: a catalog gives the same fingerprints, the same
-  order and the same resume states with and without them. The shuffle is seeded
-  by it, so the same files give the same order wherever they are stored (a local
-  copy and its S3 upload).
-- `fingerprint` covers that and each shard's path relative to `root`, size and
-  etag. Resume states carry it, so a state cannot be loaded against changed
-  data (a copy of the same files elsewhere in the same store keeps it).
+- `samples_fingerprint` covers every parts column but the sizes and the
+  source's `locators` (where a part's index block is, which does not change
+  what the samples are), and each shard's path relative to `root` and size. The
+  shuffle is seeded by it, so the same files give the same order wherever they
+  are stored (a local copy and its S3 upload).
+- `fingerprint` covers that and each shard's etag. Resume states carry it, so
+  a state cannot be loaded against changed data (a copy of the same files
+  elsewhere in the same store keeps it).
 """
 
 from __future__ import annotations
@@ -43,45 +45,89 @@ from raydl.util.arrow import int_array, int_column, string_array
 
 if TYPE_CHECKING:
     from raydl.describe.sizes import HeaderSizes
-    from raydl.sources.base import Source
+    from raydl.sources.base import Located, Source
 
-__all__ = ["CORE_COLUMNS", "SIZE_COLUMNS", "Catalog", "catalog_sizes", "make_catalog"]
+__all__ = ["SIZE_COLUMNS", "Catalog", "catalog_sizes", "make_catalog"]
 
-CORE_COLUMNS = ("shard", "offset", "length", "row", "label", "key")
 SIZE_COLUMNS = ("width", "height")  # derived from the samples' bytes: outside both fingerprints
 
 
 @dataclass(frozen=True)
 class Catalog:
-    """The samples of a source, where their bytes are, and how to cut them out (`source`)."""
+    """The samples of a source: its shards, its parts and how to cut samples out of them (`source`)."""
 
     root: str
     storage: Storage
     source: Source
     shards: pa.Table
-    table: pa.Table
+    parts: pa.Table
     classes: tuple[str, ...]
     fingerprint: str
     samples_fingerprint: str
+    starts: np.ndarray = field(compare=False, repr=False)
     size_errors: Mapping[int, str] = field(default_factory=dict, compare=False)
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return int(self.starts[-1])
+
+    @property
+    def num_parts(self) -> int:
+        return self.parts.num_rows
+
+    def column(self, name: str) -> np.ndarray:
+        """A parts integer column as numpy (a view: no copy)."""
+        return int_column(self.parts.column(name))
+
+    def locate(self, ids) -> tuple[np.ndarray, np.ndarray]:
+        """(part, position within the part) of each sample id: a binary search over the parts' starts."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
+            raise IndexError(f"sample ids must be in [0, {len(self)})")
+        part = np.searchsorted(self.starts, ids, side="right") - 1
+        return part, ids - self.starts[part]
+
+    def samples(self, ids=None) -> Located:
+        """Where samples `ids` (default: all) are, as a worker sees them (`Source.locate`). For tools and
+        tests: a source that keeps per-shard index blocks loads them here."""
+        ids = np.arange(len(self), dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+        return self.source.locate(self, ids)
+
+    def shard_info(self, shard: int) -> ObjectInfo:
+        """Shard (object) `shard`: its URI, size and etag."""
+        s = self.shards
+        return ObjectInfo(
+            s.column("uri")[shard].as_py(),
+            int(s.column("size")[shard].as_py()),
+            s.column("etag")[shard].as_py(),
+        )
 
     def uri(self, sample_id: int) -> str:
         """The URI of the shard (file, object) sample `sample_id` lives in."""
-        shard = self.table.column("shard")[sample_id].as_py()
+        part, _ = self.locate([sample_id])
+        shard = int(self.column("shard")[part[0]])
         return self.shards.column("uri")[shard].as_py()
 
-    def distinct_labels(self) -> int:
-        """How many distinct labels the samples carry (-1, no label, is not one)."""
-        labels = int_column(self.table.column("label"))
-        return int(np.unique(labels[labels >= 0]).size)
+    def labels(self) -> np.ndarray | None:
+        """Every sample's label, where the driver knows them (image folders: a part is one labelled file);
+        None where they are read with the samples (WebDataset, Parquet)."""
+        if "label" not in self.parts.column_names or self.num_parts != len(self):
+            return None
+        return self.column("label")
+
+    def distinct_labels(self) -> int | None:
+        """How many distinct labels the samples carry (-1, no label, is not one); None where unknown."""
+        labels = self.labels()
+        return None if labels is None else int(np.unique(labels[labels >= 0]).size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the catalog's tables hold."""
+        return self.parts.nbytes + self.shards.nbytes + self.starts.nbytes
 
     @property
     def has_sizes(self) -> bool:
         """Whether the width and height columns are there (see `with_sizes`)."""
-        return all(c in self.table.column_names for c in SIZE_COLUMNS)
+        return all(c in self.parts.column_names for c in SIZE_COLUMNS)
 
     def with_sizes(self) -> Catalog:
         """This catalog with each image's width and height, read from its header now (once: a catalog
@@ -93,18 +139,19 @@ class Catalog:
         if self.has_sizes:
             return self
         dims = catalog_sizes(self)
-        table = self.table.append_column("width", int_array(dims.widths, np.int32)).append_column(
+        parts = self.parts.append_column("width", int_array(dims.widths, np.int32)).append_column(
             "height", int_array(dims.heights, np.int32)
         )
-        return dataclasses.replace(self, table=table, size_errors=dict(dims.errors))
+        return dataclasses.replace(self, parts=parts, size_errors=dict(dims.errors))
 
 
 def catalog_sizes(catalog: Catalog) -> HeaderSizes:
     """The sizes of a catalog's images, by sample id, from the headers of their files.
 
-    Only a source whose sample is a whole image file (an image folder) has them:
-    elsewhere the bytes at a sample's range are not an image file on their own
-    (a Parquet column chunk, a compressed tar stream), and this is a ValueError.
+    Only a source whose sample is a whole image file (an image folder: one
+    file a part) has them: elsewhere the bytes at a sample's range are not an
+    image file on their own (a Parquet column chunk, a compressed tar stream),
+    and this is a ValueError.
     """
     from raydl.describe.sizes import header_sizes  # the decoders' header parsers: only when sizes are read
 
@@ -115,7 +162,7 @@ def catalog_sizes(catalog: Catalog) -> HeaderSizes:
         )
     storage, shards = catalog.storage, catalog.shards.to_pydict()
     objects = [ObjectInfo(u, s, e) for u, s, e in zip(shards["uri"], shards["size"], shards["etag"])]
-    shard_of = int_column(catalog.table.column("shard"))
+    shard_of = catalog.column("shard")
 
     def read(shard: int, length: int | None) -> bytes:
         obj = objects[shard]
@@ -131,9 +178,8 @@ def _relative(uri: str, root: str) -> str:
     return uri[len(root) :].lstrip("/") if uri.startswith(root) else uri
 
 
-def _fingerprint(table: pa.Table, shards: pa.Table | None, root: str) -> str:
+def _fingerprint(parts: pa.Table, shards: pa.Table, root: str, *, etags: bool) -> str:
     h = hashlib.sha256()
-    table = table.drop_columns([c for c in SIZE_COLUMNS if c in table.column_names])
 
     def add_table(t: pa.Table) -> None:
         for name in t.column_names:
@@ -143,17 +189,14 @@ def _fingerprint(table: pa.Table, shards: pa.Table | None, root: str) -> str:
                     if buf is not None:
                         h.update(buf)
 
-    add_table(table)
-    if shards is None:
-        return h.hexdigest()[:32]
-    rel = pa.table(
-        {
-            "path": string_array([_relative(u, root) for u in shards.column("uri").to_pylist()]),
-            "size": shards.column("size"),
-            "etag": shards.column("etag"),
-        }
-    )
-    add_table(rel)
+    add_table(parts)
+    rel = {
+        "path": string_array([_relative(u, root) for u in shards.column("uri").to_pylist()]),
+        "size": shards.column("size"),
+    }
+    if etags:
+        rel["etag"] = shards.column("etag")
+    add_table(pa.table(rel))
     return h.hexdigest()[:32]
 
 
@@ -163,36 +206,33 @@ def make_catalog(
     storage: Storage,
     source: Source,
     shards: Sequence[ObjectInfo],
-    shard: Sequence[int] | np.ndarray,
-    offset: Sequence[int] | np.ndarray,
-    length: Sequence[int] | np.ndarray,
-    label: Sequence[int] | np.ndarray,
-    key: Sequence[str],
-    row: Sequence[int] | np.ndarray | None = None,
+    parts: Mapping[str, Sequence[int] | np.ndarray | pa.Array],
     classes: tuple[str, ...] = (),
-    extra: Mapping[str, pa.Array] | None = None,
+    locators: Sequence[str] = (),
     size_errors: Mapping[int, str] | None = None,
 ) -> Catalog:
-    """Build the two tables and the fingerprint. `extra` columns come after the core ones, in the given order
-    (width and height, when given, enter neither fingerprint)."""
-    n = len(key)
-    columns = {
-        # Built from buffers: pa.array would import pandas (see raydl/_arrow.py), a second of start-up.
-        "shard": int_array(shard),
-        "offset": int_array(offset),
-        "length": int_array(length),
-        "row": int_array(np.full(n, -1, np.int64) if row is None else row),
-        "label": int_array(label),
-        "key": string_array(list(key)),
-    }
-    for name, values in (extra or {}).items():
-        if name in columns:
-            raise ValueError(f"extra catalog column {name!r} clashes with a core column")
-        columns[name] = values
+    """Build the two tables, the parts' starts and the fingerprints.
+
+    `parts` must hold "shard" (a row of `shards`) and "count" (samples in the
+    part, >= 0), then any columns of the source's, in the given order: numpy
+    or sequences of ints become int64 columns, Arrow arrays stay as they are.
+    Columns named in `locators`, and width and height, enter neither fingerprint.
+    """
+    if "shard" not in parts or "count" not in parts:
+        raise ValueError(f"catalog parts need 'shard' and 'count' columns, got {list(parts)}")
+    # Built from buffers: pa.array would import pandas (see raydl/util/arrow.py), a second of start-up.
+    columns = {name: v if isinstance(v, pa.Array) else int_array(v) for name, v in parts.items()}
+    n = len(columns["count"])
     bad = {name: len(col) for name, col in columns.items() if len(col) != n}
     if bad:
-        raise ValueError(f"catalog columns must all have {n} rows; got {bad}")
+        raise ValueError(f"catalog parts columns must all have {n} rows; got {bad}")
     table = pa.table(columns)
+    counts = int_column(table.column("count"))
+    shard_of = int_column(table.column("shard"))
+    if n and (counts.min() < 0 or shard_of.min() < 0 or shard_of.max() >= len(shards)):
+        raise ValueError("catalog parts need counts >= 0 and shards that are rows of the shards table")
+    starts = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=starts[1:])
     shard_table = pa.table(
         {
             "uri": string_array([s.uri for s in shards]),
@@ -200,14 +240,16 @@ def make_catalog(
             "etag": string_array([s.etag for s in shards]),
         }
     )
+    planned = table.drop_columns([c for c in (*SIZE_COLUMNS, *locators) if c in table.column_names])
     return Catalog(
         root=root,
         storage=storage,
         source=source,
         shards=shard_table,
-        table=table,
+        parts=table,
         classes=tuple(classes),
-        fingerprint=_fingerprint(table, shard_table, root),
-        samples_fingerprint=_fingerprint(table, None, root),
+        fingerprint=_fingerprint(planned, shard_table, root, etags=True),
+        samples_fingerprint=_fingerprint(planned, shard_table, root, etags=False),
+        starts=starts,
         size_errors=dict(size_errors or {}),
     )

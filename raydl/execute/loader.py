@@ -54,7 +54,6 @@ from raydl.options import LoaderConfig, check_number
 from raydl.plan import scheduling
 from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import bucket_batch_count
-from raydl.util.arrow import int_column
 
 if TYPE_CHECKING:
     from raydl.consume.iterator import DataIterator
@@ -105,7 +104,7 @@ class Loader:
             io_concurrency=config.io_concurrency,
             max_sample_bytes=config.max_sample_bytes,
         )
-        self._catalog_bytes = catalog.table.nbytes + catalog.shards.nbytes
+        self._catalog_bytes = catalog.nbytes
         cpus = {n.node_id: n.cpus for n in nodes}
         here = ray.get_runtime_context().get_node_id()
         self._coordinator = None  # set by the launch, which the first batch does not wait for
@@ -416,9 +415,7 @@ def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
     # Read here when the catalog came without them (a ValueError where none exist)
     catalog = catalog.with_sizes()
     buckets = program.buckets.buckets
-    bucket_of = program.buckets.assign(
-        int_column(catalog.table.column("width")), int_column(catalog.table.column("height"))
-    )
+    bucket_of = program.buckets.assign(catalog.column("width"), catalog.column("height"))
     unlisted = tuple(
         Failure.unsized(
             int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog")

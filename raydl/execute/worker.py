@@ -1,8 +1,9 @@
 """The loader worker: a plain class that turns a batch task into a batch.
 
 Ray wiring (`ray.remote`, options, placement) is applied in raydl/execute/cluster.py.
-A task names its samples and their augmentation seeds. The worker turns the
-samples into byte ranges (catalog rows: shard, offset, length), coalesces
+A task names its samples and their augmentation seeds. The worker asks the
+catalog's source where the samples are (`Source.locate`: byte ranges of
+shards, loading a shard's index block where the source keeps one), coalesces
 neighbouring ranges into blocks, and fetches the blocks on its IO pool
 (`io_concurrency` threads: many for S3, a few for disk; several blocks per IO
 task when a batch has many, as an image folder's one-file blocks). As each
@@ -98,13 +99,9 @@ class LoaderWorker:
         # buffer is reused once every array viewing the images is gone. Neither: a fresh buffer per batch.
         self._handoff = handoff
         self._reuse = reuse_buffers and not handoff
+        self._catalog = catalog
         self._source, self._storage = catalog.source, catalog.storage
-        t = catalog.table
-        self._where = np.stack(
-            [int_column(t.column(c)) for c in ("shard", "offset", "length", "row")], axis=1
-        )
-        self._keys = StringColumn(t.column("key"))  # read through numpy: Arrow's take would import pandas
-        self._labels = int_column(t.column("label"))
+        self._num_samples = len(catalog)
         self._shard_uris = StringColumn(catalog.shards.column("uri"))
         self._shard_etags = StringColumn(catalog.shards.column("etag"))
         self._shard_sizes = int_column(catalog.shards.column("size"))
@@ -142,7 +139,7 @@ class LoaderWorker:
         return {
             "batch_arrays": sum(b.nbytes for b in self._buffers),
             "batch_arrays_count": len(self._buffers),
-            "catalog_columns": self._labels.nbytes + self._where.nbytes,
+            "catalog_columns": self._catalog.nbytes,
         }
 
     def thread_ids(self) -> list[int]:
@@ -180,28 +177,26 @@ class LoaderWorker:
             for i in shard_ids.tolist()
         ]
 
-    def _read(self, sid: int) -> tuple[str, bytes]:
-        """One sample's URI (as errors name it) and image bytes, read on its own (substitutes)."""
-        shard, offset, length, row = (int(v) for v in self._where[sid])
-        (info,) = self._shard_infos(np.array([shard]))
-        data = self._source.read_block(self._storage, info, offset, length)
-        return self._source.sample_uri(info.uri, self._keys[sid]), self._source.cut(
-            shard, offset, length, row, data
-        )
-
-    def _sample(self, sid: int, seed: int, out: np.ndarray) -> Failure | None:
-        """Read and decode one sample into `out`; a Failure when its bytes are at fault, else None."""
+    def _sample(self, sid: int, seed: int, out: np.ndarray) -> tuple[Failure | None, str, int]:
+        """Locate, read and decode one sample on its own (a substitute) into `out`: (a Failure when its bytes
+        are at fault, else None; its key; its label)."""
+        loc = self._source.locate(self._catalog, np.array([sid], np.int64))
+        (info,) = self._shard_infos(loc.shard[:1])
+        key, label = loc.key[0], int(loc.label[0])
+        if 0 in loc.errors:
+            return Failure.read_failed(sid, info.uri, loc.errors[0]), key, label
+        uri = self._source.sample_uri(info.uri, key)
         if self._source.range_is_sample:
-            shard, _, length, _ = (int(v) for v in self._where[sid])
-            (info,) = self._shard_infos(np.array([shard]))
-            big = self._too_big(sid, self._source.sample_uri(info.uri, self._keys[sid]), length)
+            size = int((loc.size if loc.size is not None else loc.length)[0])
+            big = self._too_big(sid, uri, size)
             if big is not None:
-                return big
+                return big, key, label
         try:
-            uri, data = self._read(sid)
+            data = self._source.read_block(self._storage, info, int(loc.offset[0]), int(loc.length[0]))
+            data, label = self._source.cut(loc, 0, data)
         except DataSourceError as exc:
-            return Failure.read_failed(sid, self._shard_infos(self._where[sid : sid + 1, 0])[0].uri, exc)
-        return self._too_big(sid, uri, len(data)) or self._decode(sid, uri, data, seed, out)
+            return Failure.read_failed(sid, info.uri, exc), key, label
+        return self._too_big(sid, uri, len(data)) or self._decode(sid, uri, data, seed, out), key, label
 
     def _too_big(self, sid: int, uri: str, size: int) -> Failure | None:
         """A Failure (under on_error, as a decode error) when the sample is over max_sample_bytes."""
@@ -222,18 +217,18 @@ class LoaderWorker:
             return Failure.decode_failed(sid, uri, exc, worker=self._name)
         return None
 
-    def _substitute(self, failure: Failure, seed: int, out: np.ndarray) -> int:
+    def _substitute(self, failure: Failure, seed: int, out: np.ndarray) -> tuple[int, str, int]:
         """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that
-        decodes."""
-        n = len(self._keys)
+        decodes: (its id, key, label)."""
         tried = []
         for attempt in range(MAX_SUBSTITUTES):
-            sub = substitute_id(seed, attempt, n)
+            sub = substitute_id(seed, attempt, self._num_samples)
             if sub == failure.sample_id:
                 continue
             tried.append(sub)
-            if self._sample(sub, seed, out) is None:
-                return sub
+            bad, key, label = self._sample(sub, seed, out)
+            if bad is None:
+                return sub, key, label
         raise self._spec.policy.no_substitute(failure, tried)
 
     def _lease(self, nbytes: int) -> np.ndarray:
@@ -290,8 +285,12 @@ class _BatchRun:
         self._worker, self._task, self._images = worker, task, images
         self._program, self._policy = worker._spec.program, worker._spec.policy
         self._ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
-        self._keys = worker._keys.take(self._ids)
-        self._where = worker._where[self._ids]
+        self._located = worker._source.locate(worker._catalog, self._ids)
+        loc = self._located
+        self._keys = list(loc.key)
+        self._labels = np.array(loc.label, dtype=np.int64)  # cut may set them; substitutes do
+        self._where = np.stack([loc.shard, loc.offset, loc.length, loc.row], axis=1).astype(np.int64)
+        self._sizes = loc.size if loc.size is not None else loc.length  # a sample's own bytes
         shard_ids = np.unique(self._where[:, 0])
         self._shards = dict(zip(shard_ids.tolist(), worker._shard_infos(shard_ids)))
         self._failed: list[Failure | None] = [None] * len(task.ids)
@@ -327,14 +326,19 @@ class _BatchRun:
         # still IO_TASKS_PER_THREAD tasks per IO thread to spread the requests over.
         io = self._worker._io
         todo = np.arange(len(self._where))
+        if self._located.errors:  # their shard's index block could not be had: nothing to read
+            self._unlocated(self._located.errors)
+            todo = np.setdiff1d(todo, np.fromiter(self._located.errors, np.int64))
         # Where the catalog knows each sample's size, never read one that is too big.
         if self._worker._source.range_is_sample:
-            sizes = self._where[:, 2]
-            for i in np.flatnonzero(sizes > self._worker._spec.max_sample_bytes).tolist():
+            sizes = np.asarray(self._sizes)[todo]
+            for i in todo[sizes > self._worker._spec.max_sample_bytes].tolist():
                 self._submit(
-                    self.finish, i, self._worker._too_big(int(self._task.ids[i]), self._uri(i), sizes[i])
+                    self.finish,
+                    i,
+                    self._worker._too_big(int(self._task.ids[i]), self._uri(i), self._sizes[i]),
                 )
-            todo = np.flatnonzero(sizes <= self._worker._spec.max_sample_bytes)
+            todo = todo[sizes <= self._worker._spec.max_sample_bytes]
         blocks = coalesce(self._where[todo, :3].tolist())
         if len(todo) < len(self._where):  # members index the rows read, not the batch's rows
             blocks = [
@@ -394,8 +398,9 @@ class _BatchRun:
             self._failed[i] = failure
             return
         sid, seed = int(self._task.ids[i]), int(self._task.seeds[i])
-        self._ids[i] = self._worker._substitute(failure, seed, self._images[i])
-        self._keys[i] = self._worker._keys[int(self._ids[i])]
+        self._ids[i], self._keys[i], self._labels[i] = self._worker._substitute(
+            failure, seed, self._images[i]
+        )
         self._replaced.append(Replaced(sid, failure.uri, failure.reason, int(self._ids[i])))
 
     # -- inside the steps -----------------------------------------------------------------
@@ -414,11 +419,11 @@ class _BatchRun:
         uri = self._shards[block.shard].uri
         samples = []
         for i in block.members:
-            shard, offset, length, row = (int(v) for v in self._where[i])
+            _, offset, length, _ = (int(v) for v in self._where[i])
             start = offset - block.offset
             piece = data if (start == 0 and length == len(data)) else data[start : start + length]
             try:
-                sample = self._worker._source.cut(shard, offset, length, row, piece)
+                sample, self._labels[i] = self._worker._source.cut(self._located, i, piece)
             except DataSourceError as exc:
                 self._unreadable([i], uri, exc)
                 continue
@@ -428,6 +433,11 @@ class _BatchRun:
                 continue
             samples.append((i, sample))
         return samples
+
+    def _unlocated(self, errors: dict[int, DataSourceError]) -> None:
+        for i, exc in errors.items():
+            uri = self._shards[int(self._where[i, 0])].uri
+            self._submit(self.finish, i, Failure.read_failed(int(self._task.ids[i]), uri, exc))
 
     def _unreadable(self, members: list[int], uri: str, exc: DataSourceError) -> None:
         # Settled on the decode pool: under "replace" a substitute is read and decoded there, not on an IO
@@ -465,13 +475,13 @@ class _BatchRun:
 
     def _result(self) -> BatchResult:
         """The batch without its failed rows, and what failed or was replaced in it."""
-        images, ids, keys = self._images, self._ids, self._keys
+        images, ids, keys, labels = self._images, self._ids, self._keys, self._labels
         ok = np.array([f is None for f in self._failed], dtype=bool)
         bad = [f for f in self._failed if f is not None]
         if bad:  # the batch gets shorter by the failed rows (maybe to 0) and keeps its place in the plan
-            images, ids = images[ok], ids[ok]
+            images, ids, labels = images[ok], ids[ok], labels[ok]
             keys = [k for k, good in zip(keys, ok) if good]
-        batch = {"image": images, "label": self._worker._labels[ids], "id": ids, "key": keys}
+        batch = {"image": images, "label": labels, "id": ids, "key": keys}
         if self._task.bucket is not None:
             batch["bucket"] = tuple(self._task.bucket)
         return BatchResult(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
-from raydl.sources.base import WholeRanges
+from raydl.sources.base import ImageFiles
 from raydl.storage.base import Storage, split_scheme
 
 __all__ = ["IMAGE_EXTENSIONS", "list_image_folder"]
@@ -20,7 +20,8 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     ImageFolder); images directly in root are an error then, since they have
     no class. labels=None: every label is -1. Keys are paths under root with
     '/' separators, in sorted order. No image is read: sizes come later, from
-    the headers, when a stage needs them (`Catalog.with_sizes`).
+    the headers, when a stage needs them (`Catalog.with_sizes`). A part is one
+    file; its key is its URI past the root (not stored twice).
     """
     if labels not in ("folder", None):
         raise ValueError(f"labels must be 'folder' or None, got {labels!r}")
@@ -41,7 +42,6 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     entries.sort(key=lambda e: e[0])
     if not entries:
         raise DataSourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {root!r}", uri=root)
-    keys = [k for k, _ in entries]
     if labels == "folder":
         loose = [obj.uri for k, obj in entries if "/" not in k]
         if loose:
@@ -50,23 +50,20 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
                 "so they have no class folder; move them into a class folder or pass labels=None",
                 uri=loose[0],
             )
-        classes = tuple(sorted({k.split("/", 1)[0] for k in keys}))
+        classes = tuple(sorted({k.split("/", 1)[0] for k, _ in entries}))
         index = {c: i for i, c in enumerate(classes)}
-        label_values = [index[k.split("/", 1)[0]] for k in keys]
+        label_values = [index[k.split("/", 1)[0]] for k, _ in entries]
     else:
         classes = ()
-        label_values = [-1] * len(keys)
+        label_values = [-1] * len(entries)
     n = len(entries)
     objects = [obj for _, obj in entries]
+    del entries
     return make_catalog(
         root=root,
         storage=storage,
-        source=WholeRanges(),
+        source=ImageFiles(prefix),
         shards=objects,
-        shard=range(n),
-        offset=[0] * n,
-        length=[obj.size for _, obj in entries],
-        label=label_values,
-        key=keys,
+        parts={"shard": range(n), "count": [1] * n, "label": label_values},
         classes=classes,
     )

@@ -26,7 +26,9 @@ import pyarrow.parquet as pq
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
 from raydl.sources._footer import Footer, read_footer_meta
+from raydl.sources.base import Located, PerSampleParts
 from raydl.storage import ObjectInfo, Storage, split_scheme
+from raydl.util.arrow import string_array
 
 __all__ = ["ParquetSource", "list_parquet"]
 
@@ -217,12 +219,15 @@ def list_parquet(paths, *, storage: Storage, image_column: str, label_column: st
         storage=storage,
         source=source,
         shards=files,
-        shard=shard,
-        offset=offset,
-        length=length,
-        row=row,
-        label=np.concatenate(label),
-        key=key,
+        parts={
+            "shard": shard,
+            "count": np.ones(len(key), np.int64),
+            "offset": offset,
+            "length": length,
+            "row": row,
+            "label": np.concatenate(label),
+            "key": string_array(key),
+        },
     )
 
 
@@ -232,7 +237,7 @@ _key_locks: dict = {}
 
 
 @dataclass(frozen=True)
-class ParquetSource:
+class ParquetSource(PerSampleParts):
     """A sample is row `row` of the image column of the row group whose column chunk is its range."""
 
     image_column: str
@@ -281,7 +286,12 @@ class ParquetSource:
                     _cache.popitem(last=False)
             return col
 
-    def cut(self, shard: int, offset: int, length: int, row: int, data: bytes) -> bytes:
+    def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
+        return self._cell(int(located.shard[i]), int(located.offset[i]), int(located.row[i]), data), int(
+            located.label[i]
+        )
+
+    def _cell(self, shard: int, offset: int, row: int, data: bytes) -> bytes:
         col = self._decoded(shard, offset, data)
         if row >= len(col):  # the footer said more rows than the chunk holds
             raise DataSourceError(

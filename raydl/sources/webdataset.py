@@ -27,13 +27,17 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
 from raydl.sources._braces import expand_braces
 from raydl.sources._inflate import inflated
 from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
 from raydl.sources._tar import Member, TarIndex, index_tar
+from raydl.sources.base import Located, PerSampleParts
 from raydl.storage import ObjectInfo, Storage, split_scheme
+from raydl.util.arrow import string_array
 
 logger = logging.getLogger(__name__)
 
@@ -206,11 +210,15 @@ def list_webdataset(urls, *, storage_of, image_fields: tuple[str, ...], label_fi
         storage=storages[0],
         source=WebDatasetSource(),
         shards=shards,
-        shard=shard_col,
-        offset=offset,
-        length=length,
-        label=label,
-        key=key,
+        parts={
+            "shard": shard_col,
+            "count": np.ones(len(key), np.int64),
+            "offset": offset,
+            "length": length,
+            "row": np.full(len(key), -1, np.int64),
+            "label": label,
+            "key": string_array(key),
+        },
     )
 
 
@@ -227,7 +235,7 @@ def _label_bytes(storage: Storage, info: ObjectInfo, m: Member, key: str, field:
 
 
 @dataclass(frozen=True)
-class WebDatasetSource:
+class WebDatasetSource(PerSampleParts):
     """A sample is its image member's bytes: a range of an uncompressed shard, or of a compressed one's
     stream."""
 
@@ -246,8 +254,8 @@ class WebDatasetSource:
             return stream[offset : offset + length]
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
-    def cut(self, shard: int, offset: int, length: int, row: int, data: bytes) -> bytes:
-        return data
+    def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
+        return data, int(located.label[i])
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
         return f"{shard_uri}#{key}"

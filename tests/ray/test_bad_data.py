@@ -72,8 +72,9 @@ def test_replace_keeps_every_batch_full_and_is_deterministic(ray_local, tmp_path
         np.testing.assert_array_equal(a["image"], b["image"])
     catalog = raydl.read_images(str(root)).catalog
     for b in batches:  # labels and keys follow the substitute
-        assert b["key"] == [catalog.table.column("key")[int(i)].as_py() for i in b["id"]]
-        assert b["label"].tolist() == [catalog.table.column("label")[int(i)].as_py() for i in b["id"]]
+        rows = catalog.samples(b["id"])
+        assert b["key"] == rows.key
+        assert b["label"].tolist() == rows.label.tolist()
 
 
 def test_replace_without_shared_data_on_a_generated_corrupt_file(ray_local, tmp_path):

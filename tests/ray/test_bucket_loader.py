@@ -32,8 +32,7 @@ def test_batches_are_bucket_pure_with_equal_counts_per_rank(ray_local, image_fol
     ds = _pipeline(image_folder).normalize("imagenet")
     counts = ds.bucket_counts()
     assert set(counts) == BUCKETS and sum(counts.values()) == 61 and min(counts.values()) > 0
-    t = ds.catalog.table
-    widths, heights = t.column("width").to_numpy(), t.column("height").to_numpy()
+    widths, heights = ds.catalog.column("width"), ds.catalog.column("height")
     stage = ds.stages[1]
     expected = {i: stage.buckets[b] for i, b in enumerate(stage.assign(widths, heights))}
     with ds.loader(batch_size=4, world_size=2, seed=5) as loader:

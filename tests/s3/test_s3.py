@@ -131,7 +131,7 @@ def test_read_images_from_s3_and_bad_schemes(moto_server, s3_client, bucket):
     for key in ("train/cat/1.jpg", "train/dog/2.png", "train/dog/3.txt", "train2/x/4.jpg"):
         s3_client.put_object(Bucket=bucket, Key=key, Body=b"not decoded here")
     ds = raydl.read_images(f"s3://{bucket}/train", s3=raydl.S3Options(endpoint_url=moto_server))
-    assert ds.catalog.table.column("key").to_pylist() == ["cat/1.jpg", "dog/2.png"]
+    assert ds.catalog.samples().key == ["cat/1.jpg", "dog/2.png"]
     assert ds.catalog.classes == ("cat", "dog")
     assert all(e for e in ds.catalog.shards.column("etag").to_pylist())
     with pytest.raises(DataSourceError, match="no images"):

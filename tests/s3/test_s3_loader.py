@@ -22,8 +22,8 @@ def test_same_ids_labels_and_pixels_from_s3_as_from_disk(ray_s3, moto_server, bu
     s3 = raydl.S3Options(endpoint_url=moto_server, max_concurrency=8)
     remote = raydl.read_images(f"s3://{bucket}/imgs", s3=s3)
     local = raydl.read_images(str(image_folder))
-    assert remote.catalog.table.select(["key", "label", "length"]) == local.catalog.table.select(
-        ["key", "label", "length"])
+    rows = lambda ds: {c: ds.catalog.samples().to_pydict()[c] for c in ("key", "label", "length")}  # noqa: E731
+    assert rows(remote) == rows(local)
     with _pipeline(remote).loader(batch_size=16, seed=5) as a, _pipeline(local).loader(batch_size=16, seed=5) as b:
         ea, eb = list(a.iterator(0).iter_batches()), list(b.iterator(0).iter_batches())
     assert len(ea) == len(eb) == 4
@@ -55,8 +55,8 @@ def _folder_as_shards(root, out_dir, per_shard=20):
     import pyarrow.parquet as pq
 
     ds = raydl.read_images(str(root))
-    keys = ds.catalog.table.column("key").to_pylist()
-    labels = ds.catalog.table.column("label").to_pylist()
+    keys = ds.catalog.samples().key
+    labels = ds.catalog.samples().label.tolist()
     out_dir.mkdir()
     for s in range(0, len(keys), per_shard):
         with tarfile.open(out_dir / f"shard-{s // per_shard:03d}.tar", "w") as tar:
@@ -87,8 +87,8 @@ def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_serv
     local = raydl.read_webdataset(str(tmp_path / "wds" / pattern))
     remote = raydl.read_webdataset(f"s3://{bucket}/wds/{pattern}", s3=s3)
     table = raydl.read_parquet(str(tmp_path / "wds" / "all.parquet"), image_column="img", label_column="label")
-    assert local.catalog.table.column("key").to_pylist() == [
-        k.rsplit(".", 1)[0] for k in folder.catalog.table.column("key").to_pylist()]
+    assert local.catalog.samples().key == [
+        k.rsplit(".", 1)[0] for k in folder.catalog.samples().key]
 
     ref = _epoch(folder, shuffle=False, seed=2)
     for ds in (local, table):

@@ -34,8 +34,8 @@ def tree(tmp_path):
 
 
 def columns(ds):
-    t = ds.catalog.table
-    return t.column("key").to_pylist(), t.column("label").to_pylist(), t.column("length").to_pylist()
+    loc = ds.catalog.samples()
+    return loc.key, loc.label.tolist(), loc.length.tolist()
 
 
 def test_keys_labels_and_sizes(tree):
@@ -47,9 +47,9 @@ def test_keys_labels_and_sizes(tree):
     assert labels == [0, 1, 1, 2, 2]
     assert sizes == [4, 2, 3, 1, 5]
     assert len(ds) == len(ds.catalog) == 5
-    assert ds.catalog.table.column_names == ["shard", "offset", "length", "row", "label", "key"]  # no header read
-    assert ds.catalog.table.column("shard").to_pylist() == [0, 1, 2, 3, 4]  # one object per image
-    assert set(ds.catalog.table.column("offset").to_pylist()) == {0}
+    assert ds.catalog.parts.column_names == ["shard", "count", "label"]  # no header read, keys not stored twice
+    assert ds.catalog.parts.column("shard").to_pylist() == [0, 1, 2, 3, 4]  # one object per image
+    assert set(ds.catalog.samples().offset.tolist()) == {0}
 
 
 def test_sample_ids_are_rows_and_uris_name_files(tree):
@@ -144,8 +144,7 @@ def test_etags_enter_the_fingerprint_but_not_the_shuffle_seed(tree):
     cat = read_images(str(tree)).catalog
     n = len(cat)
     args = dict(root=cat.root, storage=cat.storage, source=cat.source,
-                shard=range(n), offset=[0] * n, length=cat.table.column("length").to_pylist(),
-                label=cat.table.column("label").to_pylist(), key=cat.table.column("key").to_pylist(),
+                parts={"shard": range(n), "count": [1] * n, "label": cat.samples().label},
                 classes=cat.classes)
     infos = [ObjectInfo(u, s) for u, s in zip(cat.shards.column("uri").to_pylist(), cat.shards.column("size").to_pylist())]
     same = make_catalog(shards=infos, **args)
@@ -168,8 +167,8 @@ def test_sizes_are_read_on_demand_and_change_no_fingerprint(tmp_path):
     assert not cat.has_sizes and not cat.size_errors
     sized = cat.with_sizes()
     assert sized.has_sizes and sized.with_sizes() is sized
-    assert sized.table.column("width").to_pylist() == [20, 40, -1]  # tall.png, wide.jpg, zbroken.jpg
-    assert sized.table.column("height").to_pylist() == [50, 30, -1]
+    assert sized.parts.column("width").to_pylist() == [20, 40, -1]  # tall.png, wide.jpg, zbroken.jpg
+    assert sized.parts.column("height").to_pylist() == [50, 30, -1]
     assert list(sized.size_errors) == [2] and "header" in sized.size_errors[2]
     assert (sized.fingerprint, sized.samples_fingerprint) == (cat.fingerprint, cat.samples_fingerprint)
     ds = read_images(str(tmp_path)).decode().aspect_buckets(64, multiple=16)  # the stage that needs them
@@ -180,10 +179,10 @@ def test_sizes_of_a_source_without_image_files_are_a_value_error(tmp_path):
     """Only image folders have sizes: asking a catalog of another source is a ValueError naming the source."""
     import dataclasses
 
-    from raydl.sources.base import WholeRanges
+    from raydl.sources.webdataset import WebDatasetSource
 
     (tmp_path / "a").mkdir()
     touch(tmp_path / "a" / "x.jpg")
-    cat = dataclasses.replace(read_images(str(tmp_path)).catalog, source=WholeRanges(name="webdataset"))
+    cat = dataclasses.replace(read_images(str(tmp_path)).catalog, source=WebDatasetSource())
     with pytest.raises(ValueError, match="webdataset"):
         cat.with_sizes()

@@ -83,7 +83,7 @@ def test_a_tar_member_over_the_limit_is_skipped_unread(tmp_path):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     ds = raydl.read_webdataset(str(path), label_field=None)
-    t = ds.catalog.table.to_pydict()
+    t = ds.catalog.samples().to_pydict()
     result, reads = run(ds, len(small) + 10)
     (failure,) = result.skipped
     assert failure.uri == f"{path}#b" and f"is {len(big)} bytes" in failure.reason

@@ -39,7 +39,8 @@ def files(tmp_path):
 
 def _rows(cat, storage):
     """Every sample's bytes, fetched as the worker fetches them: coalesced ranges, then cut."""
-    t = cat.table.to_pydict()
+    loc = cat.samples()
+    t = loc.to_pydict()
     sh = cat.shards.to_pydict()
     ranges = list(zip(t["shard"], t["offset"], t["length"]))
     out = [None] * len(ranges)
@@ -48,8 +49,7 @@ def _rows(cat, storage):
         data = cat.source.read_block(storage, info, b.offset, b.length)
         for i in b.members:
             start = t["offset"][i] - b.offset
-            out[i] = cat.source.cut(t["shard"][i], t["offset"][i], t["length"][i], t["row"][i],
-                                    data[start:start + t["length"][i]])
+            out[i], _ = cat.source.cut(loc, i, data[start:start + t["length"][i]])
     return out
 
 
@@ -57,7 +57,7 @@ def test_catalog_rows_are_file_row_group_row(files):
     """One row per Parquet row, (file, row group chunk, row in group), labels from the label column, in file order."""
     root, _ = files
     ds = raydl.read_parquet(str(root) + "/", image_column="img", label_column="y")
-    t = ds.catalog.table.to_pydict()
+    t = ds.catalog.samples().to_pydict()
     assert len(ds) == 60
     assert t["label"] == (np.arange(60) % 7).tolist()
     assert t["row"] == [r % 16 for r in range(40)] + [r % 8 for r in range(20)]
@@ -75,7 +75,7 @@ def test_listing_reads_footers_and_labels_never_images(files, monkeypatch):
     storage = CountingStorage()
     cat = list_parquet([str(root / "a.parquet"), str(root / "b.parquet")], storage=storage, image_column="img",
                        label_column="y")
-    t = cat.table.to_pydict()
+    t = cat.samples().to_pydict()
     image_chunks = {(cat.shards.column("uri")[s].as_py(), o, n) for s, o, n in zip(t["shard"], t["offset"], t["length"])}
     for uri, off, n in storage.reads:
         assert not any(u == uri and off < o + m and o < off + n for u, o, m in image_chunks), (uri, off, n)
@@ -98,7 +98,7 @@ def test_struct_image_column_as_hugging_face_stores_it(tmp_path):
     pq.write_table(pa.table({"image": col, "label": pa.array([1, 2, 3, 4, 5])}), tmp_path / "hf.parquet")
     cat = raydl.read_parquet(str(tmp_path / "hf.parquet"), image_column="image", label_column="label").catalog
     assert _rows(cat, LocalStorage()) == images
-    assert cat.table.column("label").to_pylist() == [1, 2, 3, 4, 5]
+    assert cat.samples().label.tolist() == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("kw", [{"image_column": "nope"}, {"image_column": "img", "label_column": "missing"}])

@@ -71,11 +71,12 @@ from raydl.errors import DataSourceError
 from raydl.storage import ObjectInfo
 ds = raydl.read_parquet({str(path)!r}, image_column="img", label_column=None)
 cat = ds.catalog
-t = cat.table.to_pydict()
+loc = cat.samples([0])
+t = loc.to_pydict()
 info = ObjectInfo(*[cat.shards.column(c)[0].as_py() for c in ("uri", "size", "etag")])
 data = cat.source.read_block(cat.storage, info, t["offset"][0], t["length"][0])
 try:
-    cat.source.cut(0, t["offset"][0], t["length"][0], 0, data)
+    cat.source.cut(loc, 0, data)
 except DataSourceError as exc:
     print("refused:", exc)
 """

@@ -63,7 +63,7 @@ def test_a_shard_named_with_brackets_reads(tmp_path):
     """read_webdataset("…/shard[1].tar") reads that shard ("matches nothing" before)."""
     make_tree(tmp_path)
     ds = raydl.read_webdataset(str(tmp_path / "shard[1].tar"), label_field=None)
-    assert ds.catalog.table.column("key").to_pylist() == ["shard[1]"]
+    assert ds.catalog.samples().key == ["shard[1]"]
 
 
 def test_the_regex_never_crosses_a_folder_but_double_star_does():

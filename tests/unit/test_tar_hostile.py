@@ -204,4 +204,4 @@ def test_a_member_name_that_is_not_utf8_lists_with_escapes(tmp_path):
     path = tmp_path / "latin1.tar"
     path.write_bytes(member(b"caf\xe9.jpg", b"jpeg") + END)
     ds = raydl.read_webdataset(str(path), label_field=None)
-    assert ds.catalog.table.column("key").to_pylist() == ["caf\\xe9"]
+    assert ds.catalog.samples().key == ["caf\\xe9"]

@@ -114,7 +114,7 @@ def test_catalog_rows_point_at_the_image_bytes(tmp_path):
     """read_webdataset: one row per sample with an image (first of image_fields), its key, int label and exact bytes."""
     path = write_tar(tmp_path / "s.tar", AWKWARD)
     ds = raydl.read_webdataset(str(path))
-    t = ds.catalog.table.to_pydict()
+    t = ds.catalog.samples().to_pydict()
     ref = [s for s in library_samples(path) if any(f in s for f in ("jpg", "jpeg", "png", "webp"))]
     assert t["key"] == [s["__key__"] for s in ref]
     assert t["label"] == [int(s["cls"]) if "cls" in s else -1 for s in ref]
@@ -128,7 +128,7 @@ def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path):
     """Brace patterns, lists and globs name shards in order; a pattern matching no shard is a ValueError naming it."""
     for i in range(3):
         write_tar(tmp_path / f"shard-{i:04d}.tar", [(f"s{i}.jpg", b"x"), (f"s{i}.cls", str(i).encode())], extras=False)
-    keys = lambda ds: ds.catalog.table.column("key").to_pylist()  # noqa: E731
+    keys = lambda ds: ds.catalog.samples().key  # noqa: E731
     assert keys(raydl.read_webdataset(str(tmp_path / "shard-{0000..0002}.tar"))) == ["s0", "s1", "s2"]
     assert keys(raydl.read_webdataset([str(tmp_path / "shard-0002.tar"), str(tmp_path / "shard-0000.tar")])) == [
         "s2", "s0"]
@@ -167,7 +167,7 @@ def test_compressed_shards_are_read_whole(shared_data):
     ref = library_samples(shared_data / "webdataset" / "sample.tgz")
     assert len(ds) == len(ref) == 90
     cat = ds.catalog
-    t = cat.table.to_pydict()
+    t = cat.samples().to_pydict()
     info = raydl.storage.ObjectInfo(*[cat.shards.column(c)[0].as_py() for c in ("uri", "size", "etag")])
     for i in (0, 45, 89):
         got = cat.source.read_block(cat.storage, info, t["offset"][i], t["length"][i])

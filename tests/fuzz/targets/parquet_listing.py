@@ -55,10 +55,11 @@ def run_one(data: bytes) -> None:
             return
         raise
     cat = ds.catalog
-    t = cat.table.slice(0, 1).to_pydict()
+    loc = cat.samples([0])
+    t = loc.to_pydict()
     shards = cat.shards.to_pydict()
     s = t["shard"][0]
     info = ObjectInfo(shards["uri"][s], shards["size"][s], shards["etag"][s])
     block = cat.source.read_block(cat.storage, info, t["offset"][0], t["length"][0])
-    cut = cat.source.cut(s, t["offset"][0], t["length"][0], t["row"][0], block)
+    cut, _ = cat.source.cut(loc, 0, block)
     assert isinstance(cut, bytes)
