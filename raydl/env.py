@@ -11,6 +11,7 @@ import os
 import re
 
 __all__ = [
+    "cache_dir",
     "checkpoint_bind",
     "checkpoint_prepare",
     "environment_variable",
@@ -23,6 +24,11 @@ __all__ = [
 def native_disabled() -> bool:
     """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
     return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
+
+
+def cache_dir() -> str:
+    """RAYDL_CACHE_DIR: this node's cache folder (WebDataset shard indexes); default ~/.cache/raydl."""
+    return os.environ.get("RAYDL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "raydl")
 
 
 def ray_address() -> str | None:

@@ -47,6 +47,14 @@ pins=()
 [[ "$extras" == *test* ]] && pins+=("torch==2.13.0")
 echo "setup: pip install -e $spec ${pins[*]:-}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec" "${pins[@]}"
+if [[ "$extras" == *test* ]]; then
+    # DALI's wds2idx (pure Python over tar) writes the .idx files the WebDataset index tests read; the rest of
+    # the wheel (CUDA) is never imported, so --no-deps. Best effort: without it those tests skip and say why.
+    dali=(nvidia-dali-cuda120==2.4.0)
+    [ -d /tmp/dali ] && dali+=(--find-links /tmp/dali)
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${dali[@]}" \
+        || echo "setup: WARNING: nvidia-dali-cuda120 not installable here; the wds2idx tests will be skipped"
+fi
 .venv/bin/python -c "import raydl.native as n; print('setup: kernels:', n.kernel_status())"
 if [[ "$extras" == *test* ]]; then  # only the checkpoint tests need libfabric; the demo does not
     .venv/bin/python -c "import raydl.native.pyfi as f; print('setup: fabric:', 'available' if f.available() else f.unavailable_reason())"

@@ -3,9 +3,9 @@
 A gzip stream cannot be read by range, so a compressed shard is inflated
 whole and its tar is indexed and cut in memory. The shard is untrusted, so:
 
-- the inflate is streamed: the compressed bytes are read `READ_STEP` at a
-  time and inflated `INFLATE_STEP` at a time (zlib's `max_length`), so no
-  step holds more than that beyond the output;
+- the inflate is streamed: the compressed bytes come from ONE streamed read of
+  the object (one GET on S3), handed on `READ_STEP` at a time, and are
+  inflated `INFLATE_STEP` at a time (zlib's `max_length`), so no step holds more than that beyond the output;
 - the output is bounded: `inflated_limit(size)` bytes at most, a ratio of the
   compressed size with a floor and a ceiling. A shard that inflates past it
   (a bomb: 611 KB of gzipped zeros is 600 MB) is a DataSourceError naming
@@ -29,6 +29,7 @@ from concurrent.futures import Future
 
 from raydl.errors import DataSourceError
 from raydl.storage import ObjectInfo, Storage
+from raydl.storage.base import stream_object
 
 __all__ = ["CACHE_BYTES", "INFLATE_RATIO", "inflated", "inflated_limit"]
 
@@ -55,8 +56,7 @@ def _inflate(storage: Storage, info: ObjectInfo) -> bytes:
     members = 0
     member_at = 0  # compressed offset of the current gzip member
     at = 0  # compressed offset of `data`
-    while at < info.size:
-        data = storage.read_range(uri, at, min(READ_STEP, info.size - at), etag=info.etag or None)
+    for data in stream_object(storage, info, chunk=READ_STEP):  # one GET, read in steps
         while True:
             if d is None:  # between members: zero padding (as gzip.GzipFile allows), then a member
                 rest = data.lstrip(b"\0")

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ObjectInfo", "Storage", "split_scheme"]
+__all__ = ["STREAM_CHUNK", "ObjectInfo", "Storage", "split_scheme", "stream_object"]
+
+STREAM_CHUNK = 8 << 20  # one streamed read hands its bytes on in pieces of this size
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,11 @@ class Storage(Protocol):
         """The whole object."""
         ...
 
+    def stream(self, uri: str, *, etag: str | None = None, chunk: int = STREAM_CHUNK) -> Iterator[bytes]:
+        """The whole object, in order, in pieces of at most `chunk` bytes, from ONE read (one GET on S3;
+        a failed try resumes where it stopped). With `etag`, a changed object is an ObjectChangedError."""
+        ...
+
 
 def split_scheme(uri: str) -> tuple[str, str]:
     """("s3", "bucket/key") for "s3://bucket/key", ("file", path) for a local path or file:// URI."""
@@ -63,3 +70,27 @@ def split_scheme(uri: str) -> tuple[str, str]:
     if not head or not head.replace("+", "").replace("-", "").replace(".", "").isalnum():
         return "file", uri  # not a scheme: a local path that happens to hold "://"
     return head.lower(), rest
+
+
+def stream_object(storage: Storage, info: ObjectInfo, *, chunk: int = STREAM_CHUNK) -> Iterator[bytes]:
+    """`info`'s bytes through `storage.stream`, or through ranged reads of `chunk` bytes where a storage
+    has no `stream` (a test's stand-in); exactly `info.size` bytes, or an ObjectChangedError."""
+    from raydl.errors import ObjectChangedError
+
+    etag = info.etag or None
+    stream = getattr(storage, "stream", None)
+    if stream is None:
+        for at in range(0, info.size, chunk):
+            yield storage.read_range(info.uri, at, min(chunk, info.size - at), etag=etag)
+        return
+    got = 0
+    for piece in stream(info.uri, etag=etag, chunk=chunk):
+        got += len(piece)
+        if got > info.size:
+            break
+        yield piece
+    if got != info.size:
+        raise ObjectChangedError(
+            f"{info.uri} changed after it was listed: {got} bytes or more read, {info.size} listed",
+            uri=info.uri,
+        )

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from raydl.errors import DataSourceError, ObjectChangedError
-from raydl.storage.base import ObjectInfo
+from raydl.storage.base import STREAM_CHUNK, ObjectInfo
 
 __all__ = ["LocalStorage"]
 
@@ -133,3 +133,17 @@ class LocalStorage:
                 return f.read()
         except OSError as exc:
             raise DataSourceError(f"cannot read {uri!r}: {exc}", uri=uri) from exc
+
+    def stream(self, uri: str, *, etag: str | None = None, chunk: int = STREAM_CHUNK) -> Iterator[bytes]:
+        """The file's bytes in pieces of `chunk`, read sequentially through one open file."""
+        at = 0
+        try:
+            with open(uri, "rb", buffering=0) as f:
+                while True:
+                    piece = f.read(chunk)
+                    if not piece:
+                        return
+                    at += len(piece)
+                    yield piece
+        except OSError as exc:
+            raise DataSourceError(f"cannot read {uri!r} at offset {at}: {exc}", uri=uri) from exc

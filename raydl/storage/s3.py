@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
 from raydl.options import S3Options
 from raydl.storage import deadline
-from raydl.storage.base import ObjectInfo
+from raydl.storage.base import STREAM_CHUNK, ObjectInfo
 from raydl.storage.fetch import RetryPolicy, call_with_retries
 
 __all__ = ["S3Storage", "StalledError", "is_retryable", "split_s3"]
@@ -397,3 +397,72 @@ class S3Storage:
                 body.close()
 
         return self._call(get, uri, "read")
+
+    def stream(self, uri: str, *, etag: str | None = None, chunk: int = STREAM_CHUNK) -> Iterator[bytes]:
+        """The whole object from ONE GET, its body read `chunk` bytes at a time, each read within
+        `timeout_s` (the watchdog shuts a stalled connection down). A read that fails resumes with a
+        ranged GET from where it stopped, of the same etag, within the same `retries`."""
+        bucket, key = split_s3(uri)
+        client = self.client()
+        at, total, want, failures = 0, None, etag, 0
+        while total is None or at < total:
+            kwargs = {"Bucket": bucket, "Key": key}
+            if at:
+                kwargs["Range"] = f"bytes={at}-"
+            if want:
+                kwargs["IfMatch"] = f'"{want}"'
+            response = self._call(lambda kw=kwargs: client.get_object(**kw), uri, "read", offset=at)
+            got = response.get("ETag", "").strip('"')
+            if want and got and got != want:
+                response["Body"].close()
+                raise ObjectChangedError(
+                    f"{uri} changed after it was listed: etag {got!r}, listed {want!r}", uri=uri
+                )
+            want = want or got  # a resumed read reads the same object
+            if total is None:
+                total = at + int(response.get("ContentLength", 0))
+            body = response["Body"]
+            try:
+                while at < total:
+                    started = time.monotonic()
+                    try:
+                        piece = self._read_piece(body, chunk)
+                    except Exception as exc:  # noqa: BLE001 - retried from `at`, or translated
+                        failures += 1
+                        if failures >= self.options.retries or not is_retryable(exc):
+                            raise self._translate(
+                                exc,
+                                uri,
+                                "read",
+                                tries=failures,
+                                waited_s=time.monotonic() - started,
+                                offset=at,
+                            ) from exc
+                        time.sleep(min(2.0, 0.05 * 2**failures))
+                        break  # a new GET from `at`
+                    if not piece:
+                        raise ObjectChangedError(
+                            f"{uri} changed after it was listed: its body ends at offset {at}, "
+                            f"{total} bytes announced",
+                            uri=uri,
+                        )
+                    at += len(piece)
+                    yield piece
+            finally:
+                body.close()
+
+    def _read_piece(self, body, chunk: int) -> bytes:
+        """One read of a streamed body, within `timeout_s`: the connection it reads from is watched."""
+        with deadline.deadline(self.options.timeout_s) as watch:
+            conn = getattr(getattr(body, "_raw_stream", None), "connection", None)
+            if conn is not None:
+                watch.bind(conn)
+            try:
+                return body.read(chunk)
+            except Exception as exc:
+                if watch.expired:
+                    raise StalledError(
+                        f"the store stalled: no {chunk}-byte piece of the body within "
+                        f"{self.options.timeout_s:g} s (S3Options.timeout_s); the connection was closed"
+                    ) from exc
+                raise

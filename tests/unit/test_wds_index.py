@@ -1,0 +1,225 @@
+"""WebDataset shard indexes (raydl/sources/_wds_index.py): DALI's wds2idx files, wids shard lists, raydl's own
+index files and node cache, and the one-streamed-read indexer; crafted indexes are refused, naming the file."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raydl.errors import DataSourceError
+from raydl.sources import _wds_index as wi
+from raydl.sources._tar import index_tar
+from raydl.storage import LocalStorage, ObjectInfo
+
+pytestmark = pytest.mark.timeout(60)
+
+WDS2IDX = Path(sys.executable).parent / "wds2idx"
+needs_dali = pytest.mark.skipif(
+    not WDS2IDX.exists() or shutil.which("tar") is None,
+    reason="DALI's wds2idx is not installed (scripts/setup.sh test installs nvidia-dali-cuda120 --no-deps) "
+    "or GNU tar is missing",
+)
+
+
+def tarwriter_shard(path, n, *, start=0, extra=None):
+    """A shard as the webdataset library's TarWriter writes it: n samples of jpg + cls (+ extra fields)."""
+    import webdataset as wds
+
+    with wds.TarWriter(str(path)) as sink:
+        for i in range(start, start + n):
+            sample = {"__key__": f"s{i:05d}", "jpg": bytes([i % 256]) * (100 + i), "cls": str(i % 7)}
+            sample.update(extra or {})
+            sink.write(sample)
+    return str(path)
+
+
+def info_of(path) -> ObjectInfo:
+    return LocalStorage().stat(str(path))
+
+
+def reference_block(path) -> wi.MemberBlock:
+    data = Path(path).read_bytes()
+    index = index_tar(lambda off, n: data[off:off + n], len(data), str(path))
+    return wi.MemberBlock([m.name for m in index.members], np.array([m.offset for m in index.members]),
+                          np.array([m.size for m in index.members]))
+
+
+def same(a: wi.MemberBlock, b: wi.MemberBlock) -> bool:
+    return a.names == b.names and np.array_equal(a.offsets, b.offsets) and np.array_equal(a.sizes, b.sizes)
+
+
+class Counting(LocalStorage):
+    """Local disk that counts streamed reads and ranged reads."""
+
+    def __init__(self):
+        super().__init__()
+        object.__setattr__(self, "calls", [])
+
+    def read_range(self, uri, offset, length, *, etag=None):
+        self.calls.append(("range", uri))
+        return super().read_range(uri, offset, length, etag=etag)
+
+    def stream(self, uri, *, etag=None, chunk=8 << 20):
+        self.calls.append(("stream", uri))
+        yield from super().stream(uri, etag=etag, chunk=4096)  # small pieces: many per member and header
+
+
+def test_build_block_is_one_streamed_read_and_matches_the_header_reader(tmp_path):
+    """A shard is indexed from ONE streamed read (never a ranged read per member), in small pieces, with the same
+    members as the random-access header reader, GNU long names and pax included."""
+    path = tarwriter_shard(tmp_path / "a.tar", 30)
+    storage = Counting()
+    assert same(wi.build_block(storage, info_of(path)), reference_block(path))
+    assert storage.calls == [("stream", path)]
+    long = tmp_path / "long.tar"
+    with tarfile.open(long, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [("d/" + "x" * 150 + ".jpg", b"j" * 5000), ("ü/é.cls", b"1"), ("z.jpg", b"")]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    assert same(wi.build_block(Counting(), info_of(long)), reference_block(long))
+
+
+def test_a_shard_shorter_than_listed_is_an_error_naming_it(tmp_path):
+    """A shard that ends before its listed size (it changed) is a DataSourceError naming it."""
+    path = tarwriter_shard(tmp_path / "a.tar", 5)
+    info = info_of(path)
+    with pytest.raises(DataSourceError) as exc:
+        wi.build_block(LocalStorage(), ObjectInfo(info.uri, info.size + 10240))
+    assert path in str(exc.value)
+
+
+@needs_dali
+def test_dali_wds2idx_files_give_the_shards_own_members(tmp_path):
+    """DALI's own wds2idx (v1.2) on TarWriter shards, with several fields and a __meta__ member: parse_dali gives
+    exactly the members the tar headers give."""
+    path = tarwriter_shard(tmp_path / "a.tar", 25, extra={"json": b"{}", "txt": "caption"})
+    subprocess.run([str(WDS2IDX), path, str(tmp_path / "a.idx")], check=True, capture_output=True)
+    text = (tmp_path / "a.idx").read_bytes()
+    assert text.startswith(b"v1.2 25\n")
+    assert same(wi.parse_dali(text, str(tmp_path / "a.idx"), info_of(path)), reference_block(path))
+
+
+def _dali_text(block: wi.MemberBlock) -> bytes:
+    lines = [f"{n.split('.', 1)[1]} {o} {s} {n}" for n, o, s in zip(block.names, block.offsets, block.sizes)]
+    return (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize(
+    "mutate, why",
+    [
+        (lambda t: t.replace(b"v1.2", b"v1.1", 1), "not a DALI v1.2 index"),
+        (lambda t: t.replace(b"v1.2 4", b"v1.2 5", 1), "says 5 samples, has 4 lines"),
+        (lambda t: t.replace(b" s00001.jpg", b" s00 001.jpg", 1), "a name with a space"),
+        (lambda t: t.replace(b"jpg 7680 101", b"jpg 7680 999999", 1), "lies outside"),
+        (lambda t: t.replace(b"cls 5632", b"cls 3600", 1), "overlaps"),
+        (lambda t: t.replace(b"jpg 3584 100", b"jpg x 100", 1), "is not 'ext offset size name'"),
+    ],
+)
+def test_crafted_dali_indexes_are_refused_naming_the_file(tmp_path, mutate, why):
+    """A .idx that does not parse, claims more lines, has names with spaces, or points outside the shard or into
+    another member: a DataSourceError naming the .idx file."""
+    path = tarwriter_shard(tmp_path / "a.tar", 2)
+    text = _dali_text(reference_block(path))
+    assert wi.parse_dali(text, "x.idx", info_of(path)).names[:2] == ["s00000.cls", "s00000.jpg"]
+    where = str(tmp_path / "a.idx")
+    with pytest.raises(DataSourceError, match=why) as exc:
+        wi.parse_dali(mutate(text), where, info_of(path))
+    assert where in str(exc.value)
+
+
+def test_raydl_index_files_round_trip_and_crafted_ones_are_refused(tmp_path):
+    """write_index / read_header / decode_block round-trip; a cut, retyped or lying header or block is a
+    DataSourceError naming the index file."""
+    paths = [tarwriter_shard(tmp_path / f"s{i}.tar", 10 + i, start=100 * i) for i in range(3)]
+    blocks = [reference_block(p) for p in paths]
+    out = str(tmp_path / "index.rwi")
+    wi.write_index(out, [(Path(p).name, info_of(p), 0, b) for p, b in zip(paths, blocks)])
+    data = Path(out).read_bytes()
+    entries = wi.read_header(lambda o, n: data[o:o + n], len(data), out)
+    assert [e.path for e in entries] == ["s0.tar", "s1.tar", "s2.tar"]
+    assert entries[1].sigs == {"cls,jpg": 11}
+    for e, p, b in zip(entries, paths, blocks):
+        assert same(wi.decode_block(data[e.offset:e.offset + e.length], info_of(p), out), b)
+    head_end = data.index(b"\n", data.index(b"\n") + 1) + 1
+    bad_headers = [data[:30], b"NOT-AN-INDEX\n" + data, data.replace(b'"size":', b'"size":-', 1),
+                   data.replace(b'"length":', b'"length":9', 1), data[:head_end - 5]]
+    for bad in bad_headers:
+        with pytest.raises(DataSourceError) as exc:
+            wi.read_header(lambda o, n, b=bad: b[o:o + n], len(bad), out)
+        assert out in str(exc.value)
+    e = entries[0]
+    block = data[e.offset:e.offset + e.length]
+    lying = bytearray(block)
+    lying[4:12] = (10**12).to_bytes(8, "little")  # a trillion members claimed
+    shifted = bytearray(block)
+    shifted[12:20] = (10**9).to_bytes(8, "little")  # the first member far past the shard's end
+    for bad in (bytes(lying), bytes(shifted), block[:-3], b"RWB1" + block[4:10]):
+        with pytest.raises(DataSourceError) as exc:
+            wi.decode_block(bad, info_of(paths[0]), out)
+        assert out in str(exc.value)
+
+
+def test_wids_shard_lists_resolve_urls_and_refuse_crafted_ones(tmp_path):
+    """A wids JSON: urls relative to its folder unless absolute or with a scheme; a wrong kind, a bad entry, or
+    more samples than the file can hold is a DataSourceError naming the JSON (and the entry)."""
+    doc = {"__kind__": "wids-shard-index-v1", "name": "t", "shardlist": [
+        {"url": "a.tar", "nsamples": 3, "filesize": 10240}, {"url": "/abs/b.tar", "nsamples": 1},
+        {"url": "s3://bkt/c.tar", "nsamples": 2, "filesize": 4096}]}
+    got = wi.parse_wids(json.dumps(doc).encode(), "s3://bkt/d/shards.json")
+    assert [w.url for w in got] == ["s3://bkt/d/a.tar", "/abs/b.tar", "s3://bkt/c.tar"]
+    assert [w.nsamples for w in got] == [3, 1, 2]
+    for bad, why in [
+        (b"[1, 2", "not a JSON shard list"),
+        (json.dumps({**doc, "__kind__": "other"}).encode(), "not a wids shard list"),
+        (json.dumps({**doc, "shardlist": [{"url": "a.tar", "nsamples": -1}]}).encode(), r"shardlist\[0\]"),
+        (json.dumps({**doc, "shardlist": [{"url": "a.tar", "nsamples": 10**9, "filesize": 1024}]}).encode(),
+         "claims 1000000000 samples"),
+        (b"[" * 100000 + b"]" * 100000, "not a JSON shard list"),
+    ]:
+        with pytest.raises(DataSourceError, match=why) as exc:
+            wi.parse_wids(bad, "/data/shards.json")
+        assert "/data/shards.json" in str(exc.value)
+
+
+def test_the_node_cache_is_keyed_by_path_size_and_mtime_and_ignores_junk(tmp_path, monkeypatch):
+    """cache_put/cache_get under $RAYDL_CACHE_DIR: a hit gives the block; a rewritten file (new mtime) misses; a
+    corrupt cache file is a miss (and removed), never an error."""
+    import os
+
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
+    path = tarwriter_shard(tmp_path / "a.tar", 4)
+    info = info_of(path)
+    assert wi.cache_get(info) is None
+    wi.cache_put(info, reference_block(path))
+    entry, block = wi.cache_get(info)
+    assert same(block, reference_block(path)) and entry.sigs == {"cls,jpg": 4}
+    (f,) = list((tmp_path / "cache" / "wds-index").iterdir())
+    assert not [p for p in f.parent.iterdir() if p.name.startswith(".tmp")]  # written by rename
+    os.utime(path, ns=(1, 1))
+    assert wi.cache_get(info) is None  # same size, other mtime: another key
+    os.utime(path, ns=(f.stat().st_mtime_ns, f.stat().st_mtime_ns))
+    key = wi.cache_key(info)[0]
+    (f.parent / key).write_bytes(b"RAYDL-WDS-INDEX 1 5\nxxxx")
+    assert wi.cache_get(info) is None and not (f.parent / key).exists()
+
+
+def test_samples_of_spans_image_and_label_members(tmp_path):
+    """A sample's range covers its image and its label member; image_at/label_at point at their bytes."""
+    path = tarwriter_shard(tmp_path / "a.tar", 6)
+    data = Path(path).read_bytes()
+    blk = wi.samples_of(reference_block(path), path, ("jpg",), "cls")
+    assert blk.keys == [f"s{i:05d}" for i in range(6)]
+    for j in range(6):
+        span = data[blk.start[j]:blk.start[j] + blk.length[j]]
+        assert span[blk.image_at[j]:blk.image_at[j] + blk.image_len[j]] == bytes([j]) * (100 + j)
+        assert span[blk.label_at[j]:blk.label_at[j] + blk.label_len[j]] == str(j % 7).encode()
+    none = wi.samples_of(reference_block(path), path, ("png",), None, every=True)
+    assert none.missing.all() and (none.label_at == -1).all()
