@@ -52,8 +52,9 @@ def read_webdataset(
     s3: S3Options | None = None,
     image_fields: tuple[str, ...] = ("jpg", "jpeg", "png", "webp"),
     label_field: str | None = "cls",
+    index: str = "auto",
 ) -> Dataset:
-    """WebDataset tar shards, local or s3://, indexed once from their tar headers into a catalog.
+    """WebDataset tar shards, local or s3://, listed by shard (a part each: its sample count, from its index).
 
     `urls`: a brace pattern ("shards/train-{000000..000127}.tar"), a glob, or a
     list of them. Members group into samples exactly as the webdataset library
@@ -63,6 +64,14 @@ def read_webdataset(
     (.tar.gz/.tgz) are read whole. A pattern that matches nothing, a malformed
     brace pattern or an unknown scheme is a ValueError naming it; a corrupt or
     truncated shard a DataSourceError naming the shard and the offset.
+
+    `index`: "auto" uses an index beside each shard (DALI's NAME.idx or
+    NAME.tar.idx) or raydl's node cache, else reads each shard once (one
+    streamed GET) and caches it under $RAYDL_CACHE_DIR; a path reads a raydl
+    index file there (writes one when there is none; `raydl index` builds one
+    ahead); a .json path (or `urls` itself) is a wids shard list whose counts
+    are used as they are. Listing never makes a request per sample
+    (docs/data.md says what it costs).
     """
     from raydl.sources.webdataset import list_webdataset
 
@@ -81,7 +90,9 @@ def read_webdataset(
         raise ValueError(f"image_fields must be a non-empty tuple of field names, got {image_fields!r}")
     patterns = [p[len("file://") :] if p.startswith("file://") else p for p in map(str, patterns)]
     return Dataset(
-        list_webdataset(patterns, storage_of=storage_of, image_fields=fields, label_field=label_field)
+        list_webdataset(
+            patterns, storage_of=storage_of, image_fields=fields, label_field=label_field, index=str(index)
+        )
     )
 
 

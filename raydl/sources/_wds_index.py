@@ -277,7 +277,7 @@ def samples_of(
 
 
 def signatures(block: MemberBlock, uri: str) -> dict[str, int]:
-    """How many samples have each set of fields ("cls,jpg": 90), so a header gives the count for any fields."""
+    """How many samples have each set of fields ("cls,jpg": 90): a header then counts any image_fields."""
     out: collections.Counter[str] = collections.Counter()
     for s in group_samples(block.names, uri):
         out[",".join(sorted(s.fields))] += 1
