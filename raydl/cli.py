@@ -64,6 +64,28 @@ def _add_fabric_info(sub) -> None:
     p.set_defaults(func=lambda args: __import__("raydl.native.pyfi", fromlist=["x"]).fabric_info_main(args))
 
 
+def _add_index(sub) -> None:
+    p = sub.add_parser(
+        "index", help="build a WebDataset index file ahead of time (read_webdataset(index=PATH))"
+    )
+    p.add_argument("urls", nargs="+", help="shards: brace patterns, globs or URLs, local or s3://")
+    p.add_argument("--out", required=True, help="the index file to write (a local path)")
+    p.add_argument("--s3-endpoint-url", default=None, help="an S3-compatible endpoint")
+    p.set_defaults(func=_index_main)
+
+
+def _index_main(args) -> int:
+    from raydl.options import S3Options
+    from raydl.sources.webdataset import index_webdataset
+    from raydl.storage import storage_for
+
+    s3 = S3Options(endpoint_url=args.s3_endpoint_url) if args.s3_endpoint_url else None
+    urls = [u[len("file://") :] if u.startswith("file://") else u for u in args.urls]
+    shards, members = index_webdataset(urls, storage_of=lambda u: storage_for(u, s3), out=args.out)
+    print(f"raydl index: wrote {args.out}: {shards} shards, {members} members")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raydl", description="Ray-distributed data loader for training")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_make_images(sub)
     _add_bench(sub)
     _add_fabric_info(sub)
+    _add_index(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
