@@ -4,10 +4,13 @@ and .tar.gz shards, as webdataset's TarWriter and Python's tarfile (ustar, GNU l
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import logging
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 import raydl.errors
@@ -16,6 +19,9 @@ from raydl.storage import ObjectInfo
 
 ALLOWED = (raydl.errors.RaydlError,)
 logging.getLogger("raydl").setLevel(logging.ERROR)  # "samples left out" for most inputs
+URI_TAR, URI_TAR_GZ = "mem://bucket/fuzz.tar", "mem://bucket/fuzz.tar.gz"
+CACHE = tempfile.mkdtemp(prefix="raydl-fuzz-cache-")
+os.environ["RAYDL_CACHE_DIR"] = CACHE  # the listing caches each input's index: here, emptied after each
 SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "webdataset"
 
 
@@ -28,10 +34,10 @@ class MemoryStorage:
         self.data = data
 
     def list(self, prefix):
-        raise AssertionError("a shard URL without a pattern is never listed")
+        yield self.stat(URI_TAR_GZ if self.data[:1] == b"\x1f" else URI_TAR)  # the LIST page of the shard's folder
 
     def stat(self, uri: str) -> ObjectInfo:
-        return ObjectInfo(uri, len(self.data), "etag")
+        return ObjectInfo(uri, len(self.data), hashlib.sha256(self.data).hexdigest())  # a new shard, a new etag
 
     def read_range(self, uri: str, offset: int, length: int, *, etag=None) -> bytes:
         out = self.data[offset : offset + length]
@@ -80,7 +86,7 @@ def seeds() -> list[bytes]:
 
 
 def run_one(data: bytes) -> None:
-    name = "mem://bucket/fuzz.tar.gz" if data[:1] == b"\x1f" else "mem://bucket/fuzz.tar"
+    name = URI_TAR_GZ if data[:1] == b"\x1f" else URI_TAR
     storage = MemoryStorage(data)
     try:
         list_webdataset(name, storage_of=lambda _u: storage, image_fields=("jpg", "png", "ppm"), label_field="cls")
@@ -88,6 +94,7 @@ def run_one(data: bytes) -> None:
         from raydl.sources import _inflate
 
         _inflate.clear_cache()  # every input is a new shard under the same name
+        shutil.rmtree(os.path.join(CACHE, "wds-index"), ignore_errors=True)
 
 
 if __name__ == "__main__":  # a quick look: every seed lists
