@@ -505,16 +505,15 @@ def list_webdataset(
     fields = tuple(f.lower().lstrip(".") for f in image_fields)
     listing = _Listing(storage_of)
     wids = None
-    json_uri = urls if isinstance(urls, str) and urls.lower().endswith(".json") else None
-    if index.lower().endswith(".json"):
-        json_uri = index
+    if isinstance(urls, (list, tuple)) and len(urls) == 1:
+        urls = urls[0]
+    urls_json = isinstance(urls, str) and urls.lower().endswith(".json")
+    json_uri = urls if urls_json else index if index.lower().endswith(".json") else None
     if json_uri is not None:
         if split_scheme(json_uri)[0] == "file":
             json_uri = os.path.abspath(json_uri)
         infos, wids = _wids_shards(json_uri, storage_of(json_uri), listing)
-        if isinstance(urls, str) and urls.lower().endswith(".json"):
-            pass
-        else:
+        if not urls_json:  # index="shards.json": the urls choose among its shards
             chosen = {o.uri for o in _expand(urls, listing)}
             infos = [o for o in infos if o.uri in chosen]
     else:
