@@ -223,3 +223,132 @@ def test_samples_of_spans_image_and_label_members(tmp_path):
         assert span[blk.label_at[j]:blk.label_at[j] + blk.label_len[j]] == str(j % 7).encode()
     none = wi.samples_of(reference_block(path), path, ("png",), None, every=True)
     assert none.missing.all() and (none.label_at == -1).all()
+
+
+# -- listing with indexes (read_webdataset / list_webdataset) ---------------------------------------
+
+
+def _dataset(tmp_path, n_shards=3, per=12):
+    paths = [tarwriter_shard(tmp_path / f"shard-{s:04d}.tar", per, start=100 * s,
+                             extra={"json": b"{}"} if s == 1 else None) for s in range(n_shards)]
+    return paths, str(tmp_path / f"shard-{{0000..{n_shards - 1:04d}}}.tar")
+
+
+def library_keys(paths):
+    import webdataset as wds
+
+    return [s["__key__"] for p in paths for s in wds.WebDataset(p, shardshuffle=False)]
+
+
+def worker_view(ds):
+    """(key, image, label) of every sample, as a worker locates and cuts it."""
+    cat = ds.catalog
+    loc = cat.source.locate(cat, np.arange(len(cat)))
+    assert not loc.errors, loc.errors
+    out = []
+    for i in range(len(cat)):
+        data = cat.source.read_block(cat.storage, cat.shard_info(int(loc.shard[i])), int(loc.offset[i]),
+                                     int(loc.length[i]))
+        out.append((loc.key[i], *cat.source.cut(loc, i, data)))
+    return out
+
+
+def list_counting(url, **kw):
+    """list_webdataset through a storage that counts its reads."""
+    from raydl.sources.webdataset import list_webdataset
+
+    storage = Counting()
+    cat = list_webdataset(url, storage_of=lambda _u: storage, image_fields=("jpg",), label_field="cls", **kw)
+    return cat, storage.calls
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    from raydl.sources import webdataset
+
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
+    webdataset.clear_blocks()
+    return tmp_path / "cache"
+
+
+def test_listing_is_cached_and_a_cached_listing_reads_no_shard(tmp_path, cache):
+    """The first listing reads each shard once (one streamed read); the next reads nothing (node cache); the keys,
+    images and labels the workers get equal the webdataset library's."""
+    import raydl
+
+    paths, url = _dataset(tmp_path)
+    cat, calls = list_counting(url)
+    assert sorted(calls) == sorted(("stream", p) for p in paths)
+    again, calls = list_counting(url)
+    assert calls == [] and again.fingerprint == cat.fingerprint
+    view = worker_view(raydl.read_webdataset(url))
+    assert [k for k, _, _ in view] == library_keys(paths)
+    assert [lab for _, _, lab in view] == [i % 7 for s in range(3) for i in range(100 * s, 100 * s + 12)]
+
+
+@needs_dali
+def test_dali_idx_and_wids_json_give_the_library_keys_without_reading_a_shard(tmp_path, cache):
+    """With wds2idx's NAME.idx beside each shard, or a wids JSON, listing reads no shard; the samples the workers
+    cut are the library's, as without any index; a corrupt .idx is warned about and the shard indexed instead."""
+    import raydl
+
+    paths, url = _dataset(tmp_path)
+    plain = worker_view(raydl.read_webdataset(url, index="none"))
+    shutil.rmtree(cache, ignore_errors=True)
+    for p in paths:
+        subprocess.run([str(WDS2IDX), p], check=True, capture_output=True)
+    cat, calls = list_counting(url)
+    assert {u for _, u in calls} == set()  # the .idx files are read whole, by storage.read (not counted)
+    assert cat.parts.column("index_kind").to_pylist() == [1, 1, 1]
+    shutil.rmtree(cache)
+    assert worker_view(raydl.read_webdataset(url)) == plain
+    doc = {"__kind__": "wids-shard-index-v1", "name": "t",
+           "shardlist": [{"url": Path(p).name, "nsamples": 12, "filesize": Path(p).stat().st_size} for p in paths]}
+    (tmp_path / "shards.json").write_text(json.dumps(doc))
+    shutil.rmtree(cache)
+    cat, calls = list_counting(str(tmp_path / "shards.json"))
+    assert calls == [] and len(cat) == 36
+    assert worker_view(raydl.read_webdataset(str(tmp_path / "shards.json"))) == plain
+    Path(paths[2][:-4] + ".idx").write_text("v1.2 1\njpg 0 1 bad.jpg\n")
+    shutil.rmtree(cache)
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("raydl").addHandler(handler)
+    try:
+        cat, calls = list_counting(url)
+    finally:
+        logging.getLogger("raydl").removeHandler(handler)
+    assert calls == [("stream", paths[2])]
+    assert any(paths[2][:-4] + ".idx" in r.getMessage() for r in records)
+
+
+def test_an_explicit_index_file_is_written_read_and_refreshed(tmp_path, cache):
+    """index=PATH writes a raydl index file when there is none and reads it after (no shard read, even with an
+    empty cache); `raydl index` writes the same; a shard rewritten since is indexed again; a corrupt file is a
+    DataSourceError naming it."""
+    import os
+
+    from raydl.cli import main
+
+    paths, url = _dataset(tmp_path)
+    out = str(tmp_path / "train.rwi")
+    shard_reads = lambda calls: [c for c in calls if c[1] != out]  # noqa: E731 - the index file itself is read
+    cat, calls = list_counting(url, index=out)
+    assert os.path.exists(out) and len(shard_reads(calls)) == 3
+    shutil.rmtree(cache)
+    again, calls = list_counting(url, index=out)
+    assert shard_reads(calls) == [] and again.fingerprint == cat.fingerprint
+    assert again.parts.column("index_kind").to_pylist() == [2, 2, 2]
+    assert main(["index", url, "--out", str(tmp_path / "cli.rwi")]) == 0
+    assert Path(tmp_path / "cli.rwi").read_bytes()[:30] == Path(out).read_bytes()[:30]
+    tarwriter_shard(paths[1], 5, start=500)  # rewritten: other size
+    shutil.rmtree(cache)
+    changed, calls = list_counting(url, index=out)
+    assert shard_reads(calls) == [("stream", paths[1])] and len(changed) == 12 + 5 + 12
+    Path(out).write_bytes(Path(out).read_bytes()[:40])
+    with pytest.raises(DataSourceError) as exc:
+        list_counting(url, index=out)
+    assert out in str(exc.value)

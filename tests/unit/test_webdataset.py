@@ -110,25 +110,44 @@ def test_grouping_matches_the_library_on_the_shared_shards(shared_data):
         assert raydl_samples(path) == library_samples(path), path.name
 
 
-def test_catalog_rows_point_at_the_image_bytes(tmp_path):
-    """read_webdataset: one row per sample with an image (first of image_fields), its key, int label and exact bytes."""
+def located_samples(ds):
+    """Every sample of a listed dataset as a worker sees it: (key, image bytes, label), from locate + cut."""
+    cat = ds.catalog
+    loc = cat.source.locate(cat, np.arange(len(cat)))
+    assert not loc.errors
+    out = []
+    for i in range(len(cat)):
+        info = cat.shard_info(int(loc.shard[i]))
+        data = cat.source.read_block(cat.storage, info, int(loc.offset[i]), int(loc.length[i]))
+        image, label = cat.source.cut(loc, i, data)
+        out.append((loc.key[i], image, label))
+    return out
+
+
+def library_view(path, fields=("jpg", "jpeg", "png", "webp")):
+    """The webdataset library's samples with an image field, as (key, image bytes, label)."""
+    ref = [s for s in library_samples(path) if any(f in s for f in fields)]
+    return [(s["__key__"], next(s[f] for f in fields if f in s), int(s["cls"]) if "cls" in s else -1) for s in ref]
+
+
+def test_catalog_parts_are_shards_and_workers_cut_the_library_samples(tmp_path, monkeypatch):
+    """read_webdataset: one part per shard (its count), no per-sample column on the driver; the worker's locate +
+    cut give each sample's key, exact image bytes and int label as the webdataset library reads them."""
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tar(tmp_path / "s.tar", AWKWARD)
     ds = raydl.read_webdataset(str(path))
-    t = ds.catalog.samples().to_pydict()
-    ref = [s for s in library_samples(path) if any(f in s for f in ("jpg", "jpeg", "png", "webp"))]
-    assert t["key"] == [s["__key__"] for s in ref]
-    assert t["label"] == [int(s["cls"]) if "cls" in s else -1 for s in ref]
-    blob = open(path, "rb").read()
-    for off, n, s in zip(t["offset"], t["length"], ref):
-        image = next(s[f] for f in ("jpg", "jpeg", "png", "webp") if f in s)
-        assert blob[off:off + n] == image
+    parts = ds.catalog.parts.to_pydict()
+    assert parts["shard"] == [0] and parts["count"] == [len(ds)]
+    assert not {"key", "offset", "label"} & set(ds.catalog.parts.column_names)
+    assert located_samples(ds) == library_view(path)
 
 
-def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path):
+def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path, monkeypatch):
     """Brace patterns, lists and globs name shards in order; a pattern matching no shard is a ValueError naming it."""
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
     for i in range(3):
         write_tar(tmp_path / f"shard-{i:04d}.tar", [(f"s{i}.jpg", b"x"), (f"s{i}.cls", str(i).encode())], extras=False)
-    keys = lambda ds: ds.catalog.samples().key  # noqa: E731
+    keys = lambda ds: [k for k, _, _ in located_samples(ds)]  # noqa: E731
     assert keys(raydl.read_webdataset(str(tmp_path / "shard-{0000..0002}.tar"))) == ["s0", "s1", "s2"]
     assert keys(raydl.read_webdataset([str(tmp_path / "shard-0002.tar"), str(tmp_path / "shard-0000.tar")])) == [
         "s2", "s0"]
@@ -141,8 +160,9 @@ def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path):
         raydl.read_webdataset("gs://bucket/shard-{0..3}.tar")
 
 
-def test_truncated_and_corrupt_shards_name_the_shard_and_offset(tmp_path):
+def test_truncated_and_corrupt_shards_name_the_shard_and_offset(tmp_path, monkeypatch):
     """A shard cut inside a member, or with a damaged header, is a DataSourceError naming the shard and the offset."""
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
     path = write_tar(tmp_path / "ok.tar", [("a.jpg", b"x" * 3000), ("a.cls", b"1"), ("b.jpg", b"y" * 3000)],
                      extras=False)
     blob = open(path, "rb").read()
@@ -161,15 +181,10 @@ def test_truncated_and_corrupt_shards_name_the_shard_and_offset(tmp_path):
     assert str(damaged) in str(info.value)
 
 
-def test_compressed_shards_are_read_whole(shared_data):
-    """A .tgz shard is indexed from its decompressed stream; the worker's read gives the member's exact bytes."""
-    ds = raydl.read_webdataset(str(shared_data / "webdataset" / "sample.tgz"), image_fields=("png",))
-    ref = library_samples(shared_data / "webdataset" / "sample.tgz")
-    assert len(ds) == len(ref) == 90
-    cat = ds.catalog
-    t = cat.samples().to_pydict()
-    info = raydl.storage.ObjectInfo(*[cat.shards.column(c)[0].as_py() for c in ("uri", "size", "etag")])
-    for i in (0, 45, 89):
-        got = cat.source.read_block(cat.storage, info, t["offset"][i], t["length"][i])
-        assert got == ref[i]["png"] and t["label"][i] == int(ref[i]["cls"])
-    assert np.array_equal(t["label"], [int(s["cls"]) for s in ref])
+def test_compressed_shards_are_read_whole(shared_data, tmp_path, monkeypatch):
+    """A .tgz shard is indexed from its decompressed stream; the worker's reads give each member's exact bytes."""
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
+    path = shared_data / "webdataset" / "sample.tgz"
+    ds = raydl.read_webdataset(str(path), image_fields=("png",))
+    assert len(ds) == 90
+    assert located_samples(ds) == library_view(path, ("png",))
