@@ -1,4 +1,4 @@
-"""A LocalStorage that records every range it reads (thread-safe), optionally slowed, for tests that count
+"""A LocalStorage that records every range it reads, and every streamed read as one whole range (thread-safe), optionally slowed, for tests that count
 how often the loader reads a shard, a row group or a sample."""
 
 from __future__ import annotations
@@ -24,3 +24,13 @@ class CountingStorage(LocalStorage):
         if self.delay_s:
             time.sleep(self.delay_s)
         return super().read_range(uri, offset, length, etag=etag)
+
+    def stream(self, uri, *, etag=None, chunk=8 << 20):
+        """A whole-object streamed read, recorded as one read of (uri, 0, its size)."""
+        import os
+
+        with self.lock:
+            self.reads.append((uri, 0, os.path.getsize(uri)))
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        yield from super().stream(uri, etag=etag, chunk=chunk)
