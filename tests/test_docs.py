@@ -379,6 +379,15 @@ def _hostile_shard_triggers(tmp: Path) -> dict[str, list]:
     (tmp / "cut.tar.gz").write_bytes(gzip.compress(tar_of(("a.jpg", bytes(range(256)) * 40, tarfile.REGTYPE)))[:400])
     (tmp / "label.tar").write_bytes(tar_of(("a.jpg", b"x", tarfile.REGTYPE), ("a.cls", b"7" * 5000, tarfile.REGTYPE)))
     read = lambda name: lambda: raydl.read_webdataset(str(tmp / name))  # noqa: E731
+
+    def located_error(name):  # found by the worker's locate, settled under on_error: raised here
+        import numpy as np
+
+        cat = raydl.read_webdataset(str(tmp / name)).catalog
+        errors = cat.source.locate(cat, np.arange(len(cat))).errors
+        if errors:
+            raise next(iter(errors.values()))
+
     return {
         "DataSourceError: …: corrupt pax header at offset … (…)": [read("pax.tar")],
         "DataSourceError: …: the compressed shard inflates to more than … bytes, the limit for a …-byte shard (…): "
@@ -386,7 +395,7 @@ def _hostile_shard_triggers(tmp: Path) -> dict[str, list]:
         "DataSourceError: …: corrupt gzip stream…": [read("damaged.tar.gz")],
         "DataSourceError: …: truncated gzip stream: …": [read("cut.tar.gz")],
         "DataSourceError: …: sample … has a …-byte … member at offset …, not an integer label (at most … bytes)": [
-            read("label.tar")],
+            lambda: located_error("label.tar")],
     }
 
 

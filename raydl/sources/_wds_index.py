@@ -524,7 +524,7 @@ def read_header(read, size: int, where: str) -> list[IndexEntry]:
     first = read(0, min(size, _HEAD_PROBE))
     nl = first.find(b"\n")
     if not first.startswith(MAGIC) or nl < 0 or not _INT.fullmatch(first[len(MAGIC) : nl].decode("latin-1")):
-        raise DataSourceError(f"{where}: not a raydl index file (no '{MAGIC.decode()}N' line)", uri=where)
+        raise DataSourceError(f"{where}: not a raydl index file (no 'RAYDL-WDS-INDEX 1 N' line)", uri=where)
     head_len = int(first[len(MAGIC) : nl])
     data_at = nl + 1 + head_len
     if head_len > MAX_INDEX_BYTES or data_at > size:
