@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from webdataset.tariterators import group_by_keys  # at import: its first import is slow, not an input's time
+
 import raydl.errors
 from raydl.sources.webdataset import base_plus_ext, group_samples
 
@@ -28,8 +30,6 @@ def seeds() -> list[bytes]:
 
 
 def _library(names: list[str]):
-    from webdataset.tariterators import group_by_keys
-
     files = [
         {"fname": n, "data": i, "__url__": URI}
         for i, n in enumerate(names)
