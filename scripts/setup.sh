@@ -50,9 +50,7 @@ echo "setup: pip install -e $spec ${pins[*]:-}"
 if [[ "$extras" == *test* ]]; then
     # DALI's wds2idx (pure Python over tar) writes the .idx files the WebDataset index tests read; the rest of
     # the wheel (CUDA) is never imported, so --no-deps. Best effort: without it those tests skip and say why.
-    dali=(nvidia-dali-cuda120==2.4.0)
-    [ -d /tmp/dali ] && dali+=(--find-links /tmp/dali)
-    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "${dali[@]}" \
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps nvidia-dali-cuda120==2.4.0 \
         || echo "setup: WARNING: nvidia-dali-cuda120 not installable here; the wds2idx tests will be skipped"
 fi
 .venv/bin/python -c "import raydl.native as n; print('setup: kernels:', n.kernel_status())"
