@@ -1,9 +1,15 @@
 """Fixtures shared by every test tier."""
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# raydl's node cache (WebDataset shard indexes): one folder for this test run, set before any Ray process starts
+# so that Ray's workers inherit it, never the user's ~/.cache/raydl. Tests that count requests set their own.
+os.environ.setdefault("RAYDL_CACHE_DIR", tempfile.mkdtemp(prefix="raydl-test-cache-"))
 
 # ../shared beside the checkout holds real images (see its data/README.md).
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -231,6 +231,12 @@ class SampleBlock:
     def __len__(self) -> int:
         return len(self.keys)
 
+    @property
+    def nbytes(self) -> int:
+        """About what the block holds in memory: its arrays, and its keys as Python strings."""
+        arrays = (self.start, self.length, self.image_at, self.image_len, self.label_at, self.label_len)
+        return sum(a.nbytes for a in arrays) + self.missing.nbytes + sum(len(k) + 56 for k in self.keys)
+
 
 def _shown(key: str) -> str:
     # a name that is not UTF-8 (kept as tarfile keeps it, in surrogates) is shown with \x escapes
@@ -642,15 +648,20 @@ def cache_put(info: ObjectInfo, block: MemberBlock) -> None:
 
 # -- a bounded LRU of sample blocks per process ------------------------------------------------------
 
-LRU_BLOCKS = 64
+# A globally shuffled batch touches as many shards as it has samples, so a worker keeps the blocks of many
+# shards, bounded by their bytes, not their number: 256 MiB holds about 2 M samples' offsets and keys (ImageNet
+# as WebDataset whole); past that, blocks are loaded again from the node cache as batches need them.
+LRU_BYTES = 256 << 20
 
 
 class BlockLRU:
-    """The last `capacity` SampleBlocks this process loaded, by (uri, etag, size, fields, label, every)."""
+    """The SampleBlocks this process loaded last, at most `max_bytes` of them (and always the newest), by
+    (uri, etag, size, fields, label, every)."""
 
-    def __init__(self, capacity: int = LRU_BLOCKS) -> None:
-        self.capacity = capacity
+    def __init__(self, max_bytes: int = LRU_BYTES) -> None:
+        self.max_bytes = max_bytes
         self._d: collections.OrderedDict[tuple, SampleBlock] = collections.OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: tuple) -> SampleBlock | None:
@@ -662,14 +673,19 @@ class BlockLRU:
 
     def put(self, key: tuple, value: SampleBlock) -> None:
         with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
             self._d[key] = value
-            self._d.move_to_end(key)
-            while len(self._d) > self.capacity:
-                self._d.popitem(last=False)
+            self._bytes += value.nbytes
+            while self._bytes > self.max_bytes and len(self._d) > 1:
+                _, dropped = self._d.popitem(last=False)
+                self._bytes -= dropped.nbytes
 
     def clear(self) -> None:
         with self._lock:
             self._d.clear()
+            self._bytes = 0
 
 
 def check_count(blk: SampleBlock, count: int, info: ObjectInfo, what: str) -> None:

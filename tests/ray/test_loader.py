@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import os
 import shutil
 import time
 
@@ -305,3 +306,34 @@ def test_resume_refuses_another_seed(ray_local, image_folder):
     with _pipeline(image_folder).loader(batch_size=8, seed=2) as loader:
         with pytest.raises(ValueError, match="seed"):
             loader.iterator(0).load_state_dict(state)
+
+
+def test_shards_are_indexed_as_ray_tasks_when_ray_is_up(ray_local, tmp_path, monkeypatch):
+    """With Ray up and enough shards, listing indexes them as Ray tasks (each writing its node's cache); the
+    catalog and the batches are those of a listing on threads, and a second listing reads no shard."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    import raydl.sources.webdataset as wsrc
+    from raydl.sources import _wds_index
+
+    for s in range(3):
+        with wds.TarWriter(str(tmp_path / f"shard-{s}.tar")) as sink:
+            for i in range(4):
+                buf = io.BytesIO()
+                Image.new("RGB", (16, 12), (40 * s, 20 * i, 90)).save(buf, "JPEG")
+                sink.write({"__key__": f"s{s}/{i:03d}", "jpg": buf.getvalue(), "cls": str(s * 4 + i)})
+    pattern = str(tmp_path / "shard-{0..2}.tar")
+    monkeypatch.setattr(wsrc, "_RAY_MIN_SHARDS", 1)
+    # No shard is read in this process: the Ray tasks (other processes) build the blocks, then the cache serves.
+    monkeypatch.setattr(_wds_index, "build_block", lambda *a, **k: pytest.fail("a shard was read in the driver"))
+    on_ray = raydl.read_webdataset(pattern)
+    assert len(os.listdir(os.path.join(os.environ["RAYDL_CACHE_DIR"], "wds-index"))) >= 3
+    cached = raydl.read_webdataset(pattern)
+    assert cached.catalog.fingerprint == on_ray.catalog.fingerprint and len(on_ray) == 12
+    with on_ray.decode().resize((8, 8)).loader(batch_size=12, shuffle=False) as loader:
+        (batch,) = loader.iterator(0).iter_batches()
+    assert batch["key"] == [f"s{s}/{i:03d}" for s in range(3) for i in range(4)]
+    assert batch["label"].tolist() == list(range(12))
