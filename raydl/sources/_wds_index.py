@@ -649,8 +649,8 @@ def cache_put(info: ObjectInfo, block: MemberBlock) -> None:
 # -- a bounded LRU of sample blocks per process ------------------------------------------------------
 
 # A globally shuffled batch touches as many shards as it has samples, so a worker keeps the blocks of many
-# shards, bounded by their bytes, not their number: 256 MiB holds about 2 M samples' offsets and keys (ImageNet
-# as WebDataset whole); past that, blocks are loaded again from the node cache as batches need them.
+# shards, bounded by their bytes, not their number: 256 MiB holds about 2 M samples' offsets and keys
+# (ImageNet as WebDataset, whole); past that, blocks are loaded again from the node cache as batches need them.
 LRU_BYTES = 256 << 20
 
 
