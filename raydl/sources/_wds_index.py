@@ -650,7 +650,7 @@ def cache_put(info: ObjectInfo, block: MemberBlock) -> None:
 
 # A globally shuffled batch touches as many shards as it has samples, so a worker keeps the blocks of many
 # shards, bounded by their bytes, not their number: 256 MiB holds about 2 M samples' offsets and keys
-# (ImageNet as WebDataset, whole); past that, blocks are loaded again from the node cache as batches need them.
+# (ImageNet as WebDataset, whole); past that, blocks are loaded again from the node cache as batches ask.
 LRU_BYTES = 256 << 20
 
 
