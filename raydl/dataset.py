@@ -242,8 +242,14 @@ class Dataset:
     def __repr__(self) -> str:
         c = self.catalog
         classes = str(len(c.classes))
-        if not c.classes and (labelled := c.distinct_labels()):  # labels without names
+        # Labels without names: counted where the driver has them (image folders), else read with the samples
+        # (WebDataset, Parquet: "?"), unless the source reads none (no label field or column: 0).
+        labelled = c.distinct_labels()
+        unlabelled = getattr(c.source, "label_field", getattr(c.source, "label_column", "")) is None
+        if not c.classes and labelled:
             classes = f"?, distinct_labels={labelled}"
+        elif not c.classes and labelled is None and not unlabelled:
+            classes = "?"
         lines = [f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={classes})"]
         lines += [f"  -> {st!r}" for st in self.stages]
         return "\n".join(lines)

@@ -508,6 +508,9 @@ def _atomic_write(path: str, pieces: Sequence[bytes]) -> None:
                 f.write(p)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it (mkstemp's is 0600): an index ships with data
         os.replace(tmp, path)
     except BaseException:
         try:
