@@ -4,7 +4,8 @@ A footer is a Thrift (compact protocol) FileMetaData. pyarrow parses it too,
 but some of its accessors abort the whole process on a corrupt footer
 (pyarrow 26: `RowGroupMetaData.column(i)` on a bad level histogram throws a
 C++ exception that nothing catches), and listing must survive any file. So
-the row groups' sizes and column chunk ranges come from this small reader,
+the row groups' sizes, the column chunk ranges and the leaf columns' types come
+from this small reader,
 which ends on every input (every read moves forward; depth and counts are
 bounded by the bytes left) and checks every number it returns: a file's rows
 within `MAX_ROWS_PER_BYTE` times its size or `ROWS_FLOOR`, whichever is more, chunks inside the
@@ -18,12 +19,12 @@ from dataclasses import dataclass
 
 from raydl.errors import DataSourceError
 
-__all__ = ["Footer", "RowGroup", "read_footer_meta"]
+__all__ = ["Footer", "LeafType", "RowGroup", "read_footer_meta"]
 
-# How many rows a footer may claim: listing makes a catalog row for each, so a crafted footer must not claim
-# 10**12. No per-byte bound is sound (RLE stores a million equal values in a few bytes: a 20 KB file of two
-# constant int columns holds 1,000,000 rows), so a file may claim MAX_ROWS_PER_BYTE rows per byte of itself
-# or ROWS_FLOOR rows, whichever is more: a lie costs at most ROWS_FLOOR catalog rows (about 200 MiB).
+# How many rows a footer may claim: the plan draws a permutation of every sample id, so a crafted footer must
+# not claim 10**12. No per-byte bound is sound (RLE stores a million equal values in a few bytes: a 20 KB file
+# of two constant int columns holds 1,000,000 rows), so a file may claim MAX_ROWS_PER_BYTE rows per byte of
+# itself or ROWS_FLOOR rows, whichever is more: a lie costs at most ROWS_FLOOR sample ids (32 MiB of plan).
 MAX_ROWS_PER_BYTE = 8
 ROWS_FLOOR = 1 << 22
 _MAX_DEPTH = 24
@@ -126,10 +127,50 @@ class RowGroup:
     chunks: tuple[tuple[int, int], ...]  # per leaf column: (offset, length) of its column chunk
 
 
+_PHYSICAL = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")
+_CONVERTED = ("UTF8", "MAP", "MAP_KEY_VALUE", "LIST", "ENUM", "DECIMAL", "DATE", "TIME_MILLIS",
+              "TIME_MICROS", "TIMESTAMP_MILLIS", "TIMESTAMP_MICROS", "UINT_8", "UINT_16", "UINT_32",
+              "UINT_64", "INT_8", "INT_16", "INT_32", "INT_64", "JSON", "BSON", "INTERVAL")  # fmt: skip
+_INTEGER_CONVERTED = frozenset(range(11, 19))  # UINT_8 .. INT_64
+_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 5: "DECIMAL", 6: "DATE", 7: "TIME", 8: "TIMESTAMP",
+            10: "INTEGER", 11: "UNKNOWN", 12: "JSON", 13: "BSON", 14: "UUID", 15: "FLOAT16", 16: "VARIANT",
+            17: "GEOMETRY", 18: "GEOGRAPHY"}  # fmt: skip
+_INTEGER_LOGICAL = frozenset({10})
+
+
+@dataclass(frozen=True)
+class LeafType:
+    """A leaf column's type as its schema element says it: the physical type, and the converted (legacy) and
+    logical type ids, -1 where absent."""
+
+    physical: int
+    converted: int = -1
+    logical: int = -1
+
+    @property
+    def is_integer(self) -> bool:
+        """Whether the values are plain integers (INT32/INT64, signed or not; no dates, times, decimals)."""
+        return (
+            self.physical in (1, 2)
+            and (self.converted == -1 or self.converted in _INTEGER_CONVERTED)
+            and (self.logical == -1 or self.logical in _INTEGER_LOGICAL)
+        )
+
+    def __str__(self) -> str:
+        name = _PHYSICAL[self.physical] if 0 <= self.physical < len(_PHYSICAL) else f"type {self.physical}"
+        if self.logical != -1:
+            return f"{name} ({_LOGICAL.get(self.logical, f'logical type {self.logical}')})"
+        if self.converted != -1:
+            conv = self.converted
+            return f"{name} ({_CONVERTED[conv] if 0 <= conv < len(_CONVERTED) else f'converted type {conv}'})"
+        return name
+
+
 @dataclass(frozen=True)
 class Footer:
     leaves: tuple[str, ...]  # leaf column paths, "a.b" for a struct's child
     row_groups: tuple[RowGroup, ...]
+    types: tuple[LeafType, ...] = ()  # per leaf, as `leaves`
 
 
 def _field(d: object, fid: int, kind: type, what: str, default=None):
@@ -141,11 +182,22 @@ def _field(d: object, fid: int, kind: type, what: str, default=None):
     return value
 
 
-def _leaves(schema: list) -> tuple[str, ...]:
-    """Leaf paths of a flattened schema tree (each element's num_children say how many follow under it)."""
+def _leaf_type(element: object) -> LeafType:
+    physical = _field(element, 1, int, "a leaf's type", -1)
+    converted = _field(element, 6, int, "a leaf's converted_type", -1)
+    logical = element.get(10) if isinstance(element, dict) else None
+    # LogicalType is a union: one field set, its id naming the type
+    kind = next(iter(logical)) if isinstance(logical, dict) and len(logical) == 1 else -1
+    return LeafType(physical, converted, kind)
+
+
+def _leaves(schema: list) -> tuple[tuple[str, ...], tuple[LeafType, ...]]:
+    """Leaf paths and types of a flattened schema tree (each element's num_children say how many follow under
+    it)."""
     if not schema:
         raise _Corrupt("the schema is empty")
     leaves: list[str] = []
+    types: list[LeafType] = []
     # (path of the group, children still to come); the root's name is not part of a path
     stack: list[tuple[str, int]] = [("", _field(schema[0], 5, int, "the root's num_children", 0))]
     for element in schema[1:]:
@@ -164,9 +216,10 @@ def _leaves(schema: list) -> tuple[str, ...]:
             stack.append((full, children))
         else:
             leaves.append(full)
+            types.append(_leaf_type(element))
     if any(left for _, left in stack):
         raise _Corrupt("the schema ends before its groups' last children")
-    return tuple(leaves)
+    return tuple(leaves), tuple(types)
 
 
 def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
@@ -175,7 +228,7 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
     meta_start = file_size - 8 - len(meta)
     try:
         fmd = _Reader(meta).struct()
-        leaves = _leaves(_field(fmd, 2, list, "the schema"))
+        leaves, types = _leaves(_field(fmd, 2, list, "the schema"))
         groups = []
         most_rows, total_rows = max(MAX_ROWS_PER_BYTE * file_size, ROWS_FLOOR), 0
         for g, rg in enumerate(_field(fmd, 4, list, "the row groups", [])):
@@ -196,7 +249,11 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
                 md = _field(column, 3, dict, f"row group {g} column {c}'s metadata")
                 start = _field(md, 9, int, "data_page_offset")
                 dictionary = md.get(11)
-                if isinstance(dictionary, int) and not isinstance(dictionary, bool) and dictionary > 0:
+                data_page = start
+                has_dictionary = (
+                    isinstance(dictionary, int) and not isinstance(dictionary, bool) and dictionary > 0
+                )
+                if has_dictionary:
                     start = min(start, dictionary)
                 size = _field(md, 7, int, "total_compressed_size")
                 if not (4 <= start and 0 < size and start + size <= meta_start):
@@ -204,8 +261,13 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
                         f"row group {g} column {leaves[c]!r} says bytes [{start}, {start + size}), "
                         f"outside the file's data [4, {meta_start})"
                     )
+                if has_dictionary and dictionary > data_page:  # a chunk starts with its dictionary page
+                    raise _Corrupt(
+                        f"row group {g} column {leaves[c]!r} puts its dictionary page (at {dictionary}) "
+                        f"after its first data page (at {data_page})"
+                    )
                 chunks.append((start, size))
             groups.append(RowGroup(rows, tuple(chunks)))
     except _Corrupt as exc:
         raise DataSourceError(f"{uri}: corrupt Parquet footer ({exc})", uri=uri) from None
-    return Footer(leaves, tuple(groups))
+    return Footer(leaves, tuple(groups), types)

@@ -1,12 +1,25 @@
 """Parquet files: one sample per row, the image bytes in a column.
 
-Listing reads each file's footer (one or two ranged reads of its tail) and
-the label column, which is small; never the image column. The catalog row of
-a sample is the byte range of its row group's image column chunk (shared by
-every row of that row group) and its row within the row group. A loader
-worker fetches each needed column chunk once per batch (equal ranges
-coalesce), decodes it with pyarrow over just those bytes and the footer, and
-keeps the last few decoded row groups, so neighbouring rows cost nothing more.
+Listing reads each file's footer (one ranged read of its tail for ordinary
+files, 16 files at a time) and nothing else. The catalog has one part per row
+group: its file, rows, index in the file, and the byte ranges of its image and
+label column chunks; per file it keeps only the footer's length
+(`ParquetSource.footer_lengths`). No per-row array exists on the driver: a
+row's key (`NAME#RG:ROW`) is made when a worker locates it.
+
+A loader worker fetches a file's footer the first time it reads that file,
+checks it against the catalog (a file changed since listing is an
+ObjectChangedError) and keeps the footers it read last, per process and
+bounded by bytes. A sample's range is its row group's image column chunk, and
+with it the label column chunk when at most `LABEL_GAP` bytes lie between the
+two (the usual layout, so one request fetches both); a label chunk further away
+is read on its own when the batch is located. Equal ranges coalesce, so a
+batch fetches a row group's chunks once; pyarrow decodes them over just those
+bytes and the footer, and the last few decoded row groups are kept, so
+neighbouring rows cost nothing more.
+
+Catalogs without files behind them (planning benchmarks) come from per-file
+row counts: `row_group_parts` and `catalog_from_row_counts`.
 """
 
 from __future__ import annotations
@@ -16,26 +29,33 @@ import io
 import os
 import struct
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.describe.catalog import Catalog, make_catalog
-from raydl.errors import DataSourceError
+from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.sources._footer import Footer, read_footer_meta
-from raydl.sources.base import Located, PerSampleParts
+from raydl.sources.base import Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
-from raydl.util.arrow import string_array
+from raydl.util.arrow import StringColumn, int_column
 
-__all__ = ["ParquetSource", "list_parquet"]
+__all__ = ["ParquetSource", "catalog_from_row_counts", "list_parquet", "row_group_parts"]
 
-_TAIL = 64 << 10  # first guess at footer + 8 bytes
-MAX_FOOTER = 64 << 20  # a footer is read whole at listing, and kept in the catalog
-_CACHE_ROW_GROUPS = 8
+_TAIL = 64 << 10  # first guess at footer + 8 bytes; listing raises it to the largest footer it has seen
+MAX_FOOTER = 64 << 20  # a footer is read whole, at listing and by a worker
+LABEL_GAP = 64 << 10  # the label chunk rides with the image chunk when at most this many bytes lie between
+_CACHE_ROW_GROUPS = 8  # decoded image columns kept per process
+_CACHE_LABELS = 1024  # decoded label columns kept per process (8 bytes a row)
+_CACHE_FOOTER_BYTES = 64 << 20  # footers kept per process, by their size
 _LISTING_THREADS = 16
+_FOOTER_THREADS = 16  # a worker's footer reads at once, when a batch reaches files it has not read yet
+
+PARTS_COLUMNS = ("shard", "count", "rg", "offset", "length", "label_offset", "label_length")
 
 
 class _SparseFile(io.RawIOBase):
@@ -78,6 +98,47 @@ class _SparseFile(io.RawIOBase):
         return len(data)
 
 
+class _LRU:
+    """Values by key, at most `max_items` of them and `max_bytes` by `size(value)`, the least recently used
+    dropped first; a value is made once however many threads ask for it at once."""
+
+    def __init__(self, max_items: int, max_bytes: int | None = None, size=None) -> None:
+        self._items: collections.OrderedDict = collections.OrderedDict()
+        self._max_items, self._max_bytes, self._size = max_items, max_bytes, size or (lambda _v: 0)
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._making: dict = {}
+
+    def get(self, key, make: Callable[[], object]):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            lock = self._making.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                if key in self._items:
+                    return self._items[key]
+            try:
+                value = make()
+            finally:
+                with self._lock:
+                    self._making.pop(key, None)
+            with self._lock:
+                self._items[key] = value
+                self._bytes += self._size(value)
+                while len(self._items) > self._max_items or (
+                    self._max_bytes is not None and self._bytes > self._max_bytes and len(self._items) > 1
+                ):
+                    self._bytes -= self._size(self._items.popitem(last=False)[1])
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
 def parse_footer(tail: bytes) -> pq.FileMetaData:
     """The FileMetaData in a file's tail (its last bytes: metadata, length, magic), without the rest of the
     file."""
@@ -93,12 +154,25 @@ def _open(uri: str, size: int, md: pq.FileMetaData, pieces: dict[int, bytes]) ->
     )
 
 
-def read_footer(storage: Storage, info: ObjectInfo) -> tuple[int, bytes]:
-    """(offset, bytes) of the file's tail that holds its footer: the metadata, its length and the magic."""
+class _TailGuess:
+    """How many bytes of a file's end to read first: `_TAIL`, or the largest footer listing has met so far,
+    so the files of a dataset whose footers are all large still cost one read each."""
+
+    def __init__(self) -> None:
+        self.value, self._lock = _TAIL, threading.Lock()
+
+    def saw(self, need: int) -> None:
+        with self._lock:
+            self.value = max(self.value, min(need + need // 4, MAX_FOOTER + 8))
+
+
+def read_footer(storage: Storage, info: ObjectInfo, guess: int | None = None) -> bytes:
+    """The file's tail that holds its footer: the metadata, its length and the magic (one read when the
+    footer fits in `guess` bytes, else two)."""
     etag = info.etag or None
     if info.size < 12:
         raise DataSourceError(f"{info.uri} is not a Parquet file ({info.size} bytes)", uri=info.uri)
-    start = max(0, info.size - _TAIL)
+    start = max(0, info.size - (guess or _TAIL))
     tail = storage.read_range(info.uri, start, info.size - start, etag=etag)
     if tail[-4:] != b"PAR1":
         raise DataSourceError(f"{info.uri} is not a Parquet file (no PAR1 magic at its end)", uri=info.uri)
@@ -109,63 +183,121 @@ def read_footer(storage: Storage, info: ObjectInfo) -> tuple[int, bytes]:
             f"{info.uri}: corrupt Parquet footer (metadata length {meta_len})", uri=info.uri
         )
     if need > len(tail):
-        start = info.size - need
-        tail = storage.read_range(info.uri, start, need, etag=etag)
-    return start, tail
+        return storage.read_range(info.uri, info.size - need, need, etag=etag)
+    return tail[-need:]
 
 
 def _footer_of(uri: str, size: int, tail: bytes) -> Footer:
     """raydl's own reading of the footer in `tail` (raydl/sources/_footer.py), checked against the file."""
-    (meta_len,) = struct.unpack("<I", tail[-8:-4])
-    return read_footer_meta(tail[-(meta_len + 8) : -8], uri=uri, file_size=size)
+    return read_footer_meta(tail[:-8], uri=uri, file_size=size)
 
 
-def _leaf(footer: Footer, column: str, uri: str) -> int:
-    """Index of the leaf column holding `column`'s bytes (a struct's "bytes" child, as HF datasets store
-    images)."""
-    for want in (column, f"{column}.bytes"):
+def _leaf(footer: Footer, column: str, uri: str, *, struct_bytes: bool = True) -> int:
+    """Index of the leaf column holding `column`'s values (for an image, a struct's "bytes" child too, as HF
+    datasets store images)."""
+    for want in (column, f"{column}.bytes") if struct_bytes else (column,):
         if want in footer.leaves:
             return footer.leaves.index(want)
     top = sorted({p.split(".")[0] for p in footer.leaves})
     raise ValueError(f"{uri} has no column {column!r}; its columns are {top}")
 
 
+def _label_leaf(footer: Footer, column: str, uri: str) -> int:
+    """The label column's leaf, which the footer's schema must say holds plain integers."""
+    leaf = _leaf(footer, column, uri, struct_bytes=False)
+    kind = footer.types[leaf] if footer.types else None
+    if kind is None or not kind.is_integer:
+        raise ValueError(f"{uri}: label column {column!r} is {kind}, not an integer column")
+    return leaf
+
+
 @dataclass(frozen=True)
 class _FileIndex:
-    footer: tuple[int, bytes]
-    meta: Footer
-    image_leaf: int
+    footer_length: int
+    rows: np.ndarray  # per row group
+    image: np.ndarray  # (row groups, 2): offset, length of the image column chunk
+    label: np.ndarray  # (row groups, 2), -1 without a label column
 
 
-def _index_file(storage: Storage, info: ObjectInfo, image_column: str, label_column: str | None):
-    footer = read_footer(storage, info)
-    meta = _footer_of(info.uri, info.size, footer[1])
-    leaf = _leaf(meta, image_column, info.uri)
-    labels: list[np.ndarray] = []
-    if label_column is not None:
-        label_leaf = _leaf(meta, label_column, info.uri)
-        ranges = [rg.chunks[label_leaf] for rg in meta.row_groups]
-        pieces = {off: storage.read_range(info.uri, off, n, etag=info.etag or None) for off, n in ranges}
-        try:
-            pf = _open(info.uri, info.size, parse_footer(footer[1]), pieces)
-            columns = [pf.read_row_group(g, columns=[label_column]).column(0) for g in range(len(ranges))]
-        except (OSError, pa.ArrowException, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            raise DataSourceError(
-                f"{info.uri}: cannot read the label column {label_column!r}: {exc}", uri=info.uri
-            ) from exc
-        for g, col in enumerate(columns):
-            if not pa.types.is_integer(col.type):
-                raise ValueError(
-                    f"{info.uri}: label column {label_column!r} is {col.type}, not an integer column"
-                )
-            if len(col) != meta.row_groups[g].num_rows:
-                raise DataSourceError(
-                    f"{info.uri}: corrupt Parquet file: row group {g} has {len(col)} labels for "
-                    f"{meta.row_groups[g].num_rows} rows",
-                    uri=info.uri,
-                )
-            labels.append(col.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
-    return _FileIndex(footer, meta, leaf), labels
+def _index_file(
+    storage: Storage, info: ObjectInfo, image_column: str, label_column: str | None, guess: _TailGuess
+) -> _FileIndex:
+    tail = read_footer(storage, info, guess.value)
+    guess.saw(len(tail))
+    meta = _footer_of(info.uri, info.size, tail)
+    image = _leaf(meta, image_column, info.uri)
+    label = _label_leaf(meta, label_column, info.uri) if label_column is not None else None
+    groups = meta.row_groups
+    return _FileIndex(
+        footer_length=len(tail),
+        rows=np.array([g.num_rows for g in groups], np.int64),
+        image=np.array([g.chunks[image] for g in groups], np.int64).reshape(-1, 2),
+        label=np.array(
+            [g.chunks[label] if label is not None else (-1, -1) for g in groups], np.int64
+        ).reshape(-1, 2),
+    )
+
+
+def row_group_parts(
+    rows: Sequence[Sequence[int]],
+    *,
+    image: Sequence[np.ndarray] | None = None,
+    label: Sequence[np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """The parts columns of a Parquet catalog (`PARTS_COLUMNS`): one part per row group, from each file's
+    rows per row group (`rows[f][g]`) and, where known, its image and label column chunks ((row groups, 2)
+    arrays of offset, length per file; without them, 1-byte placeholders for the image and -1 for the label,
+    as for a catalog built from counts alone)."""
+    counts = [np.asarray(r, np.int64).reshape(-1) for r in rows]
+    sizes = np.array([len(c) for c in counts], np.int64)
+    n = int(sizes.sum())
+
+    def chunks(given: Sequence[np.ndarray] | None, fill: tuple[int, int]) -> np.ndarray:
+        if given is None:
+            return np.tile(np.array(fill, np.int64), (n, 1))
+        return (
+            np.concatenate([np.asarray(g, np.int64).reshape(-1, 2) for g in given]) if n else np.zeros((0, 2))
+        )
+
+    img, lbl = chunks(image, (4, 1)), chunks(label, (-1, -1))
+    starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return {
+        "shard": np.repeat(np.arange(len(counts), dtype=np.int64), sizes),
+        "count": np.concatenate(counts) if n else np.zeros(0, np.int64),
+        "rg": np.arange(n, dtype=np.int64) - starts,
+        "offset": img[:, 0],
+        "length": img[:, 1],
+        "label_offset": lbl[:, 0],
+        "label_length": lbl[:, 1],
+    }
+
+
+def _root(uris: Sequence[str]) -> str:
+    root = os.path.commonprefix(list(uris))
+    return root[: root.rfind("/") + 1] if "/" in root else ""
+
+
+def catalog_from_row_counts(
+    files: Sequence[ObjectInfo],
+    rows: Sequence[Sequence[int]],
+    *,
+    storage: Storage,
+    image_column: str = "image",
+    label_column: str | None = None,
+) -> Catalog:
+    """A Parquet catalog of `files` whose row group g of file f has `rows[f][g]` rows, built without reading
+    anything: the catalog `list_parquet` would make but for the column chunks' ranges. For planning and
+    memory benchmarks (`raydl bench listing`): its samples can be planned, not read."""
+    if len(files) != len(rows):
+        raise ValueError(f"rows must give the row groups of each of the {len(files)} files, got {len(rows)}")
+    source = ParquetSource(image_column, label_column, np.zeros(len(files), np.int64))
+    return make_catalog(
+        root=_root([f.uri for f in files]),
+        storage=storage,
+        source=source,
+        shards=files,
+        parts=row_group_parts(rows),
+    )
 
 
 def expand_paths(paths, storage: Storage) -> list[ObjectInfo]:
@@ -187,116 +319,282 @@ def expand_paths(paths, storage: Storage) -> list[ObjectInfo]:
 
 
 def list_parquet(paths, *, storage: Storage, image_column: str, label_column: str | None) -> Catalog:
-    """Index the files' footers (and label column) into a Catalog; see the module docstring."""
+    """Index the files' footers into a Catalog of row groups; see the module docstring."""
     if not isinstance(image_column, str) or not image_column:
         raise ValueError(f"image_column must be a column name, got {image_column!r}")
     files = expand_paths(paths, storage)
+    guess = _TailGuess()
     with ThreadPoolExecutor(min(_LISTING_THREADS, len(files))) as pool:
-        indexed = list(pool.map(lambda f: _index_file(storage, f, image_column, label_column), files))
-    shard, offset, length, row, label, key = [], [], [], [], [], []
-    for s, (info, (fi, labels)) in enumerate(zip(files, indexed)):
-        name = info.uri.rsplit("/", 1)[-1]
-        for rg, group in enumerate(fi.meta.row_groups):
-            n = group.num_rows
-            off, size = group.chunks[fi.image_leaf]
-            shard += [s] * n
-            offset += [off] * n
-            length += [size] * n
-            row += range(n)
-            label.append(labels[rg] if labels else np.full(n, -1, np.int64))
-            key += [f"{name}#{rg}:{r}" for r in range(n)]
-    if not key:
+        indexed = list(pool.map(lambda f: _index_file(storage, f, image_column, label_column, guess), files))
+    if not sum(int(fi.rows.sum()) for fi in indexed):
         raise DataSourceError(f"no rows in {len(files)} Parquet file(s) of {paths!r}", uri=files[0].uri)
-    root = os.path.commonprefix([f.uri for f in files])
-    root = root[: root.rfind("/") + 1] if "/" in root else ""
+    parts = row_group_parts(
+        [fi.rows for fi in indexed], image=[fi.image for fi in indexed], label=[fi.label for fi in indexed]
+    )
     source = ParquetSource(
-        image_column=image_column,
-        footers=tuple(fi.footer for fi, _ in indexed),
-        image_leaves=tuple(fi.image_leaf for fi, _ in indexed),
+        image_column, label_column, np.array([fi.footer_length for fi in indexed], np.int64)
     )
     return make_catalog(
-        root=root,
-        storage=storage,
-        source=source,
-        shards=files,
-        parts={
-            "shard": shard,
-            "count": np.ones(len(key), np.int64),
-            "offset": offset,
-            "length": length,
-            "row": row,
-            "label": np.concatenate(label),
-            "key": string_array(key),
-        },
+        root=_root([f.uri for f in files]), storage=storage, source=source, shards=files, parts=parts
     )
-
-
-_cache: collections.OrderedDict = collections.OrderedDict()
-_cache_lock = threading.Lock()
-_key_locks: dict = {}
 
 
 @dataclass(frozen=True)
-class ParquetSource(PerSampleParts):
-    """A sample is row `row` of the image column of the row group whose column chunk is its range."""
+class _FileFooter:
+    """A file's footer as a worker read it: pyarrow's FileMetaData, raydl's checked reading, its size."""
+
+    meta: pq.FileMetaData
+    footer: Footer
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class _RowGroupRead:
+    """One row group as a batch reads it: where its chunks are in the sample's range, and how to decode
+    them. Every located row of the row group shares one."""
+
+    uri: str
+    version: tuple  # (catalog fingerprint, uri, etag, size): the file as listed
+    size: int
+    file: _FileFooter
+    rg: int
+    start: int  # the range's first byte in the file
+    image: tuple[int, int]
+    image_leaf: int
+    label: tuple[int, int] | None  # inside the range; None: no label column, or read at locate
+    label_leaf: int  # -1: no label column
+
+
+_footers = _LRU(1 << 16, _CACHE_FOOTER_BYTES, size=lambda f: f.nbytes)
+_images = _LRU(_CACHE_ROW_GROUPS)
+_labels = _LRU(_CACHE_LABELS)
+_footer_pool: ThreadPoolExecutor | None = None
+_footer_pool_lock = threading.Lock()
+
+
+def clear_caches() -> None:
+    """Forget every footer and decoded row group this process keeps (tests and fuzzing rewrite one file)."""
+    for cache in (_footers, _images, _labels):
+        cache.clear()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _footer_pool
+    with _footer_pool_lock:
+        if _footer_pool is None:
+            _footer_pool = ThreadPoolExecutor(_FOOTER_THREADS, thread_name_prefix="raydl-parquet-footer")
+        return _footer_pool
+
+
+@dataclass(frozen=True, eq=False)
+class ParquetSource:
+    """A sample is row `row` of the image column of a row group; see the module docstring."""
 
     image_column: str
-    footers: tuple[tuple[int, bytes], ...]  # per file: (offset, tail bytes holding the footer)
-    image_leaves: tuple[int, ...]
+    label_column: str | None
+    footer_lengths: np.ndarray = field(repr=False)  # per file: bytes of its tail that hold the footer
     name: str = "parquet"
     range_is_sample: bool = False
 
+    # -- locate: ids to row groups and rows, footers checked ------------------------------------
+    def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
+        ids = np.asarray(ids, dtype=np.int64)
+        part, row = catalog.locate(ids)
+        col = catalog.column
+        shard = col("shard")[part].astype(np.int64)
+        uris = StringColumn(catalog.shards.column("uri"))
+        names = {s: uris[s].rsplit("/", 1)[-1] for s in np.unique(shard).tolist()}
+        rgs = col("rg")[part]
+        keys = [f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), rgs.tolist(), row.tolist())]
+        offset, length = col("offset")[part].copy(), col("length")[part].copy()
+        labels = np.full(len(ids), -1, np.int64)
+        extra: list = [None] * len(ids)
+        errors: dict[int, DataSourceError] = {}
+        parts = np.unique(part)
+        reads = self._row_groups(catalog, parts)
+        for p, (idx,) in zip(parts.tolist(), _members(part, parts)):
+            got = reads[p]
+            if isinstance(got, DataSourceError):
+                errors.update((int(i), got) for i in idx)
+                continue
+            read, far_labels = got
+            offset[idx], length[idx] = read.start, _range_end(read) - read.start
+            for i in idx.tolist():
+                extra[i] = read
+            if far_labels is not None:
+                labels[idx] = far_labels[row[idx]]
+        return Located(
+            shard=shard,
+            offset=offset,
+            length=length,
+            row=row,
+            key=keys,
+            label=labels,
+            extra=extra,
+            errors=errors,
+        )
+
+    def _row_groups(self, catalog: Catalog, parts: np.ndarray) -> dict:
+        """Per part: (its _RowGroupRead, labels read on their own or None), or the DataSourceError that keeps
+        its rows from being read. The footers of files not read yet are fetched in parallel."""
+        shard_of = catalog.column("shard")
+        files = np.unique(shard_of[parts]).tolist()
+        infos = {s: catalog.shard_info(s) for s in files}
+        if len(files) > 1:
+            footers = dict(zip(files, _pool().map(lambda s: self._footer(catalog, infos[s], s), files)))
+        else:
+            footers = {s: self._footer(catalog, infos[s], s) for s in files}
+        out: dict = {}
+        for p in parts.tolist():
+            s = int(shard_of[p])
+            file = footers[s]
+            try:
+                if isinstance(file, DataSourceError):
+                    raise file
+                read = self._check(catalog, p, infos[s], file)
+                far = None
+                if self.label_column is not None and read.label is None:
+                    far = self._far_labels(catalog, p, read)
+                out[p] = (read, far)
+            except DataSourceError as exc:
+                out[p] = exc
+        return out
+
+    def _footer(self, catalog: Catalog, info: ObjectInfo, shard: int) -> _FileFooter | DataSourceError:
+        """File `shard`'s footer, read once per process (bounded LRU) and checked to be the one listed."""
+        want = int(self.footer_lengths[shard])
+
+        def make() -> _FileFooter:
+            tail = read_footer(catalog.storage, info, max(want, 12))
+            if len(tail) != want:
+                raise ObjectChangedError(
+                    f"{info.uri} changed after it was listed: its footer is {len(tail)} bytes, not {want}",
+                    uri=info.uri,
+                )
+            footer = _footer_of(info.uri, info.size, tail)
+            try:
+                meta = parse_footer(tail)
+            except (OSError, pa.ArrowException, ValueError) as exc:
+                raise DataSourceError(f"{info.uri}: corrupt Parquet footer ({exc})", uri=info.uri) from exc
+            return _FileFooter(meta, footer, len(tail))
+
+        try:
+            # local files have no etag: the catalog's fingerprint (offsets, counts, sizes) stands in for one
+            return _footers.get((catalog.fingerprint, info.uri, info.etag, info.size, want), make)
+        except DataSourceError as exc:
+            return exc
+
+    def _check(self, catalog: Catalog, p: int, info: ObjectInfo, file: _FileFooter) -> _RowGroupRead:
+        """Part p as a _RowGroupRead, its row group as the footer says it (which must be as listed)."""
+        col = catalog.column
+        rg, count = int(col("rg")[p]), int(col("count")[p])
+        image = (int(col("offset")[p]), int(col("length")[p]))
+        label = (int(col("label_offset")[p]), int(col("label_length")[p]))
+        groups = file.footer.row_groups
+        try:
+            leaf = _leaf(file.footer, self.image_column, info.uri)
+            label_leaf = _label_leaf(file.footer, self.label_column, info.uri) if self.label_column else -1
+        except ValueError as exc:  # listing found the columns: the file is another one now
+            raise ObjectChangedError(f"{info.uri} changed after it was listed: {exc}", uri=info.uri) from None
+        if not (
+            rg < len(groups)
+            and groups[rg].num_rows == count
+            and groups[rg].chunks[leaf] == image
+            and (label_leaf < 0 or groups[rg].chunks[label_leaf] == label)
+        ):
+            raise ObjectChangedError(
+                f"{info.uri} changed after it was listed: row group {rg} is not as listed "
+                f"({count} rows, the {self.image_column!r} chunk at offset {image[0]})",
+                uri=info.uri,
+            )
+        near = label_leaf >= 0 and _gap(image, label) <= LABEL_GAP
+        start = min(image[0], label[0]) if near else image[0]
+        return _RowGroupRead(
+            info.uri,
+            (catalog.fingerprint, info.uri, info.etag, info.size),
+            info.size,
+            file,
+            rg,
+            start,
+            image,
+            leaf,
+            label if near else None,
+            label_leaf,
+        )
+
+    def _far_labels(self, catalog: Catalog, p: int, read: _RowGroupRead) -> np.ndarray:
+        """The labels of a row group whose label chunk lies too far from its image chunk to share a read."""
+        off, n = int(catalog.column("label_offset")[p]), int(catalog.column("label_length")[p])
+
+        def make() -> np.ndarray:
+            info = catalog.shard_info(int(catalog.column("shard")[p]))
+            data = catalog.storage.read_range(info.uri, off, n, etag=info.etag or None)
+            return self._decode_labels(read, {off: data})
+
+        return _labels.get((read.version, read.rg), make)
+
+    # -- read and cut -----------------------------------------------------------------------------------
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
-    def _decoded(self, shard: int, offset: int, data: bytes) -> pa.Array:
-        footer = self.footers[shard]
-        key = (self.image_column, footer[1], offset)  # the footer's bytes name the file's version
-        with _cache_lock:
-            hit = _cache.get(key)
-            if hit is not None:
-                _cache.move_to_end(key)
-                return hit
-            lock = _key_locks.setdefault(key, threading.Lock())
-        with lock:  # one decode per row group, however many rows of it a batch has
-            with _cache_lock:
-                hit = _cache.get(key)
-            if hit is not None:
-                return hit
-            size = footer[0] + len(footer[1])
-            meta = _footer_of(f"Parquet file {shard}", size, footer[1])
-            leaf = self.image_leaves[shard]
-            rg = next((g for g, group in enumerate(meta.row_groups) if group.chunks[leaf][0] == offset), None)
-            if rg is None:
-                raise DataSourceError(f"no row group's {self.image_column!r} chunk starts at offset {offset}")
-            try:
-                pf = _open(f"Parquet file {shard}", size, parse_footer(footer[1]), {offset: data})
-                path = meta.leaves[leaf]  # "image", or "image.bytes" of a struct column
-                col = pf.read_row_group(rg, columns=[path]).column(0).combine_chunks()
-            except (OSError, pa.ArrowException, ValueError) as exc:
-                raise DataSourceError(
-                    f"cannot decode the {self.image_column!r} column chunk at offset {offset}: {exc}"
-                ) from exc
-            while pa.types.is_struct(col.type):
-                col = col.field(0)
-            with _cache_lock:
-                _cache[key] = col
-                _key_locks.pop(key, None)
-                while len(_cache) > _CACHE_ROW_GROUPS:
-                    _cache.popitem(last=False)
-            return col
-
     def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
-        return self._cell(int(located.shard[i]), int(located.offset[i]), int(located.row[i]), data), int(
-            located.label[i]
+        read: _RowGroupRead = located.extra[i]
+        row = int(located.row[i])
+        label = int(located.label[i])
+        if read.label is not None:
+            labels = _labels.get(
+                (read.version, read.rg), lambda: self._decode_labels(read, _piece(read, read.label, data))
+            )
+            label = int(labels[row])
+        return self._cell(read, row, data), label
+
+    @staticmethod
+    def _decode(read: _RowGroupRead, pieces: dict[int, bytes], leaf: int, what: str) -> pa.Array:
+        path = read.file.footer.leaves[leaf]  # "image", or "image.bytes" of a struct column
+        try:
+            pf = _open(read.uri, read.size, read.file.meta, pieces)
+            col = pf.read_row_group(read.rg, columns=[path]).column(0).combine_chunks()
+        except (OSError, pa.ArrowException, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataSourceError(
+                f"{read.uri}: cannot decode the {what} column chunk of row group {read.rg}: {exc}",
+                uri=read.uri,
+            ) from exc
+        while pa.types.is_struct(col.type):
+            col = col.field(0)
+        return col
+
+    def _decode_labels(self, read: _RowGroupRead, pieces: dict[int, bytes]) -> np.ndarray:
+        column = self.label_column
+        col = self._decode(read, pieces, read.label_leaf, repr(column))
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        if not pa.types.is_integer(col.type):
+            raise DataSourceError(
+                f"{read.uri}: label column {column!r} is {col.type}, not an integer column", uri=read.uri
+            )
+        rows = read.file.footer.row_groups[read.rg].num_rows
+        if len(col) != rows:
+            raise DataSourceError(
+                f"{read.uri}: corrupt Parquet file: row group {read.rg} has {len(col)} labels for "
+                f"{rows} rows",
+                uri=read.uri,
+            )
+        return (
+            int_column(col.cast(pa.int64(), safe=False).fill_null(-1)) if len(col) else np.zeros(0, np.int64)
         )
 
-    def _cell(self, shard: int, offset: int, row: int, data: bytes) -> bytes:
-        col = self._decoded(shard, offset, data)
+    def _cell(self, read: _RowGroupRead, row: int, data: bytes) -> bytes:
+        def make() -> pa.Array:
+            return self._decode(
+                read, _piece(read, read.image, data), read.image_leaf, repr(self.image_column)
+            )
+
+        col = _images.get((read.version, read.rg, self.image_column), make)
         if row >= len(col):  # the footer said more rows than the chunk holds
             raise DataSourceError(
-                f"the {self.image_column!r} column chunk at offset {offset} holds {len(col)} rows, "
-                f"not row {row}"
+                f"{read.uri}: the {self.image_column!r} column chunk of row group {read.rg} holds "
+                f"{len(col)} rows, not row {row}",
+                uri=read.uri,
             )
         value = col[row]
         if not value.is_valid:
@@ -304,9 +602,36 @@ class ParquetSource(PerSampleParts):
         image = value.as_py()
         if not isinstance(image, bytes):
             raise DataSourceError(
-                f"the {self.image_column!r} column holds {col.type} values, not image bytes"
+                f"{read.uri}: the {self.image_column!r} column holds {col.type} values, not image bytes",
+                uri=read.uri,
             )
         return image
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
         return f"{shard_uri}#{key.split('#', 1)[-1]}"
+
+
+def _gap(a: tuple[int, int], b: tuple[int, int]) -> int:
+    """Bytes between two ranges (0 when they touch or overlap)."""
+    return max(0, max(a[0], b[0]) - min(a[0] + a[1], b[0] + b[1]))
+
+
+def _range_end(read: _RowGroupRead) -> int:
+    end = read.image[0] + read.image[1]
+    return max(end, read.label[0] + read.label[1]) if read.label is not None else end
+
+
+def _piece(read: _RowGroupRead, chunk: tuple[int, int], data: bytes) -> dict[int, bytes]:
+    """The chunk's bytes out of its range's `data`, as the sparse file's one piece."""
+    start = chunk[0] - read.start
+    if start == 0 and chunk[1] == len(data):
+        return {chunk[0]: data}
+    return {chunk[0]: data[start : start + chunk[1]]}
+
+
+def _members(part: np.ndarray, parts: np.ndarray):
+    """For each of the sorted distinct `parts`, the indices of `part` that hold it."""
+    order = np.argsort(part, kind="stable")
+    bounds = np.searchsorted(part[order], parts, side="left").tolist() + [len(part)]
+    for k in range(len(parts)):
+        yield (order[bounds[k] : bounds[k + 1]],)
