@@ -465,10 +465,12 @@ class ParquetSource:
         want = int(self.footer_lengths[shard])
 
         def make() -> _FileFooter:
-            tail = read_footer(catalog.storage, info, max(want, 12))
-            if len(tail) != want:
+            if not 12 <= want <= info.size:
+                raise DataSourceError(f"{info.uri}: the catalog has no footer for this file", uri=info.uri)
+            tail = catalog.storage.read_range(info.uri, info.size - want, want, etag=info.etag or None)
+            if len(tail) != want or tail[-4:] != b"PAR1" or int.from_bytes(tail[-8:-4], "little") != want - 8:
                 raise ObjectChangedError(
-                    f"{info.uri} changed after it was listed: its footer is {len(tail)} bytes, not {want}",
+                    f"{info.uri} changed after it was listed: its last {want} bytes are no footer",
                     uri=info.uri,
                 )
             footer = _footer_of(info.uri, info.size, tail)

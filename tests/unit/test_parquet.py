@@ -1,7 +1,10 @@
-"""Parquet: the catalog from footers (and the label column), row-group reads of only the image column, bad columns."""
+"""Parquet: a catalog of row groups from one read of each footer; the worker reads footers, image and label
+chunks; bad columns."""
 from __future__ import annotations
 
+import dataclasses
 import io
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +13,11 @@ import pytest
 from PIL import Image
 
 import raydl
-from raydl.sources.parquet import list_parquet
+import raydl.sources.parquet as parquet
+from raydl.describe.transforms import compile_stages
+from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.plan.order import augmentation_seeds
+from raydl.sources.parquet import PARTS_COLUMNS, catalog_from_row_counts, clear_caches, list_parquet
 from raydl.storage import LocalStorage, ObjectInfo
 from raydl.storage.fetch import coalesce
 
@@ -38,8 +45,9 @@ def files(tmp_path):
 
 
 def _rows(cat, storage):
-    """Every sample's bytes, fetched as the worker fetches them: coalesced ranges, then cut."""
+    """Every sample's (image bytes, label), fetched as the worker fetches them: coalesced ranges, then cut."""
     loc = cat.samples()
+    assert not loc.errors, loc.errors
     t = loc.to_pydict()
     sh = cat.shards.to_pydict()
     ranges = list(zip(t["shard"], t["offset"], t["length"]))
@@ -49,36 +57,63 @@ def _rows(cat, storage):
         data = cat.source.read_block(storage, info, b.offset, b.length)
         for i in b.members:
             start = t["offset"][i] - b.offset
-            out[i], _ = cat.source.cut(loc, i, data[start:start + t["length"][i]])
+            out[i] = cat.source.cut(loc, i, data[start:start + t["length"][i]])
     return out
 
 
-def test_catalog_rows_are_file_row_group_row(files):
-    """One row per Parquet row, (file, row group chunk, row in group), labels from the label column, in file order."""
-    root, _ = files
-    ds = raydl.read_parquet(str(root) + "/", image_column="img", label_column="y")
-    t = ds.catalog.samples().to_pydict()
-    assert len(ds) == 60
-    assert t["label"] == (np.arange(60) % 7).tolist()
+def _worker(ds, storage, ids):
+    """One batch of `ids` made by a LoaderWorker in this process, reading through `storage`."""
+    clear_caches()  # a fresh worker process: no footer or row group read yet
+    spec = WorkerSpec(program=compile_stages(ds.decode().center_crop(4).stages), threads=2)
+    worker = LoaderWorker(spec, dataclasses.replace(ds.catalog, storage=storage), reuse_buffers=False)
+    ids = np.asarray(ids, np.int64)
+    return worker.run_batch(BatchTask(rank=0, epoch=0, index=0, ids=ids, seeds=augmentation_seeds(ids, seed=0, epoch=0)))
+
+
+def test_the_catalog_is_one_part_per_row_group(files):
+    """One catalog part per row group (file, rows, row group, image and label chunk ranges): no per-row array on
+    the driver; keys, rows and labels are made where the samples are located and read."""
+    root, images = files
+    cat = raydl.read_parquet(str(root) + "/", image_column="img", label_column="y").catalog
+    assert len(cat) == 60 and cat.num_parts == 6 and cat.parts.column_names == list(PARTS_COLUMNS)
+    assert cat.column("count").tolist() == [16, 16, 8, 8, 8, 4] and cat.column("rg").tolist() == [0, 1, 2, 0, 1, 2]
+    assert cat.parts.nbytes + cat.starts.nbytes <= 64 * 6 + 8  # 64 bytes a row group
+    t = cat.samples().to_pydict()
     assert t["row"] == [r % 16 for r in range(40)] + [r % 8 for r in range(20)]
     assert t["shard"] == [0] * 40 + [1] * 20
-    assert len(set(zip(t["shard"], t["offset"]))) == 3 + 3  # one image chunk per row group
-    assert t["key"][17] == "a.parquet#1:1"
+    assert t["key"][17] == "a.parquet#1:1" and t["key"][45] == "b.parquet#0:5"
+    assert _rows(cat, LocalStorage()) == [(im, i % 7) for i, im in enumerate(images)]
 
 
-def test_listing_reads_footers_and_labels_never_images(files, monkeypatch):
-    """Listing touches only each file's footer and the label column chunks, none of the image column's bytes."""
-    import raydl.sources.parquet as parquet
-
-    monkeypatch.setattr(parquet, "_TAIL", 16)  # these files are smaller than the usual 64 KiB first guess
+def test_listing_reads_each_footer_once_in_parallel_and_no_column_chunk(files, monkeypatch):
+    """Listing makes one request per file (its tail, footer included), several files at once; with a first
+    guess smaller than the footer (then two reads), none of those reads touches an image or label chunk."""
     root, _ = files
-    storage = CountingStorage()
-    cat = list_parquet([str(root / "a.parquet"), str(root / "b.parquet")], storage=storage, image_column="img",
-                       label_column="y")
-    t = cat.samples().to_pydict()
-    image_chunks = {(cat.shards.column("uri")[s].as_py(), o, n) for s, o, n in zip(t["shard"], t["offset"], t["length"])}
-    for uri, off, n in storage.reads:
-        assert not any(u == uri and off < o + m and o < off + n for u, o, m in image_chunks), (uri, off, n)
+    paths = [str(root / "a.parquet"), str(root / "b.parquet")] * 8
+
+    class InFlight(CountingStorage):
+        def read_range(self, uri, offset, length, *, etag=None):
+            with self.lock:
+                self.now = getattr(self, "now", 0) + 1
+                object.__setattr__(self, "most", max(getattr(self, "most", 0), self.now))
+            try:
+                return super().read_range(uri, offset, length, etag=etag)
+            finally:
+                with self.lock:
+                    self.now -= 1
+
+    storage = InFlight(delay_s=0.05)
+    cat = list_parquet(paths, storage=storage, image_column="img", label_column="y")
+    assert len(storage.reads) == len(paths) and storage.most > 1
+    monkeypatch.setattr(parquet, "_TAIL", 16)
+    for path in paths[:2]:  # one at a time: listing's guess grows to the largest footer it has met
+        storage = CountingStorage()
+        cat = list_parquet(path, storage=storage, image_column="img", label_column="y")
+        chunks = [(o, n) for *r, in zip(*(cat.column(c).tolist() for c in ("offset", "length", "label_offset",
+                  "label_length"))) for o, n in (r[:2], r[2:])]
+        assert len(storage.reads) == 2  # 16 bytes, then the footer
+        for _, off, n in storage.reads:
+            assert not any(off < o + m and o < off + n for o, m in chunks), (path, off, n)
 
 
 def test_row_group_reads_give_every_image_and_fetch_each_chunk_once(files):
@@ -86,9 +121,83 @@ def test_row_group_reads_give_every_image_and_fetch_each_chunk_once(files):
     root, images = files
     cat = raydl.read_parquet([str(root / "a.parquet"), str(root / "b.parquet")], image_column="img").catalog
     storage = CountingStorage()
-    assert _rows(cat, storage) == images
+    assert [im for im, _ in _rows(cat, storage)] == images
     assert len(storage.reads) == 6  # one per row group
     assert sum(n for _, _, n in storage.reads) < 60 * 10_000  # the caption column was never read
+
+
+def test_labels_arrive_in_batches_read_by_the_worker(files):
+    """The worker reads each file's footer once and each row group's image and label chunks in one request
+    (adjacent chunks share a range); the batch's labels and keys are the rows'."""
+    root, _ = files
+    ds = raydl.read_parquet(str(root) + "/", image_column="img", label_column="y")
+    storage = CountingStorage()
+    ids = np.random.default_rng(1).permutation(60)
+    result = _worker(ds, storage, ids)
+    assert result.batch["label"].tolist() == (ids % 7).tolist()
+    assert result.batch["key"][0] == ds.catalog.samples(ids[:1]).key[0] and not result.skipped
+    footers = [(u, o) for u, o, n in storage.reads if o + n == os.path.getsize(u)]
+    assert len(footers) == 2 and len(storage.reads) <= 2 + 6  # row groups closer than 64 KiB coalesce
+    uris = ds.catalog.shards.column("uri").to_pylist()
+    for s, *r in zip(*(ds.catalog.column(c).tolist() for c in PARTS_COLUMNS[:1] + PARTS_COLUMNS[3:])):
+        assert any(u == uris[s] and o <= min(r[0], r[2]) and max(r[0] + r[1], r[2] + r[3]) <= o + n
+                   for u, o, n in storage.reads), (s, r)  # image and label chunk: one request
+
+
+def test_a_label_column_far_from_the_images_is_read_on_its_own(tmp_path):
+    """A label chunk with more than LABEL_GAP bytes of other columns between it and the image chunk is read by
+    its own request when the batch is located, not with the bytes between."""
+    rng = np.random.default_rng(0)
+    images = [png(i) for i in range(12)]
+    pq.write_table(pa.table({"y": np.arange(12) * 3, "caption": [rng.bytes(20_000) for _ in range(12)],
+                             "img": images}), tmp_path / "far.parquet", row_group_size=6)
+    ds = raydl.read_parquet(str(tmp_path / "far.parquet"), image_column="img", label_column="y")
+    cat = ds.catalog
+    storage = CountingStorage()
+    result = _worker(ds, storage, np.arange(12))
+    assert result.batch["label"].tolist() == (np.arange(12) * 3).tolist()
+    assert len(storage.reads) == 1 + 2 + 2  # the footer, then per row group its label and its image chunk
+    assert sum(n for _, _, n in storage.reads) < 12 * 20_000  # never the captions between
+    assert _rows(cat, LocalStorage()) == [(im, 3 * i) for i, im in enumerate(images)]
+
+
+@pytest.mark.parametrize("kind,shown", [(pa.string(), "BYTE_ARRAY (STRING)"), (pa.float32(), "FLOAT"),
+                                        (pa.timestamp("ms"), "INT64 (TIMESTAMP)"), (pa.bool_(), "BOOLEAN")])
+def test_a_label_column_that_is_not_integer_is_refused_at_listing(tmp_path, kind, shown):
+    """A label column whose footer schema says it is not a plain integer column is a ValueError at listing
+    naming the file, the column and its type; no column chunk is read to find out."""
+    values = pa.array([1, 0, 1], pa.int64()).cast(kind) if kind != pa.string() else pa.array(["a", "b", "c"])
+    pq.write_table(pa.table({"img": [png(i) for i in range(3)], "y": values}), tmp_path / "t.parquet")
+    with pytest.raises(ValueError, match=r"label column 'y' is .* not an integer column") as info:
+        raydl.read_parquet(str(tmp_path / "t.parquet"), image_column="img", label_column="y")
+    assert str(tmp_path / "t.parquet") in str(info.value) and shown in str(info.value)
+
+
+def test_a_file_rewritten_after_listing_is_an_object_changed_error_for_its_rows(files):
+    """A file whose footer no longer says what was listed gives each of its rows an ObjectChangedError (which
+    on_error does not hide) when located; other files' rows read."""
+    root, _ = files
+    cat = raydl.read_parquet(str(root) + "/", image_column="img", label_column="y").catalog
+    t = pq.read_table(root / "b.parquet")
+    pq.write_table(t, root / "b.parquet", row_group_size=5, use_dictionary=False, compression="zstd")
+    clear_caches()
+    loc = cat.samples()
+    assert sorted(loc.errors) == list(range(40, 60))
+    assert all(isinstance(e, raydl.errors.ObjectChangedError) and "b.parquet changed after it was listed" in str(e)
+               for e in loc.errors.values())
+
+
+def test_a_catalog_from_row_counts_alone(tmp_path):
+    """catalog_from_row_counts builds the catalog of 10,000 files from their row groups' row counts without any
+    file (for planning benchmarks): one part per row group, ids located by binary search."""
+    files = [ObjectInfo(f"s3://b/t/{i:05d}.parquet", 1 << 20, f"e{i}") for i in range(10_000)]
+    rows = [[100, 100, 37 + i % 5] for i in range(10_000)]
+    cat = catalog_from_row_counts(files, rows, storage=LocalStorage())
+    assert cat.num_parts == 30_000 and len(cat) == sum(map(sum, rows))
+    part, pos = cat.locate([0, 236, 237, len(cat) - 1])
+    assert part.tolist() == [0, 2, 3, 29_999] and pos.tolist() == [0, 36, 0, 37 + 9_999 % 5 - 1]
+    assert cat.samples([236, 237]).key == ["00000.parquet#2:36", "00001.parquet#0:0"]
+    assert cat.parts.nbytes + cat.starts.nbytes <= 64 * 30_000 + 8
 
 
 def test_struct_image_column_as_hugging_face_stores_it(tmp_path):
@@ -97,8 +206,7 @@ def test_struct_image_column_as_hugging_face_stores_it(tmp_path):
     col = pa.array([{"bytes": b, "path": f"{i}.png"} for i, b in enumerate(images)])
     pq.write_table(pa.table({"image": col, "label": pa.array([1, 2, 3, 4, 5])}), tmp_path / "hf.parquet")
     cat = raydl.read_parquet(str(tmp_path / "hf.parquet"), image_column="image", label_column="label").catalog
-    assert _rows(cat, LocalStorage()) == images
-    assert cat.samples().label.tolist() == [1, 2, 3, 4, 5]
+    assert _rows(cat, LocalStorage()) == [(im, i + 1) for i, im in enumerate(images)]
 
 
 @pytest.mark.parametrize("kw", [{"image_column": "nope"}, {"image_column": "img", "label_column": "missing"}])
@@ -121,3 +229,14 @@ def test_paths_that_match_nothing_and_non_parquet_files(tmp_path):
     (tmp_path / "junk.parquet").write_bytes(b"not parquet at all, just bytes")
     with pytest.raises(raydl.errors.DataSourceError, match="junk.parquet"):
         raydl.read_parquet(str(tmp_path / "junk.parquet"), image_column="img")
+
+
+def test_null_images_fail_to_decode_and_null_labels_are_minus_one(tmp_path):
+    """A null image cell fails to decode (on_error settles it, named by file and row); a null label is -1."""
+    pq.write_table(pa.table({"img": [png(0), None, png(2)], "y": pa.array([None, 5, 2], pa.int64())}),
+                   tmp_path / "n.parquet")
+    ds = raydl.read_parquet(str(tmp_path / "n.parquet"), image_column="img", label_column="y")
+    result = _worker(ds, LocalStorage(), np.arange(3))
+    assert result.batch["label"].tolist() == [-1, 2] and result.batch["key"] == ["n.parquet#0:0", "n.parquet#0:2"]
+    (failure,) = result.skipped
+    assert failure.uri == f"{tmp_path / 'n.parquet'}#0:1"

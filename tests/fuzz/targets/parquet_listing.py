@@ -1,5 +1,6 @@
-"""Parquet listing (raydl.read_parquet: footer, label column) and one row group's read and cut, on mutated
-small Parquet files written by pyarrow, through a temporary file per input."""
+"""Parquet listing (raydl.read_parquet: the footer) and, as a worker does it, one row group's footer check,
+image and label chunk read and cut, on mutated small Parquet files written by pyarrow, through a temporary
+file per input."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import raydl
 import raydl.errors
+from raydl.sources.parquet import clear_caches
 from raydl.storage import ObjectInfo
 
 ALLOWED = (raydl.errors.RaydlError,)
@@ -55,7 +57,11 @@ def run_one(data: bytes) -> None:
             return
         raise
     cat = ds.catalog
+    clear_caches()  # every input is written to the same path: a worker's caches would hold the last one's
     loc = cat.samples([0])
+    if loc.errors:  # the footer a worker reads did not check out: settled under on_error
+        assert isinstance(loc.errors[0], raydl.errors.DataSourceError), loc.errors
+        return
     t = loc.to_pydict()
     shards = cat.shards.to_pydict()
     s = t["shard"][0]
