@@ -106,9 +106,10 @@ def read_parquet(
     """Parquet files, local or s3://, one sample per row with the encoded image in `image_column`.
 
     `paths`: files, folders or s3:// prefixes ending in "/" (every *.parquet
-    below), brace patterns or globs, or a list of them. Listing reads each
-    file's footer and the (small) label column, never the images; loader
-    actors read only the row groups and the image column they need. A struct
+    below), brace patterns or globs, or a list of them. Listing reads only
+    each file's footer (one request per file) into a catalog of row groups;
+    loader actors read the footers, and the image and label column chunks of
+    the row groups they need. A struct
     image column ({"bytes", "path"}, as Hugging Face datasets store images)
     reads its "bytes". `label_column` must hold integers (-1 without one).
     A column that does not exist is a ValueError naming the column and the file.

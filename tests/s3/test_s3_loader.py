@@ -78,7 +78,7 @@ def _epoch(ds, **kw):
 
 def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_server, bucket, image_folder, tmp_path):
     """The same images as WebDataset shards (local and on S3) and as Parquet give the folder's labels and pixels;
-    the S3 shards give batch for batch what the local shards give."""
+    the S3 shards and Parquet file give batch for batch what the local ones give."""
     n_shards = _folder_as_shards(image_folder, tmp_path / "wds")
     upload_folder(bucket, tmp_path / "wds", "wds")
     s3 = raydl.S3Options(endpoint_url=moto_server, max_concurrency=8)
@@ -96,10 +96,14 @@ def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_serv
             np.testing.assert_array_equal(x["id"], y["id"])
             np.testing.assert_array_equal(x["label"], y["label"])
             np.testing.assert_array_equal(x["image"], y["image"])
-    for x, y in zip(_epoch(remote, seed=9), _epoch(local, seed=9)):  # shuffled: same order from S3 as from disk
-        np.testing.assert_array_equal(x["id"], y["id"])
-        np.testing.assert_array_equal(x["image"], y["image"])
-        assert x["key"] == y["key"]
+    remote_table = raydl.read_parquet(f"s3://{bucket}/wds/all.parquet", image_column="img", label_column="label",
+                                      s3=s3)
+    for a, b in ((remote, local), (remote_table, table)):  # shuffled: same order from S3 as from disk
+        for x, y in zip(_epoch(a, seed=9), _epoch(b, seed=9), strict=True):
+            np.testing.assert_array_equal(x["id"], y["id"])
+            np.testing.assert_array_equal(x["label"], y["label"])
+            np.testing.assert_array_equal(x["image"], y["image"])
+            assert x["key"] == y["key"]
 
 
 def test_object_changed_after_listing_fails_even_under_replace(ray_s3, moto_server, s3_client, bucket, image_folder):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -83,6 +84,10 @@ def test_the_catalog_is_one_part_per_row_group(files):
     assert t["shard"] == [0] * 40 + [1] * 20
     assert t["key"][17] == "a.parquet#1:1" and t["key"][45] == "b.parquet#0:5"
     assert _rows(cat, LocalStorage()) == [(im, i % 7) for i, im in enumerate(images)]
+    copy = root / "copy"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("copy"))
+    again = raydl.read_parquet(str(copy) + "/", image_column="img", label_column="y").catalog
+    assert again.samples_fingerprint == cat.samples_fingerprint  # the same files: the same shuffle, resumable
 
 
 def test_listing_reads_each_footer_once_in_parallel_and_no_column_chunk(files, monkeypatch):
