@@ -133,6 +133,14 @@ class _LRU:
                     self._bytes -= self._size(self._items.popitem(last=False)[1])
             return value
 
+    def peek(self, key):
+        """The value of `key` if it is kept (None if not), made more recent."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            return None
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -341,11 +349,15 @@ def list_parquet(paths, *, storage: Storage, image_column: str, label_column: st
 
 @dataclass(frozen=True)
 class _FileFooter:
-    """A file's footer as a worker read it: pyarrow's FileMetaData, raydl's checked reading, its size."""
+    """A file's footer as a worker read it: pyarrow's FileMetaData, raydl's checked reading, its size, and
+    the leaf columns of the image and the label (-1: none)."""
 
     meta: pq.FileMetaData
     footer: Footer
     nbytes: int
+    image_leaf: int
+    label_leaf: int
+    reads: dict = field(default_factory=dict, compare=False)  # part -> its checked _RowGroupRead
 
 
 @dataclass(frozen=True)
@@ -360,9 +372,26 @@ class _RowGroupRead:
     rg: int
     start: int  # the range's first byte in the file
     image: tuple[int, int]
-    image_leaf: int
-    label: tuple[int, int] | None  # inside the range; None: no label column, or read at locate
-    label_leaf: int  # -1: no label column
+    label: tuple[int, int] | None  # inside the range; None: no label column, or read on its own
+    far_label: tuple[int, int] | None  # a label chunk read on its own, when the batch is located
+
+    @property
+    def end(self) -> int:
+        """The range's end in the file."""
+        end = self.image[0] + self.image[1]
+        return max(end, self.label[0] + self.label[1]) if self.label is not None else end
+
+
+class _Files:
+    """The catalog's parts columns and the batch's files (`infos`: ObjectInfo by shard), read once per
+    locate."""
+
+    def __init__(self, catalog: Catalog, shards: np.ndarray) -> None:
+        for c in PARTS_COLUMNS:
+            setattr(self, c, catalog.column(c))
+        uris, etags = StringColumn(catalog.shards.column("uri")), StringColumn(catalog.shards.column("etag"))
+        sizes = int_column(catalog.shards.column("size"))
+        self.infos = {s: ObjectInfo(uris[s], int(sizes[s]), etags[s]) for s in shards.tolist()}
 
 
 _footers = _LRU(1 << 16, _CACHE_FOOTER_BYTES, size=lambda f: f.nbytes)
@@ -405,29 +434,31 @@ class ParquetSource:
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
         ids = np.asarray(ids, dtype=np.int64)
         part, row = catalog.locate(ids)
-        col = catalog.column
-        shard = col("shard")[part].astype(np.int64)
-        uris = StringColumn(catalog.shards.column("uri"))
-        names = {s: uris[s].rsplit("/", 1)[-1] for s in np.unique(shard).tolist()}
-        rgs = col("rg")[part]
-        keys = [f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), rgs.tolist(), row.tolist())]
-        offset, length = col("offset")[part].copy(), col("length")[part].copy()
+        cols = {c: catalog.column(c)[part] for c in ("shard", "rg", "offset", "length")}
+        shard = cols["shard"].astype(np.int64)
+        files = _Files(catalog, np.unique(shard))
+        names = {s: info.uri.rsplit("/", 1)[-1] for s, info in files.infos.items()}
+        keys = [f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), cols["rg"].tolist(), row.tolist())]
+        offset, length = cols["offset"].copy(), cols["length"].copy()
         labels = np.full(len(ids), -1, np.int64)
         extra: list = [None] * len(ids)
         errors: dict[int, DataSourceError] = {}
+        footers = self._footers(catalog, files)
         parts = np.unique(part)
-        reads = self._row_groups(catalog, parts)
-        for p, (idx,) in zip(parts.tolist(), _members(part, parts)):
-            got = reads[p]
-            if isinstance(got, DataSourceError):
-                errors.update((int(i), got) for i in idx)
+        for p, idx in zip(parts.tolist(), _members(part, parts)):
+            try:
+                read = self._row_group(catalog, files, footers, p)
+                far = None
+                if self.label_column is not None and read.label is None:
+                    far = self._far_labels(catalog, read)
+            except DataSourceError as exc:
+                errors.update((i, exc) for i in idx.tolist())
                 continue
-            read, far_labels = got
-            offset[idx], length[idx] = read.start, _range_end(read) - read.start
+            offset[idx], length[idx] = read.start, read.end - read.start
             for i in idx.tolist():
                 extra[i] = read
-            if far_labels is not None:
-                labels[idx] = far_labels[row[idx]]
+            if far is not None:
+                labels[idx] = far[row[idx]]
         return Located(
             shard=shard,
             offset=offset,
@@ -439,34 +470,19 @@ class ParquetSource:
             errors=errors,
         )
 
-    def _row_groups(self, catalog: Catalog, parts: np.ndarray) -> dict:
-        """Per part: (its _RowGroupRead, labels read on their own or None), or the DataSourceError that keeps
-        its rows from being read. The footers of files not read yet are fetched in parallel."""
-        shard_of = catalog.column("shard")
-        files = np.unique(shard_of[parts]).tolist()
-        infos = {s: catalog.shard_info(s) for s in files}
-        if len(files) > 1:
-            footers = dict(zip(files, _pool().map(lambda s: self._footer(catalog, infos[s], s), files)))
-        else:
-            footers = {s: self._footer(catalog, infos[s], s) for s in files}
-        out: dict = {}
-        for p in parts.tolist():
-            s = int(shard_of[p])
-            file = footers[s]
-            try:
-                if isinstance(file, DataSourceError):
-                    raise file
-                read = self._check(catalog, p, infos[s], file)
-                far = None
-                if self.label_column is not None and read.label is None:
-                    far = self._far_labels(catalog, p, read)
-                out[p] = (read, far)
-            except DataSourceError as exc:
-                out[p] = exc
+    def _footers(self, catalog: Catalog, files: _Files) -> dict[int, _FileFooter | DataSourceError]:
+        """The footers of `files`: those this process has not read yet are fetched in parallel."""
+        out = {s: self._footer(catalog, files.infos[s], s, cached_only=True) for s in files.infos}
+        missing = [s for s, f in out.items() if f is None]
+        if len(missing) > 1:
+            out.update(zip(missing, _pool().map(lambda s: self._footer(catalog, files.infos[s], s), missing)))
+        elif missing:
+            out[missing[0]] = self._footer(catalog, files.infos[missing[0]], missing[0])
         return out
 
-    def _footer(self, catalog: Catalog, info: ObjectInfo, shard: int) -> _FileFooter | DataSourceError:
-        """File `shard`'s footer, read once per process (bounded LRU) and checked to be the one listed."""
+    def _footer(self, catalog: Catalog, info: ObjectInfo, shard: int, *, cached_only: bool = False):
+        """File `shard`'s footer, read once per process (bounded LRU) and checked to be the one listed (a
+        DataSourceError where it cannot be had; None where `cached_only` and it is not cached)."""
         want = int(self.footer_lengths[shard])
 
         def make() -> _FileFooter:
@@ -480,62 +496,71 @@ class ParquetSource:
                 )
             footer = _footer_of(info.uri, info.size, tail)
             try:
+                image = _leaf(footer, self.image_column, info.uri)
+                label = _label_leaf(footer, self.label_column, info.uri) if self.label_column else -1
+            except ValueError as exc:  # listing found the columns: the file is another one now
+                raise ObjectChangedError(
+                    f"{info.uri} changed after it was listed: {exc}", uri=info.uri
+                ) from None
+            try:
                 meta = parse_footer(tail)
             except (OSError, pa.ArrowException, ValueError) as exc:
                 raise DataSourceError(f"{info.uri}: corrupt Parquet footer ({exc})", uri=info.uri) from exc
-            return _FileFooter(meta, footer, len(tail))
+            return _FileFooter(meta, footer, len(tail), image, label)
 
+        # local files have no etag: the catalog's fingerprint (offsets, counts, sizes) stands in for one
+        key = (catalog.fingerprint, info.uri, info.etag, info.size, want)
+        if cached_only:
+            return _footers.peek(key)
         try:
-            # local files have no etag: the catalog's fingerprint (offsets, counts, sizes) stands in for one
-            return _footers.get((catalog.fingerprint, info.uri, info.etag, info.size, want), make)
+            return _footers.get(key, make)
         except DataSourceError as exc:
             return exc
 
-    def _check(self, catalog: Catalog, p: int, info: ObjectInfo, file: _FileFooter) -> _RowGroupRead:
+    def _row_group(self, catalog: Catalog, files: _Files, footers: dict, p: int) -> _RowGroupRead:
         """Part p as a _RowGroupRead, its row group as the footer says it (which must be as listed)."""
-        col = catalog.column
-        rg, count = int(col("rg")[p]), int(col("count")[p])
-        image = (int(col("offset")[p]), int(col("length")[p]))
-        label = (int(col("label_offset")[p]), int(col("label_length")[p]))
+        s = int(files.shard[p])
+        file, info = footers[s], files.infos[s]
+        if isinstance(file, DataSourceError):
+            raise file
+        hit = file.reads.get(p)  # the footer is this catalog's (its key holds the fingerprint)
+        if hit is not None:
+            return hit
+        rg, count = int(files.rg[p]), int(files.count[p])
+        image = (int(files.offset[p]), int(files.length[p]))
+        label = (int(files.label_offset[p]), int(files.label_length[p]))
         groups = file.footer.row_groups
-        try:
-            leaf = _leaf(file.footer, self.image_column, info.uri)
-            label_leaf = _label_leaf(file.footer, self.label_column, info.uri) if self.label_column else -1
-        except ValueError as exc:  # listing found the columns: the file is another one now
-            raise ObjectChangedError(f"{info.uri} changed after it was listed: {exc}", uri=info.uri) from None
         if not (
             rg < len(groups)
             and groups[rg].num_rows == count
-            and groups[rg].chunks[leaf] == image
-            and (label_leaf < 0 or groups[rg].chunks[label_leaf] == label)
+            and groups[rg].chunks[file.image_leaf] == image
+            and (file.label_leaf < 0 or groups[rg].chunks[file.label_leaf] == label)
         ):
             raise ObjectChangedError(
                 f"{info.uri} changed after it was listed: row group {rg} is not as listed "
                 f"({count} rows, the {self.image_column!r} chunk at offset {image[0]})",
                 uri=info.uri,
             )
-        near = label_leaf >= 0 and _gap(image, label) <= LABEL_GAP
-        start = min(image[0], label[0]) if near else image[0]
-        return _RowGroupRead(
-            info.uri,
-            (catalog.fingerprint, info.uri, info.etag, info.size),
-            info.size,
-            file,
-            rg,
-            start,
-            image,
-            leaf,
-            label if near else None,
-            label_leaf,
+        near = file.label_leaf >= 0 and _gap(image, label) <= LABEL_GAP
+        file.reads[p] = read = _RowGroupRead(
+            uri=info.uri,
+            version=(catalog.fingerprint, info.uri, info.etag, info.size),
+            size=info.size,
+            file=file,
+            rg=rg,
+            start=min(image[0], label[0]) if near else image[0],
+            image=image,
+            label=label if near else None,
+            far_label=None if near or file.label_leaf < 0 else label,
         )
+        return read
 
-    def _far_labels(self, catalog: Catalog, p: int, read: _RowGroupRead) -> np.ndarray:
+    def _far_labels(self, catalog: Catalog, read: _RowGroupRead) -> np.ndarray:
         """The labels of a row group whose label chunk lies too far from its image chunk to share a read."""
-        off, n = int(catalog.column("label_offset")[p]), int(catalog.column("label_length")[p])
+        off, n = read.far_label
 
         def make() -> np.ndarray:
-            info = catalog.shard_info(int(catalog.column("shard")[p]))
-            data = catalog.storage.read_range(info.uri, off, n, etag=info.etag or None)
+            data = catalog.storage.read_range(read.uri, off, n, etag=read.version[2] or None)
             return self._decode_labels(read, {off: data})
 
         return _labels.get((read.version, read.rg), make)
@@ -572,7 +597,7 @@ class ParquetSource:
 
     def _decode_labels(self, read: _RowGroupRead, pieces: dict[int, bytes]) -> np.ndarray:
         column = self.label_column
-        col = self._decode(read, pieces, read.label_leaf, repr(column))
+        col = self._decode(read, pieces, read.file.label_leaf, repr(column))
         if pa.types.is_dictionary(col.type):
             col = col.dictionary_decode()
         if not pa.types.is_integer(col.type):
@@ -593,7 +618,7 @@ class ParquetSource:
     def _cell(self, read: _RowGroupRead, row: int, data: bytes) -> bytes:
         def make() -> pa.Array:
             return self._decode(
-                read, _piece(read, read.image, data), read.image_leaf, repr(self.image_column)
+                read, _piece(read, read.image, data), read.file.image_leaf, repr(self.image_column)
             )
 
         col = _images.get((read.version, read.rg, self.image_column), make)
@@ -623,11 +648,6 @@ def _gap(a: tuple[int, int], b: tuple[int, int]) -> int:
     return max(0, max(a[0], b[0]) - min(a[0] + a[1], b[0] + b[1]))
 
 
-def _range_end(read: _RowGroupRead) -> int:
-    end = read.image[0] + read.image[1]
-    return max(end, read.label[0] + read.label[1]) if read.label is not None else end
-
-
 def _piece(read: _RowGroupRead, chunk: tuple[int, int], data: bytes) -> dict[int, bytes]:
     """The chunk's bytes out of its range's `data`, as the sparse file's one piece."""
     start = chunk[0] - read.start
@@ -636,9 +656,8 @@ def _piece(read: _RowGroupRead, chunk: tuple[int, int], data: bytes) -> dict[int
     return {chunk[0]: data[start : start + chunk[1]]}
 
 
-def _members(part: np.ndarray, parts: np.ndarray):
+def _members(part: np.ndarray, parts: np.ndarray) -> list[np.ndarray]:
     """For each of the sorted distinct `parts`, the indices of `part` that hold it."""
     order = np.argsort(part, kind="stable")
     bounds = np.searchsorted(part[order], parts, side="left").tolist() + [len(part)]
-    for k in range(len(parts)):
-        yield (order[bounds[k] : bounds[k + 1]],)
+    return [order[bounds[k] : bounds[k + 1]] for k in range(len(parts))]
