@@ -50,8 +50,9 @@ _TAIL = 64 << 10  # first guess at footer + 8 bytes; listing raises it to the la
 MAX_FOOTER = 64 << 20  # a footer is read whole, at listing and by a worker
 LABEL_GAP = 64 << 10  # the label chunk rides with the image chunk when at most this many bytes lie between
 _CACHE_ROW_GROUPS = 8  # decoded image columns kept per process
-_CACHE_LABELS = 1024  # decoded label columns kept per process (8 bytes a row)
-_CACHE_FOOTER_BYTES = 64 << 20  # footers kept per process, by their size
+_CACHE_LABELS = 1024  # decoded label columns kept per process, at most _CACHE_LABEL_BYTES (8 bytes a row)
+_CACHE_LABEL_BYTES = 64 << 20
+_CACHE_FOOTER_BYTES = 32 << 20  # footers kept per process, by their size as stored (parsed, a few times more)
 _LISTING_THREADS = 16
 _FOOTER_THREADS = 16  # a worker's footer reads at once, when a batch reaches files it has not read yet
 
@@ -396,7 +397,7 @@ class _Files:
 
 _footers = _LRU(1 << 16, _CACHE_FOOTER_BYTES, size=lambda f: f.nbytes)
 _images = _LRU(_CACHE_ROW_GROUPS)
-_labels = _LRU(_CACHE_LABELS)
+_labels = _LRU(_CACHE_LABELS, _CACHE_LABEL_BYTES, size=lambda a: a.nbytes)
 _footer_pool: ThreadPoolExecutor | None = None
 _footer_pool_lock = threading.Lock()
 

@@ -147,6 +147,18 @@ def test_labels_arrive_in_batches_read_by_the_worker(files):
     for s, *r in zip(*(ds.catalog.column(c).tolist() for c in PARTS_COLUMNS[:1] + PARTS_COLUMNS[3:])):
         assert any(u == uris[s] and o <= min(r[0], r[2]) and max(r[0] + r[1], r[2] + r[3]) <= o + n
                    for u, o, n in storage.reads), (s, r)  # image and label chunk: one request
+    before = len(storage.reads)
+    assert not dataclasses.replace(ds.catalog, storage=storage).samples().errors
+    assert len(storage.reads) == before  # the footers are kept: locating again reads nothing
+
+
+def test_the_worker_caches_are_bounded_by_bytes():
+    """A process keeps footers and decoded labels up to a byte budget, the least recently used dropped first."""
+    cache = parquet._LRU(100, 10, size=len)
+    for key in "abcd":
+        cache.get(key, lambda: b"xxxx")
+    assert cache.peek("a") is None and cache.peek("b") is None and cache.peek("d") == b"xxxx"
+    assert cache.get("c", lambda: 1 / 0) == b"xxxx"  # kept: not made again
 
 
 def test_a_label_column_far_from_the_images_is_read_on_its_own(tmp_path):
