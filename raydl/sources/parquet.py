@@ -562,7 +562,7 @@ class ParquetSource:
 
         def make() -> np.ndarray:
             data = catalog.storage.read_range(read.uri, off, n, etag=read.version[2] or None)
-            return self._decode_labels(read, {off: data})
+            return self._labels_of(read, self._decode(read, data, [read.far_label], start=off)[0])
 
         return _labels.get((read.version, read.rg), make)
 
@@ -573,32 +573,47 @@ class ParquetSource:
     def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
         read: _RowGroupRead = located.extra[i]
         row = int(located.row[i])
-        label = int(located.label[i])
-        if read.label is not None:
+        if read.label is None:  # no label column, or its labels were read when the batch was located
+            return self._cell(read, row, data), int(located.label[i])
+        key = (read.version, read.rg)
+        labels = _labels.peek(key)
+        image = self._cell(read, row, data, with_labels=labels is None)
+        if labels is None:  # the row group's image column was decoded already, its labels since dropped
             labels = _labels.get(
-                (read.version, read.rg), lambda: self._decode_labels(read, _piece(read, read.label, data))
+                key, lambda: self._labels_of(read, self._decode(read, data, [read.label])[0])
             )
-            label = int(labels[row])
-        return self._cell(read, row, data), label
+        return image, int(labels[row])
 
-    @staticmethod
-    def _decode(read: _RowGroupRead, pieces: dict[int, bytes], leaf: int, what: str) -> pa.Array:
-        path = read.file.footer.leaves[leaf]  # "image", or "image.bytes" of a struct column
+    def _decode(
+        self, read: _RowGroupRead, data: bytes, chunks: list[tuple[int, int]], start: int | None = None
+    ) -> list[pa.Array]:
+        """The columns whose chunks (the image's, the label's) are `chunks`, decoded by pyarrow in one call
+        over `data` only: the file's bytes from `start` (default: the sample range's start) on."""
+        images = [c == read.image for c in chunks]
+        leaves = [read.file.image_leaf if im else read.file.label_leaf for im in images]
+        paths = [read.file.footer.leaves[leaf] for leaf in leaves]  # "image", or "image.bytes" of a struct
+        at = read.start if start is None else start
+        pieces = {c[0]: _piece(c, data, at) for c in chunks}
         try:
-            pf = _open(read.uri, read.size, read.file.meta, pieces)
-            col = pf.read_row_group(read.rg, columns=[path]).column(0).combine_chunks()
+            table = _open(read.uri, read.size, read.file.meta, pieces).read_row_group(read.rg, columns=paths)
+            columns = [table.column(k).combine_chunks() for k in range(len(paths))]
         except (OSError, pa.ArrowException, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            what = " and ".join(repr(self.image_column if im else self.label_column) for im in images)
             raise DataSourceError(
                 f"{read.uri}: cannot decode the {what} column chunk of row group {read.rg}: {exc}",
                 uri=read.uri,
             ) from exc
-        while pa.types.is_struct(col.type):
-            col = col.field(0)
-        return col
+        out = []
+        for col in columns:
+            while pa.types.is_struct(col.type):
+                col = col.field(0)
+            out.append(col)
+        return out
 
-    def _decode_labels(self, read: _RowGroupRead, pieces: dict[int, bytes]) -> np.ndarray:
+    def _labels_of(self, read: _RowGroupRead, col: pa.Array) -> np.ndarray:
+        """The row group's decoded label column as int64, null labels -1; checked to be integers, a label a
+        row."""
         column = self.label_column
-        col = self._decode(read, pieces, read.file.label_leaf, repr(column))
         if pa.types.is_dictionary(col.type):
             col = col.dictionary_decode()
         if not pa.types.is_integer(col.type):
@@ -612,15 +627,17 @@ class ParquetSource:
                 f"{rows} rows",
                 uri=read.uri,
             )
-        return (
-            int_column(col.cast(pa.int64(), safe=False).fill_null(-1)) if len(col) else np.zeros(0, np.int64)
-        )
+        if not len(col):
+            return np.zeros(0, np.int64)
+        return int_column(col.cast(pa.int64(), safe=False).fill_null(-1))
 
-    def _cell(self, read: _RowGroupRead, row: int, data: bytes) -> bytes:
+    def _cell(self, read: _RowGroupRead, row: int, data: bytes, *, with_labels: bool = False) -> bytes:
         def make() -> pa.Array:
-            return self._decode(
-                read, _piece(read, read.image, data), read.file.image_leaf, repr(self.image_column)
-            )
+            if not with_labels:
+                return self._decode(read, data, [read.image])[0]
+            image, labels = self._decode(read, data, [read.image, read.label])  # one pyarrow call for both
+            _labels.get((read.version, read.rg), lambda: self._labels_of(read, labels))
+            return image
 
         col = _images.get((read.version, read.rg, self.image_column), make)
         if row >= len(col):  # the footer said more rows than the chunk holds
@@ -649,12 +666,10 @@ def _gap(a: tuple[int, int], b: tuple[int, int]) -> int:
     return max(0, max(a[0], b[0]) - min(a[0] + a[1], b[0] + b[1]))
 
 
-def _piece(read: _RowGroupRead, chunk: tuple[int, int], data: bytes) -> dict[int, bytes]:
-    """The chunk's bytes out of its range's `data`, as the sparse file's one piece."""
-    start = chunk[0] - read.start
-    if start == 0 and chunk[1] == len(data):
-        return {chunk[0]: data}
-    return {chunk[0]: data[start : start + chunk[1]]}
+def _piece(chunk: tuple[int, int], data: bytes, start: int) -> bytes:
+    """The chunk's bytes out of `data`, which are the file's bytes from `start` on."""
+    at = chunk[0] - start
+    return data if at == 0 and chunk[1] == len(data) else data[at : at + chunk[1]]
 
 
 def _members(part: np.ndarray, parts: np.ndarray) -> list[np.ndarray]:
