@@ -426,11 +426,6 @@ class ParquetSource:
     name: str = "parquet"
     range_is_sample: bool = False
 
-    @property
-    def labelled(self) -> bool:
-        """Whether samples have labels (read by the workers: the driver does not know them)."""
-        return self.label_column is not None
-
     # -- locate: ids to row groups and rows, footers checked ------------------------------------
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
         ids = np.asarray(ids, dtype=np.int64)
