@@ -45,6 +45,7 @@ def _add_bench(sub) -> None:
         ("checkpoint", "checkpoint"),
         ("cluster", "cluster"),
         ("control-plane", "control_plane"),
+        ("listing", "listing"),
     ):
         try:
             module = importlib.import_module(f"raydl.bench.{module_name}")

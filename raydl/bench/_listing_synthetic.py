@@ -1,0 +1,260 @@
+"""Catalogs at the sizes users train on, from counts alone (no data), and what they cost the driver.
+
+- `webdataset_catalog`: N samples in S tar shards, one part per shard with the
+  WebDataset listing's locator columns (where the shard's index block is);
+- `parquet_catalog`: F files of G row groups of R rows, one part per row group;
+- `ImageNetListing`: a Storage whose `list()` yields 1.28 M ImageNet-like
+  objects (`train/n01440764/n01440764_10026.JPEG`) without holding them, for the
+  image-folder listing's memory;
+- `measure_memory` and `plan_cost`: tracemalloc's peak (plus Arrow's own pool,
+  which tracemalloc does not see), the RSS growth, and the time to plan one
+  batch (EpochOrder positions -> ids -> `Catalog.locate`).
+
+Everything is vectorized numpy over the parts; the only Python loops are over
+shards (100,000), never over samples.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import resource
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from raydl.describe.catalog import Catalog, make_catalog
+from raydl.storage.base import ObjectInfo
+from raydl.util.arrow import string_array
+
+__all__ = [
+    "ImageNetListing",
+    "Memory",
+    "imagenet_keys",
+    "measure_memory",
+    "parquet_catalog",
+    "plan_cost",
+    "webdataset_catalog",
+]
+
+
+@dataclass(frozen=True)
+class CountsOnly:
+    """The source of a catalog made from counts: it has a name (the plan reads nothing else) and no data."""
+
+    name: str
+    range_is_sample: bool = True
+
+    def locate(self, catalog, ids):
+        raise NotImplementedError(f"a synthetic {self.name} catalog has no data to locate")
+
+    def read_block(self, storage, shard, offset, length):
+        raise NotImplementedError(f"a synthetic {self.name} catalog has no data to read")
+
+    def cut(self, located, i, data):
+        raise NotImplementedError(f"a synthetic {self.name} catalog has no data to cut")
+
+    def sample_uri(self, shard_uri: str, key: str) -> str:
+        return f"{shard_uri}#{key}"
+
+
+def _etags(n: int, seed: int) -> list[str]:
+    """S3-like etags (32 hex digits), distinct per object."""
+    raw = np.random.default_rng(seed).integers(0, 2**63, size=(n, 2), dtype=np.int64).tobytes()
+    return [raw[i * 16 : i * 16 + 16].hex() for i in range(n)]
+
+
+def _counts(samples: int, parts: int, rng: np.random.Generator, jitter: float = 0.1) -> np.ndarray:
+    """`parts` counts summing to `samples`, each within `jitter` of the mean (pairs of +d, -d)."""
+    base = samples // parts
+    d = int(base * jitter)
+    half = rng.integers(-d, d + 1, size=parts // 2) if d else np.zeros(parts // 2, np.int64)
+    counts = np.full(parts, base, np.int64)
+    counts[: 2 * half.size] += np.concatenate([half, -half])
+    counts[: samples - base * parts] += 1  # the remainder, one each
+    return rng.permutation(counts)
+
+
+def webdataset_catalog(
+    samples: int = 100_000_000, shards: int = 100_000, *, seed: int = 0, root: str = "s3://laion/shards"
+) -> Catalog:
+    """`samples` samples in `shards` tar shards, one part per shard, with the locators the WebDataset
+    listing keeps (a DALI .idx beside each shard: the longest of them, a URI per shard)."""
+    rng = np.random.default_rng(seed)
+    counts = _counts(samples, shards, rng)
+    sizes = counts * 40_000  # ~40 KB per sample (a LAION-like JPEG, its caption and its tar headers)
+    etags = _etags(shards, seed)
+    uris = [f"{root}/{i:06d}.tar" for i in range(shards)]
+    infos = [ObjectInfo(u, int(s), e) for u, s, e in zip(uris, sizes.tolist(), etags)]
+    parts = {
+        "shard": np.arange(shards, dtype=np.int64),
+        "count": counts,
+        "every": np.zeros(shards, np.int64),
+        "index_kind": np.ones(shards, np.int64),
+        "index_uri": string_array([u[: -len(".tar")] + ".idx" for u in uris]),
+        "index_offset": np.zeros(shards, np.int64),
+        "index_length": counts * 64,
+    }
+    del uris, etags
+    return make_catalog(
+        root=root,
+        storage=None,  # type: ignore[arg-type]  # nothing is read
+        source=CountsOnly("webdataset"),
+        shards=infos,
+        parts=parts,
+        locators=("index_kind", "index_uri", "index_offset", "index_length"),
+    )
+
+
+def parquet_catalog(
+    files: int = 10_000,
+    row_groups: int = 10,
+    rows: int = 1_000,
+    *,
+    seed: int = 0,
+    root: str = "s3://tokens/train",
+) -> Catalog:
+    """`files` Parquet files of `row_groups` row groups of `rows` rows, one part per row group, with where
+    each row group's image and label column chunks are (what a worker reads)."""
+    g = files * row_groups
+    rng = np.random.default_rng(seed)
+    chunk = rng.integers(4_000_000, 6_000_000, size=g)  # ~5 MB image column chunk per row group
+    shard = np.repeat(np.arange(files, dtype=np.int64), row_groups)
+    group = np.tile(np.arange(row_groups, dtype=np.int64), files)
+    span = chunk + 8_000  # a row group: its image and label column chunks, back to back
+    before = np.cumsum(span) - span  # bytes of all the row groups before each one
+    start = 4 + before - before[shard * row_groups]  # after "PAR1" and the file's earlier row groups
+    sizes = np.add.reduceat(span, np.arange(0, g, row_groups)) + 4 + 65_536  # + the footer
+    etags = _etags(files, seed)
+    infos = [
+        ObjectInfo(f"{root}/part-{i:05d}.parquet", int(s), e)
+        for i, (s, e) in enumerate(zip(sizes.tolist(), etags))
+    ]
+    parts = {
+        "shard": shard,
+        "count": np.full(g, rows, np.int64),
+        "row_group": group,
+        "image_offset": start,
+        "image_length": chunk,
+        "label_offset": start + chunk,
+        "label_length": np.full(g, 8_000, np.int64),
+    }
+    return make_catalog(
+        root=root,
+        storage=None,  # type: ignore[arg-type]
+        source=CountsOnly("parquet"),
+        shards=infos,
+        parts=parts,
+        locators=("image_offset", "image_length", "label_offset", "label_length"),
+    )
+
+
+def imagenet_keys(classes: int = 1000, per_class: int = 1280) -> Iterator[str]:
+    """ImageNet-like training keys, class by class: train/n01440764/n01440764_10026.JPEG."""
+    for c in range(classes):
+        wnid = f"n{1440764 + c * 7919:08d}"
+        for i in range(per_class):
+            yield f"train/{wnid}/{wnid}_{10026 + i * 13}.JPEG"
+
+
+class ImageNetListing:
+    """A Storage that lists `classes` x `per_class` ImageNet-like objects under s3://`bucket`/ (sizes
+    and etags made up, in S3's page order), without holding them: only `list` works."""
+
+    default_io_concurrency = 32
+
+    def __init__(self, classes: int = 1000, per_class: int = 1280, *, bucket: str = "imagenet") -> None:
+        self.classes, self.per_class, self.bucket = classes, per_class, bucket
+
+    def __len__(self) -> int:
+        return self.classes * self.per_class
+
+    @property
+    def root(self) -> str:
+        return f"s3://{self.bucket}/train"
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = f"s3://{self.bucket}/"
+        for i, key in enumerate(imagenet_keys(self.classes, self.per_class)):
+            uri = base + key
+            if uri.startswith(prefix):
+                etag = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
+                yield ObjectInfo(uri, 80_000 + (i * 7919) % 60_000, etag)
+
+    def stat(self, uri: str) -> ObjectInfo:
+        raise NotImplementedError("a synthetic listing: no object can be read")
+
+    def read_range(self, uri: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        raise NotImplementedError("a synthetic listing: no object can be read")
+
+    def read(self, uri: str) -> bytes:
+        raise NotImplementedError("a synthetic listing: no object can be read")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What building something cost the driver: the peak of what it allocated (tracemalloc's, plus what
+    Arrow's pool holds at the end, which tracemalloc does not see), the growth of the process's peak RSS,
+    what the result still holds, and the time."""
+
+    peak_bytes: int
+    rss_bytes: int
+    held_bytes: int
+    seconds: float
+
+
+def _rss_peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+def measure_memory(build: Callable[[], object], *, rss: bool = True) -> tuple[object, Memory]:
+    """build() twice: once bare, for the time and the rise of the process's peak RSS (meaningful only in a
+    process that has not peaked higher before: run it first in a fresh one), once under tracemalloc, whose
+    bookkeeping would swell the RSS and the time, for the peak. rss=False: only the traced build."""
+    seconds, grew = 0.0, 0
+    if rss:
+        gc.collect()
+        rss0 = _rss_peak()
+        t0 = time.perf_counter()
+        out = build()
+        seconds = time.perf_counter() - t0
+        grew = max(_rss_peak() - rss0, 0)
+        del out
+    gc.collect()
+    arrow0 = pa.total_allocated_bytes()
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        out = build()
+        traced_s = time.perf_counter() - t0
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    arrow = max(pa.total_allocated_bytes() - arrow0, 0)
+    return out, Memory(peak + arrow, grew, held + arrow, seconds if rss else traced_s)
+
+
+def plan_cost(catalog: Catalog, *, batch_size: int = 256, batches: int = 100, world_size: int = 8) -> float:
+    """Seconds to plan one batch, averaged over `batches` batches of rank 0: the epoch order at the batch's
+    positions, the ids, their augmentation seeds and `catalog.locate` (what the iterator and the worker's
+    first step do per batch)."""
+    from raydl.plan.order import EpochOrder, EpochPlan, augmentation_seeds
+
+    n = len(catalog)
+    order = EpochOrder(n, seed=0, epoch=0, shuffle=True, fingerprint=catalog.samples_fingerprint)
+    plan = EpochPlan(n, world_size, batch_size, drop_last=True)
+    batches = min(batches, plan.batches_per_rank)
+    catalog.locate(plan.batch_ids(order, 0, 0))  # warm: first-call costs are not per batch
+    t0 = time.perf_counter()
+    for k in range(batches):
+        ids = plan.batch_ids(order, 0, k)
+        augmentation_seeds(ids, seed=0, epoch=0)
+        part, pos = catalog.locate(ids)
+    took = (time.perf_counter() - t0) / batches
+    if not (part.size == batch_size and (pos >= 0).all()):
+        raise AssertionError("locate gave positions outside their parts")
+    return took
