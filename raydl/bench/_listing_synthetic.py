@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.storage.base import ObjectInfo
-from raydl.util.arrow import string_array
+from raydl.util.arrow import int_array
 
 __all__ = [
     "ImageNetListing",
@@ -62,10 +62,39 @@ class CountsOnly:
         return f"{shard_uri}#{key}"
 
 
-def _etags(n: int, seed: int) -> list[str]:
-    """S3-like etags (32 hex digits), distinct per object."""
-    raw = np.random.default_rng(seed).integers(0, 2**63, size=(n, 2), dtype=np.int64).tobytes()
-    return [raw[i * 16 : i * 16 + 16].hex() for i in range(n)]
+def _numbered(prefix: str, numbers: np.ndarray, width: int, suffix: str) -> pa.Array:
+    """The strings prefix + number (zero-padded to `width` digits) + suffix, built as one byte matrix:
+    no Python string per row."""
+    head, tail = np.frombuffer(prefix.encode(), np.uint8), np.frombuffer(suffix.encode(), np.uint8)
+    n, size = len(numbers), len(head) + width + len(tail)
+    rows = np.empty((n, size), np.uint8)
+    rows[:, : len(head)] = head
+    rows[:, len(head) + width :] = tail
+    for k in range(width):  # the digits, most significant first
+        rows[:, len(head) + k] = ord("0") + (numbers // 10 ** (width - 1 - k)) % 10
+    return _fixed_width(rows)
+
+
+def _etags(n: int, seed: int) -> pa.Array:
+    """S3-like etags (32 hex digits), distinct per object, built as one byte matrix."""
+    raw = np.random.default_rng(seed).integers(0, 256, size=(n, 16), dtype=np.uint8)
+    digits = np.frombuffer(b"0123456789abcdef", np.uint8)
+    rows = np.empty((n, 32), np.uint8)
+    rows[:, 0::2], rows[:, 1::2] = digits[raw >> 4], digits[raw & 15]
+    return _fixed_width(rows)
+
+
+def _objects(table: pa.Table) -> list[ObjectInfo]:
+    """The shards as the ObjectInfos a listing makes (one Python object, URI and etag each)."""
+    d = table.to_pydict()
+    return [ObjectInfo(u, s, e) for u, s, e in zip(d["uri"], d["size"], d["etag"])]
+
+
+def _fixed_width(rows: np.ndarray) -> pa.Array:
+    n, size = rows.shape
+    offsets = np.arange(n + 1, dtype=np.int32) * size
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(rows.reshape(-1))]
+    return pa.Array.from_buffers(pa.string(), n, buffers)
 
 
 def _counts(samples: int, parts: int, rng: np.random.Generator, jitter: float = 0.1) -> np.ndarray:
@@ -80,31 +109,42 @@ def _counts(samples: int, parts: int, rng: np.random.Generator, jitter: float = 
 
 
 def webdataset_catalog(
-    samples: int = 100_000_000, shards: int = 100_000, *, seed: int = 0, root: str = "s3://laion/shards"
+    samples: int = 100_000_000,
+    shards: int = 100_000,
+    *,
+    objects: bool = True,
+    seed: int = 0,
+    root: str = "s3://laion/shards",
 ) -> Catalog:
     """`samples` samples in `shards` tar shards, one part per shard, with the locators the WebDataset
-    listing keeps (a DALI .idx beside each shard: the longest of them, a URI per shard)."""
+    listing keeps (a DALI .idx beside each shard: the longest of them, a URI per shard). objects=True:
+    the shards go to make_catalog as ObjectInfos, as a listing hands them over; False: as a table."""
     rng = np.random.default_rng(seed)
     counts = _counts(samples, shards, rng)
     sizes = counts * 40_000  # ~40 KB per sample (a LAION-like JPEG, its caption and its tar headers)
-    etags = _etags(shards, seed)
-    uris = [f"{root}/{i:06d}.tar" for i in range(shards)]
-    infos = [ObjectInfo(u, int(s), e) for u, s, e in zip(uris, sizes.tolist(), etags)]
+    numbers = np.arange(shards, dtype=np.int64)
+    width = max(6, len(str(shards - 1)))
+    table = pa.table(
+        {
+            "uri": _numbered(f"{root}/", numbers, width, ".tar"),
+            "size": int_array(sizes),
+            "etag": _etags(shards, seed),
+        }
+    )
     parts = {
-        "shard": np.arange(shards, dtype=np.int64),
+        "shard": numbers,
         "count": counts,
         "every": np.zeros(shards, np.int64),
         "index_kind": np.ones(shards, np.int64),
-        "index_uri": string_array([u[: -len(".tar")] + ".idx" for u in uris]),
+        "index_uri": _numbered(f"{root}/", numbers, width, ".idx"),  # a DALI .idx beside each shard
         "index_offset": np.zeros(shards, np.int64),
         "index_length": counts * 64,
     }
-    del uris, etags
     return make_catalog(
         root=root,
         storage=None,  # type: ignore[arg-type]  # nothing is read
         source=CountsOnly("webdataset"),
-        shards=infos,
+        shards=_objects(table) if objects else table,
         parts=parts,
         locators=("index_kind", "index_uri", "index_offset", "index_length"),
     )
@@ -115,6 +155,7 @@ def parquet_catalog(
     row_groups: int = 10,
     rows: int = 1_000,
     *,
+    objects: bool = True,
     seed: int = 0,
     root: str = "s3://tokens/train",
 ) -> Catalog:
@@ -129,11 +170,14 @@ def parquet_catalog(
     before = np.cumsum(span) - span  # bytes of all the row groups before each one
     start = 4 + before - before[shard * row_groups]  # after "PAR1" and the file's earlier row groups
     sizes = np.add.reduceat(span, np.arange(0, g, row_groups)) + 4 + 65_536  # + the footer
-    etags = _etags(files, seed)
-    infos = [
-        ObjectInfo(f"{root}/part-{i:05d}.parquet", int(s), e)
-        for i, (s, e) in enumerate(zip(sizes.tolist(), etags))
-    ]
+    width = max(5, len(str(files - 1)))
+    table = pa.table(
+        {
+            "uri": _numbered(f"{root}/part-", np.arange(files, dtype=np.int64), width, ".parquet"),
+            "size": int_array(sizes),
+            "etag": _etags(files, seed),
+        }
+    )
     parts = {
         "shard": shard,
         "count": np.full(g, rows, np.int64),
@@ -147,28 +191,32 @@ def parquet_catalog(
         root=root,
         storage=None,  # type: ignore[arg-type]
         source=CountsOnly("parquet"),
-        shards=infos,
+        shards=_objects(table) if objects else table,
         parts=parts,
         locators=("image_offset", "image_length", "label_offset", "label_length"),
     )
 
 
-def imagenet_keys(classes: int = 1000, per_class: int = 1280) -> Iterator[str]:
-    """ImageNet-like training keys, class by class: train/n01440764/n01440764_10026.JPEG."""
-    for c in range(classes):
-        wnid = f"n{1440764 + c * 7919:08d}"
-        for i in range(per_class):
-            yield f"train/{wnid}/{wnid}_{10026 + i * 13}.JPEG"
+def imagenet_keys(classes: int = 1000, per_class: int = 1280, *, shuffled: bool = False) -> Iterator[str]:
+    """ImageNet-like training keys, class by class: train/n01440764/n01440764_10026.JPEG. In key order
+    (S3's), or shuffled=True: classes and the files in each in a fixed random order (os.walk's)."""
+    rng = np.random.default_rng(0)
+    for c in rng.permutation(classes) if shuffled else range(classes):
+        wnid = f"n{1440764 + int(c) * 7919:08d}"
+        for i in rng.permutation(per_class) if shuffled else range(per_class):
+            yield f"train/{wnid}/{wnid}_{10026 + int(i) * 13}.JPEG"
 
 
 class ImageNetListing:
-    """A Storage that lists `classes` x `per_class` ImageNet-like objects under s3://`bucket`/ (sizes
-    and etags made up, in S3's page order), without holding them: only `list` works."""
+    """A Storage that lists `classes` x `per_class` ImageNet-like objects under s3://`bucket`/train (sizes
+    and etags made up; in key order, or `shuffled`), without holding them: only `list` works."""
 
     default_io_concurrency = 32
 
-    def __init__(self, classes: int = 1000, per_class: int = 1280, *, bucket: str = "imagenet") -> None:
-        self.classes, self.per_class, self.bucket = classes, per_class, bucket
+    def __init__(
+        self, classes: int = 1000, per_class: int = 1280, *, shuffled: bool = False, bucket: str = "imagenet"
+    ) -> None:
+        self.classes, self.per_class, self.shuffled, self.bucket = classes, per_class, shuffled, bucket
 
     def __len__(self) -> int:
         return self.classes * self.per_class
@@ -179,11 +227,11 @@ class ImageNetListing:
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         base = f"s3://{self.bucket}/"
-        for i, key in enumerate(imagenet_keys(self.classes, self.per_class)):
+        for key in imagenet_keys(self.classes, self.per_class, shuffled=self.shuffled):
             uri = base + key
             if uri.startswith(prefix):
                 etag = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
-                yield ObjectInfo(uri, 80_000 + (i * 7919) % 60_000, etag)
+                yield ObjectInfo(uri, 80_000 + len(etag) * int(etag[:4], 16) % 60_000, etag)
 
     def stat(self, uri: str) -> ObjectInfo:
         raise NotImplementedError("a synthetic listing: no object can be read")
