@@ -108,7 +108,7 @@ def make_shard(s: int, per_shard: int, jpegs: list[bytes]) -> bytes:
 
 def dali_index(shard: bytes) -> bytes:
     """The DALI `wds2idx` index (v1.2) of a shard: one line per sample of `ext offset size name` quadruples,
-    the offset of each member's tar header, as wds2idx writes it."""
+    the offset of each member's data (past its headers), as wds2idx writes it."""
     samples: list[list[str]] = []
     last = None
     with tarfile.open(fileobj=io.BytesIO(shard), mode="r:") as tar:
@@ -121,17 +121,24 @@ def dali_index(shard: bytes) -> bytes:
             if stem != last:
                 samples.append([])
                 last = stem
-            samples[-1].append(f"{ext} {m.offset} {m.size} {m.name}")
+            samples[-1].append(f"{ext} {m.offset_data} {m.size} {m.name}")
     lines = [f"v1.2 {len(samples)}", *(" ".join(s) for s in samples)]
     return ("\n".join(lines) + "\n").encode()
 
 
-def upload(endpoint: str, bucket: str, objects: dict[str, bytes], threads: int = 16) -> None:
-    """PUT every object straight to the server (not through the proxy)."""
+def upload(endpoint: str, bucket: str, objects: dict[str, bytes], env: dict, threads: int = 16) -> None:
+    """PUT every object straight to the server (not through the proxy), with the credentials in `env`."""
     import boto3
     from botocore.config import Config
 
-    client = boto3.client("s3", endpoint_url=endpoint, config=Config(max_pool_connections=threads))
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+        config=Config(max_pool_connections=threads),
+    )
     try:
         client.create_bucket(Bucket=bucket)
     except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
