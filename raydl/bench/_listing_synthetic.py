@@ -250,27 +250,60 @@ class Memory:
     what the result still holds, and the time."""
 
     peak_bytes: int
-    rss_bytes: int
+    rss_bytes: int | None  # None: not measured (rss=False), or not measurable here
     held_bytes: int
     seconds: float
 
 
-def _rss_peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_mark() -> tuple[int, int]:
+    """(this process's RSS now, its peak RSS), with the peak reset to now where Linux lets us
+    (/proc/self/clear_refs), so a later `rss_growth` sees this build's peak, not an earlier one.
+    ru_maxrss would not do: a child inherits its parent's, and it never comes down."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    now = _status_kb("VmRSS")
+    if now is None:  # not Linux: the lifetime peak, in kilobytes on Linux, bytes on macOS
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return peak, peak
+    return now, _status_kb("VmHWM") or now
+
+
+def rss_growth(mark: tuple[int, int]) -> int | None:
+    """How far the peak RSS rose over the RSS at `mark`; None where the peak was not reset (an earlier,
+    higher peak hides this one)."""
+    now, peak_then = mark
+    peak = _status_kb("VmHWM")
+    if peak is None or peak_then > now:
+        return None
+    return max(peak - now, 0)
 
 
 def measure_memory(build: Callable[[], object], *, rss: bool = True) -> tuple[object, Memory]:
-    """build() twice: once bare, for the time and the rise of the process's peak RSS (meaningful only in a
-    process that has not peaked higher before: run it first in a fresh one), once under tracemalloc, whose
-    bookkeeping would swell the RSS and the time, for the peak. rss=False: only the traced build."""
-    seconds, grew = 0.0, 0
+    """build() twice: once bare, for the time and the rise of the process's peak RSS (`rss_mark`), once
+    under tracemalloc, whose bookkeeping would swell the RSS and the time, for the peak of what it
+    allocated. rss=False: only the traced build."""
+    seconds, grew = 0.0, None
     if rss:
         gc.collect()
-        rss0 = _rss_peak()
+        mark = rss_mark()
         t0 = time.perf_counter()
         out = build()
         seconds = time.perf_counter() - t0
-        grew = max(_rss_peak() - rss0, 0)
+        grew = rss_growth(mark)
         del out
     gc.collect()
     arrow0 = pa.total_allocated_bytes()

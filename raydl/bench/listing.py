@@ -311,22 +311,24 @@ def report(results: dict) -> str:
     rows = [(name, results[name]) for name in _WHAT if name in results]
     if rows:
         lines.append(
-            f"{'driver memory':<42}{'samples':>12}{'parts':>9}{'nbytes MB':>11}{'peak MB':>9}"
+            f"{'driver memory':<40}{'samples':>13}{'parts':>11}{'nbytes MB':>10}{'peak MB':>9}"
             f"{'RSS+ MB':>9}{'build s':>9}{'plan ms':>9}  goal"
         )
         for name, r in rows:
             if "error" in r:
-                lines.append(f"{_WHAT[name]:<42}  FAILED: {r['error']}")
+                lines.append(f"{_WHAT[name]:<40}  FAILED: {r['error']}")
                 continue
             mem_goal, plan_goal = GOALS[name]
             plan = f"{r['plan_s'] * 1e3:>9.3f}" if "plan_s" in r else f"{'-':>9}"
-            ok = max(r["peak_bytes"], r["rss_bytes"]) <= mem_goal and (
+            rss = r["rss_bytes"]
+            ok = max(r["peak_bytes"], rss or 0) <= mem_goal and (
                 plan_goal is None or r["plan_s"] <= plan_goal
             )
             goal = f"<= {mem_goal / _MB:.0f} MB" + (f", <= {plan_goal * 1e3:g} ms" if plan_goal else "")
+            rss_cell = f"{rss / _MB:>9.1f}" if rss is not None else f"{'?':>9}"
             lines.append(
-                f"{_WHAT[name]:<42}{r['samples']:>12,}{r['parts']:>9,}{r['nbytes'] / _MB:>11.1f}"
-                f"{r['peak_bytes'] / _MB:>9.1f}{r['rss_bytes'] / _MB:>9.1f}{r['build_s']:>9.2f}{plan}  "
+                f"{_WHAT[name]:<40}{r['samples']:>13,}{r['parts']:>11,}{r['nbytes'] / _MB:>10.1f}"
+                f"{r['peak_bytes'] / _MB:>9.1f}{rss_cell}{r['build_s']:>9.2f}{plan}  "
                 f"{goal}: {'ok' if ok else 'MISSED'}"
             )
         lines.append(

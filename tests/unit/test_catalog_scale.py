@@ -75,13 +75,13 @@ def test_locate_agrees_with_brute_force_around_empty_parts():
 
 
 _LISTING = """
-import json, resource, sys
-from raydl.bench._listing_synthetic import ImageNetListing
+import json, sys
+from raydl.bench._listing_synthetic import ImageNetListing, rss_growth, rss_mark
 from raydl.sources.images import list_image_folder
 storage = ImageNetListing(200, 1280, shuffled=sys.argv[1] == "1")
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+mark = rss_mark()
 cat = list_image_folder(storage.root, storage=storage)
-grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+grew = rss_growth(mark)
 keys = cat.source.locate(cat, [0, 1, len(cat) - 1]).key
 print(json.dumps({"n": len(cat), "grew": grew, "nbytes": cat.nbytes, "keys": keys, "classes": len(cat.classes),
                   "fingerprint": cat.samples_fingerprint}))
@@ -106,6 +106,8 @@ def test_an_image_folder_listing_holds_about_its_catalog_not_an_object_per_file(
     same fingerprint)."""
     ordered, shuffled = _list_in_a_fresh_process(False), _list_in_a_fresh_process(True)
     for got in (ordered, shuffled):
+        if got["grew"] is None:
+            pytest.skip("no peak RSS to read here (Linux's /proc/self/status VmHWM)")
         assert got["n"] == 256_000 and got["classes"] == 200
         assert got["grew"] <= 400e6 * 256_000 / 1_280_000, got
         assert got["grew"] <= 2.5 * got["nbytes"], got  # the catalog's own columns and little else
