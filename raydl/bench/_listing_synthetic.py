@@ -208,30 +208,31 @@ def imagenet_keys(classes: int = 1000, per_class: int = 1280, *, shuffled: bool 
 
 
 class ImageNetListing:
-    """A Storage that lists `classes` x `per_class` ImageNet-like objects under s3://`bucket`/train (sizes
-    and etags made up; in key order, or `shuffled`), without holding them: only `list` works."""
+    """A Storage that lists `classes` x `per_class` ImageNet-like images without holding them (only `list`
+    works): on S3 (s3://`bucket`/train, in key order, with etags, as S3 lists) or, local=True, on local
+    disk (/`bucket`/train, in os.walk's order, no etags, as LocalStorage lists)."""
 
     default_io_concurrency = 32
 
     def __init__(
-        self, classes: int = 1000, per_class: int = 1280, *, shuffled: bool = False, bucket: str = "imagenet"
-    ) -> None:
-        self.classes, self.per_class, self.shuffled, self.bucket = classes, per_class, shuffled, bucket
+        self, classes: int = 1000, per_class: int = 1280, *, local: bool = False, bucket: str = "imagenet"
+    ):
+        self.classes, self.per_class, self.local, self.bucket = classes, per_class, local, bucket
 
     def __len__(self) -> int:
         return self.classes * self.per_class
 
     @property
     def root(self) -> str:
-        return f"s3://{self.bucket}/train"
+        return f"/{self.bucket}/train" if self.local else f"s3://{self.bucket}/train"
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        base = f"s3://{self.bucket}/"
-        for key in imagenet_keys(self.classes, self.per_class, shuffled=self.shuffled):
+        base = f"/{self.bucket}/" if self.local else f"s3://{self.bucket}/"
+        for key in imagenet_keys(self.classes, self.per_class, shuffled=self.local):
             uri = base + key
             if uri.startswith(prefix):
-                etag = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
-                yield ObjectInfo(uri, 80_000 + len(etag) * int(etag[:4], 16) % 60_000, etag)
+                digest = hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()
+                yield ObjectInfo(uri, 80_000 + int(digest[:4], 16) % 60_000, "" if self.local else digest)
 
     def stat(self, uri: str) -> ObjectInfo:
         raise NotImplementedError("a synthetic listing: no object can be read")

@@ -208,7 +208,7 @@ def run_synthetic(name: str, opts: dict) -> dict:
         from raydl.sources.images import list_image_folder
 
         storage = syn.ImageNetListing(
-            opts["image_classes"], opts["images_per_class"], shuffled=name == "images-walk"
+            opts["image_classes"], opts["images_per_class"], local=name == "images-walk"
         )
         cat, mem = syn.measure_memory(lambda: list_image_folder(storage.root, storage=storage))
         out = {"samples": len(cat), "parts": cat.num_parts, "shards": cat.shards.num_rows}
@@ -267,8 +267,8 @@ GOALS = {
 _WHAT = {
     "catalog": "WebDataset catalog (synthetic)",
     "parquet": "Parquet catalog (synthetic)",
-    "images": "image folder listing, S3's key order",
-    "images-walk": "image folder listing, os.walk's order",
+    "images": "image folder on S3 (key order, etags)",
+    "images-walk": "image folder on local disk (os.walk order)",
 }
 
 
@@ -366,7 +366,7 @@ def main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         if name == "wds":
             results[name] = run_wds(args)
-        else:  # the image listing twice: in S3's key order and in os.walk's (a sort more)
+        else:  # the image listing twice: as S3 lists (key order, etags) and as a local disk (a sort more)
             for part in (name, "images-walk") if name == "images" else (name,):
                 results[part] = _section_child(part, args, env)
         _log(f"{name}: done in {time.perf_counter() - t0:.1f} s")

@@ -140,7 +140,7 @@ def test_a_tiny_run_reports_every_row(tmp_path, capsys):
         "first-time indexing",
         "WebDataset catalog",
         "Parquet catalog",
-        "S3's key order",
-        "os.walk's order",
+        "image folder on S3",
+        "image folder on local disk",
     ):
         assert label in text

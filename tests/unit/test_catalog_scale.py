@@ -78,7 +78,7 @@ _LISTING = """
 import json, sys
 from raydl.bench._listing_synthetic import ImageNetListing, rss_growth, rss_mark
 from raydl.sources.images import list_image_folder
-storage = ImageNetListing(200, 1280, shuffled=sys.argv[1] == "1")
+storage = ImageNetListing(200, 1280, local=sys.argv[1] == "1")
 mark = rss_mark()
 cat = list_image_folder(storage.root, storage=storage)
 grew = rss_growth(mark)
@@ -88,9 +88,9 @@ print(json.dumps({"n": len(cat), "grew": grew, "nbytes": cat.nbytes, "keys": key
 """
 
 
-def _list_in_a_fresh_process(shuffled: bool) -> dict:
+def _list_in_a_fresh_process(local: bool) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", _LISTING, str(int(shuffled))],
+        [sys.executable, "-c", _LISTING, str(int(local))],
         capture_output=True,
         text=True,
         timeout=100,
@@ -100,17 +100,17 @@ def _list_in_a_fresh_process(shuffled: bool) -> dict:
 
 
 def test_an_image_folder_listing_holds_about_its_catalog_not_an_object_per_file():
-    """256,000 ImageNet-like S3 objects (a fifth of ImageNet) listed through a storage that yields them: the
-    process's peak RSS grows by at most 400 MB x 256,000 / 1.28 M (the goal for all of ImageNet is 200 MB; a
-    Python list of (key, ObjectInfo) took 1.1 GB), in S3's key order and in os.walk's (sorted here, same keys,
-    same fingerprint)."""
-    ordered, shuffled = _list_in_a_fresh_process(False), _list_in_a_fresh_process(True)
-    for got in (ordered, shuffled):
+    """256,000 ImageNet-like images (a fifth of ImageNet) listed through a storage that yields them, as S3 lists
+    them (key order, etags) and as a local disk does (os.walk's order, sorted here): the process's peak RSS grows
+    by at most 400 MB x 256,000 / 1.28 M (the goal for all of ImageNet is 200 MB; a Python list of (key,
+    ObjectInfo) took 1.1 GB), about the catalog's own size; both give the same keys and samples fingerprint."""
+    on_s3, on_disk = _list_in_a_fresh_process(local=False), _list_in_a_fresh_process(local=True)
+    for got in (on_s3, on_disk):
         if got["grew"] is None:
             pytest.skip("no peak RSS to read here (Linux's /proc/self/status VmHWM)")
         assert got["n"] == 256_000 and got["classes"] == 200
         assert got["grew"] <= 400e6 * 256_000 / 1_280_000, got
         assert got["grew"] <= 2.5 * got["nbytes"], got  # the catalog's own columns and little else
-    assert ordered["keys"] == shuffled["keys"]
-    assert ordered["keys"][:2] == ["n01440764/n01440764_10026.JPEG", "n01440764/n01440764_10039.JPEG"]
-    assert ordered["fingerprint"] == shuffled["fingerprint"]
+    assert on_s3["keys"] == on_disk["keys"]
+    assert on_s3["keys"][:2] == ["n01440764/n01440764_10026.JPEG", "n01440764/n01440764_10039.JPEG"]
+    assert on_s3["fingerprint"] == on_disk["fingerprint"]
