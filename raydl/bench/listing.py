@@ -267,8 +267,8 @@ GOALS = {
 _WHAT = {
     "catalog": "WebDataset catalog (synthetic)",
     "parquet": "Parquet catalog (synthetic)",
-    "images": "image folder on S3 (key order, etags)",
-    "images-walk": "image folder on local disk (os.walk order)",
+    "images": "images on S3 (key order, etags)",
+    "images-walk": "images on local disk (os.walk order)",
 }
 
 

@@ -140,7 +140,7 @@ def test_a_tiny_run_reports_every_row(tmp_path, capsys):
         "first-time indexing",
         "WebDataset catalog",
         "Parquet catalog",
-        "image folder on S3",
-        "image folder on local disk",
+        "images on S3",
+        "images on local disk",
     ):
         assert label in text
