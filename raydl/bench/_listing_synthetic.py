@@ -2,7 +2,8 @@
 
 - `webdataset_catalog`: N samples in S tar shards, one part per shard with the
   WebDataset listing's locator columns (where the shard's index block is);
-- `parquet_catalog`: F files of G row groups of R rows, one part per row group;
+- `parquet_catalog`: F files of G row groups of R rows, one part per row group (the Parquet source's
+  own `catalog_from_row_counts`);
 - `ImageNetListing`: a Storage whose `list()` yields 1.28 M ImageNet-like
   objects (`train/n01440764/n01440764_10026.JPEG`) without holding them, for the
   image-folder listing's memory;
@@ -155,21 +156,14 @@ def parquet_catalog(
     row_groups: int = 10,
     rows: int = 1_000,
     *,
-    objects: bool = True,
     seed: int = 0,
     root: str = "s3://tokens/train",
 ) -> Catalog:
-    """`files` Parquet files of `row_groups` row groups of `rows` rows, one part per row group, with where
-    each row group's image and label column chunks are (what a worker reads)."""
-    g = files * row_groups
-    rng = np.random.default_rng(seed)
-    chunk = rng.integers(4_000_000, 6_000_000, size=g)  # ~5 MB image column chunk per row group
-    shard = np.repeat(np.arange(files, dtype=np.int64), row_groups)
-    group = np.tile(np.arange(row_groups, dtype=np.int64), files)
-    span = chunk + 8_000  # a row group: its image and label column chunks, back to back
-    before = np.cumsum(span) - span  # bytes of all the row groups before each one
-    start = 4 + before - before[shard * row_groups]  # after "PAR1" and the file's earlier row groups
-    sizes = np.add.reduceat(span, np.arange(0, g, row_groups)) + 4 + 65_536  # + the footer
+    """`files` Parquet files of `row_groups` row groups of `rows` rows: the catalog `read_parquet` makes (a
+    part per row group), built by the Parquet source from the row counts (`catalog_from_row_counts`)."""
+    from raydl.sources.parquet import catalog_from_row_counts
+
+    sizes = np.full(files, row_groups * 5_000_000 + 65_536, np.int64)  # ~5 MB a row group, and the footer
     width = max(5, len(str(files - 1)))
     table = pa.table(
         {
@@ -178,23 +172,8 @@ def parquet_catalog(
             "etag": _etags(files, seed),
         }
     )
-    parts = {
-        "shard": shard,
-        "count": np.full(g, rows, np.int64),
-        "row_group": group,
-        "image_offset": start,
-        "image_length": chunk,
-        "label_offset": start + chunk,
-        "label_length": np.full(g, 8_000, np.int64),
-    }
-    return make_catalog(
-        root=root,
-        storage=None,  # type: ignore[arg-type]
-        source=CountsOnly("parquet"),
-        shards=_objects(table) if objects else table,
-        parts=parts,
-        locators=("image_offset", "image_length", "label_offset", "label_length"),
-    )
+    counts = [[rows] * row_groups for _ in range(files)]
+    return catalog_from_row_counts(_objects(table), counts, storage=None, label_column="label")  # type: ignore[arg-type]
 
 
 def imagenet_keys(classes: int = 1000, per_class: int = 1280, *, shuffled: bool = False) -> Iterator[str]:
