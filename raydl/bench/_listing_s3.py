@@ -75,8 +75,12 @@ class CountingProxy(LatencyProxy):
             chunks.put(None)
 
     def snapshot(self) -> dict[str, int]:
+        """Requests so far by kind, and "connections": the client connections accepted so far (a client
+        that keeps its connections alive opens about as many as it has threads)."""
         with self._count_lock:
-            return dict(self.counts)
+            counts = dict(self.counts)
+        with self._lock:
+            return {**counts, "connections": self.connections}
 
 
 def tiny_jpegs(n: int = 8, side: int = 16) -> list[bytes]:

@@ -164,7 +164,8 @@ def run_wds(args: argparse.Namespace) -> dict:
             before = proxy.counts()
             result = s3.run_child({**spec, "endpoint": proxy.url}, env)
             after = proxy.counts()
-            row = {"case": label, **result, "requests": {k: after[k] - before[k] for k in after}}
+            grew = {k: after[k] - before[k] for k in after}
+            row = {"case": label, **result, "connections": grew.pop("connections"), "requests": grew}
             rows.append(row)
             _log(
                 f"wds: {label}: "
@@ -281,7 +282,7 @@ def report(results: dict) -> str:
             f"WebDataset on S3 (moto on 127.0.0.1 + {wds['delay_ms']:g} ms per request): "
             f"{wds['shards']} shards x {wds['per_shard']} samples, {wds['bytes'] / _MB:.1f} MB, "
             f"{wds['threads']} threads",
-            f"{'case':<46}{'seconds':>9}{'requests':>10}   list head shard  idx other",
+            f"{'case':<46}{'seconds':>9}{'requests':>10}   list head shard  idx other  connections",
         ]
         by = {r["case"]: r for r in wds["rows"]}
         for r in wds["rows"]:
@@ -293,6 +294,7 @@ def report(results: dict) -> str:
             lines.append(
                 f"{r['case']:<46}{r['seconds']:>9.2f}{sum(q.values()):>10}   "
                 f"{q['list']:>4} {q['head']:>4} {q['shard']:>5} {q['idx']:>4} {q['other']:>5}"
+                f"{r.get('connections', 0):>13}"
             )
         get, first = by.get("GET every shard once", {}), by.get("first-time indexing", {})
         cached = by.get("cached listing", {})

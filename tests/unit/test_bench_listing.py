@@ -97,7 +97,14 @@ def test_the_proxy_counts_requests_by_kind():
                 conn.request(method, path)
                 conn.getresponse().read()
             conn.close()
-            assert proxy.snapshot() == {"list": 1, "head": 1, "shard": 2, "idx": 1, "other": 1}
+            assert proxy.snapshot() == {
+                "list": 1,
+                "head": 1,
+                "shard": 2,
+                "idx": 1,
+                "other": 1,
+                "connections": 1,
+            }
     finally:
         server.shutdown()
 
