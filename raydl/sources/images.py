@@ -18,7 +18,7 @@ from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
 from raydl.sources.base import ImageFiles
 from raydl.storage.base import ObjectInfo, Storage, split_scheme
-from raydl.util.arrow import int_array, int_column
+from raydl.util.arrow import int_array
 
 __all__ = ["IMAGE_EXTENSIONS", "list_image_folder"]
 
@@ -120,30 +120,43 @@ class _Scan:
     def finish(self) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
         """The shards table (uri, size, etag) in key order, each file's first-seen class number, the
         classes. The buffers move into the table: the scan is spent."""
-        uris, etags = self.uris.array(), self.etags.array()
-        self.uris = self.etags = None  # type: ignore[assignment]
         sizes = np.frombuffer(self.sizes, np.int64)
         klass = np.frombuffer(self.klass, np.int32)
         if not self.ordered:
-            order = self._order(uris)
-            uris = uris.take(int_array(order))  # one column at a time: the unsorted one goes at once
-            etags = etags.take(int_array(order))
+            order = self._order()
+            self.uris.take(order)  # one column at a time: the unsorted copy goes at once
+            self.etags.take(order)
             sizes, klass = sizes[order], klass[order]
+        uris, etags = self.uris.array(), self.etags.array()
+        self.uris = self.etags = None  # type: ignore[assignment]
         table = pa.table({"uri": uris, "size": int_array(sizes), "etag": etags})
         return table, klass, self.classes
 
-    def _order(self, uris: pa.Array) -> np.ndarray:
-        """The positions of the files in key order (stable)."""
-        if self.plain:  # one head before every key: the URIs sort as the keys do
-            import pyarrow.compute as pc
-
-            return int_column(pc.sort_indices(uris)).astype(np.int64)
+    def _order(self) -> np.ndarray:
+        """The positions of the files in key order (stable). Numpy, not pyarrow.compute: importing that
+        costs every process that lists a folder (tests/unit/test_arrow.py)."""
+        ends, data = self.uris.views()
+        n = len(ends) - 1
+        width = int(np.diff(ends).max()) if n else 0
+        if self.plain and n * width <= 4 * len(data) + (1 << 20):
+            # one head before every key: the URIs sort as the keys do, bytewise (UTF-8 keeps code point
+            # order), as rows of a zero-padded matrix (no path holds a NUL)
+            rows = np.zeros((n, width), np.uint8)
+            cols = np.arange(width)
+            for i in range(0, n, _PIECE):
+                k = min(_PIECE, n - i)
+                rows[i : i + k][cols < np.diff(ends[i : i + k + 1])[:, None]] = data[ends[i] : ends[i + k]]
+            return np.argsort(rows.view(f"S{width}").reshape(-1), kind="stable") if width else np.arange(n)
         prefix, local = self.prefix, self.local
         keys = []
-        for uri in uris.to_pylist():
+        for i in range(n):
+            uri = data[ends[i] : ends[i + 1]].tobytes().decode()
             key = uri[len(prefix) :].lstrip("/") if uri.startswith(prefix) else uri
             keys.append(key.replace("\\", "/") if local else key)
-        return np.array(sorted(range(len(keys)), key=keys.__getitem__), np.int64)
+        return np.array(sorted(range(n), key=keys.__getitem__), np.int64)
+
+
+_PIECE = 1 << 13  # rows a sort or a permutation handles at a time (its scratch arrays stay small)
 
 
 class _Text:
@@ -160,6 +173,30 @@ class _Text:
         except OverflowError:
             self.ends = array("q", self.ends)
             self.ends.append(len(self.data))
+
+    def views(self) -> tuple[np.ndarray, np.ndarray]:
+        """The end offsets (len + 1) and the bytes, as numpy views."""
+        wide = self.ends.typecode == "q"
+        return np.frombuffer(self.ends, np.int64 if wide else np.int32), np.frombuffer(self.data, np.uint8)
+
+    def take(self, order: np.ndarray) -> None:
+        """Put the strings in `order`, gathering their bytes a piece of rows at a time."""
+        ends, data = self.views()
+        lengths = np.diff(ends)[order]
+        new_ends = np.zeros(len(order) + 1, ends.dtype)
+        np.cumsum(lengths, out=new_ends[1:])
+        out = bytearray(int(new_ends[-1]))
+        view = np.frombuffer(out, np.uint8)
+        for i in range(0, len(order), _PIECE):
+            src, first = order[i : i + _PIECE], int(new_ends[i])
+            last = int(new_ends[i + len(src)])
+            # output byte p of row r comes from ends[src[r]] + (p - new_ends[r])
+            shift = np.repeat(
+                ends[src].astype(np.int64) - new_ends[i : i + len(src)], lengths[i : i + len(src)]
+            )
+            view[first:last] = data[shift + np.arange(first, last)]
+        del view, ends, data
+        self.data, self.ends = out, array(self.ends.typecode, new_ends.tobytes())
 
     def array(self) -> pa.Array:
         """The strings as an Arrow array over the buffers (no copy)."""
