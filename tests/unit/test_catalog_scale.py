@@ -114,3 +114,36 @@ def test_an_image_folder_listing_holds_about_its_catalog_not_an_object_per_file(
     assert on_s3["keys"] == on_disk["keys"]
     assert on_s3["keys"][:2] == ["n01440764/n01440764_10026.JPEG", "n01440764/n01440764_10039.JPEG"]
     assert on_s3["fingerprint"] == on_disk["fingerprint"]
+
+
+def test_a_shards_table_fingerprints_as_its_objects_do_whatever_its_buffers():
+    """make_catalog given the shards as a table (how a listing of 1.28 M files hands them over) has the fingerprints
+    of the same shards as ObjectInfos, also when the table's columns are slices or carry an all-valid bitmap (what
+    Arrow kernels return); URIs outside the root, with '//' after it or non-ASCII count as before."""
+    import pyarrow as pa
+
+    uris = ["s3://bé/r/a.jpg", "s3://bé/r//c/d.jpg", "s3://else/x.jpg", "s3://bé/r", "s3://bé/rx/y.jpg"]
+    infos = [ObjectInfo(u, 10 + i, f"e{i}") for i, u in enumerate(uris)]
+    parts = {"shard": np.arange(5), "count": np.ones(5, np.int64)}
+    src = syn.CountsOnly("images")
+    want = make_catalog(root="s3://bé/r", storage=None, source=src, shards=infos, parts=parts)
+    padded = [ObjectInfo("s3://pad/0", 0, "p"), *infos, ObjectInfo("s3://pad/1", 0, "p")]
+    full = make_catalog(
+        root="s3://bé/r",
+        storage=None,
+        source=src,
+        shards=padded,
+        parts={"shard": np.arange(7), "count": np.ones(7, np.int64)},
+    ).shards
+    sliced = full.slice(1, 5)  # offsets not from 0, bytes around it
+    sizes = full.column("size").chunk(
+        0
+    )  # the same values over a buffer with an all-valid bitmap, at offset 1
+    valid = sliced.set_column(
+        1, "size", pa.Array.from_buffers(sizes.type, 5, [pa.py_buffer(b"\xff"), sizes.buffers()[1]], offset=1)
+    )
+    for table in (sliced, valid):
+        got = make_catalog(root="s3://bé/r", storage=None, source=src, shards=table, parts=parts)
+        assert (got.fingerprint, got.samples_fingerprint) == (want.fingerprint, want.samples_fingerprint)
+    with pytest.raises(ValueError, match="etag"):
+        make_catalog(root="r", storage=None, source=src, shards=sliced.drop_columns(["etag"]), parts=parts)
