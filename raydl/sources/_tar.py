@@ -4,7 +4,9 @@
 data rounded up to 512), reading through a small window so that small
 members and the headers after them cost no extra read. GNU long names and
 pax `path`/`size` records are honoured, as Python's tarfile (and so the
-webdataset library) reads them.
+webdataset library) reads them. The headers shards are made of (files, pax
+headers, long names, with the numbers tarfile writes) are read here, a few
+times faster than tarfile.TarInfo.frombuf, which reads any other.
 
 The shard is untrusted, so the indexer always ends: every step moves at least
 one 512-byte block forward, so a shard of n bytes takes at most n / 512 steps.
@@ -103,6 +105,47 @@ def _member_size(info: tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: s
     return info.size
 
 
+@dataclass(frozen=True)
+class _Header:
+    """What index_tar needs of a header that `_plain_header` parsed (tarfile.TarInfo's names)."""
+
+    name: str
+    size: int
+    type: bytes
+
+    def isreg(self) -> bool:
+        return self.type in tarfile.REGULAR_TYPES
+
+
+# The headers _plain_header reads itself: a file, a pax header or a GNU long name, its numbers written as
+# Python's tarfile (and so webdataset's TarWriter) and GNU tar write them (octal digits and a NUL; the
+# checksum's six digits, a NUL and a space). Any other header goes to tarfile.TarInfo.frombuf.
+_PLAIN_TYPES = (tarfile.REGTYPE, tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME)
+_PLAIN_NUMBERS = re.compile(rb"[0-7]{7}\0[0-7]{7}\0[0-7]{7}\0([0-7]{11})\0[0-7]{11}\0([0-7]{6})\0 ")
+_PLAIN_DEVICES = re.compile(rb"(?:[0-7]{7}\0|\0{8}){2}")  # device numbers, or none (NULs)
+
+
+def _plain_header(header: bytes) -> _Header | None:
+    """The header as tarfile.TarInfo.frombuf reads it, for the headers shards are made of (see
+    _PLAIN_NUMBERS) with a right checksum, in a fraction of its time; None for any other header, which
+    frombuf then reads (and refuses, where it is malformed)."""
+    kind = header[156:157]
+    if kind not in _PLAIN_TYPES:
+        return None
+    numbers = _PLAIN_NUMBERS.fullmatch(header, 100, 156)
+    if numbers is None or _PLAIN_DEVICES.fullmatch(header, 329, 345) is None:
+        return None
+    if int(numbers[2], 8) != 256 + sum(header) - sum(header[148:156]):  # frombuf's unsigned checksum
+        return None
+    nul = header.find(b"\0", 0, 100)
+    name = header[: 100 if nul < 0 else nul].decode("utf-8", "surrogateescape")
+    nul = header.find(b"\0", 345, 500)
+    prefix = header[345 : 500 if nul < 0 else nul].decode("utf-8", "surrogateescape")
+    if prefix and kind not in tarfile.GNU_TYPES:
+        name = prefix + "/" + name
+    return _Header(name, int(numbers[1], 8), kind)
+
+
 def index_tar(
     read: Callable[[int, int], bytes], size: int, uri: str, *, window: int = 16 << 10, small_limit: int = 4096
 ) -> TarIndex:
@@ -132,10 +175,12 @@ def index_tar(
         header = get(pos, BLOCK)
         if header == _ZERO:
             break  # end-of-archive marker
-        try:
-            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-        except (tarfile.HeaderError, ValueError, OverflowError) as exc:
-            raise _corrupt(uri, pos, str(exc) or type(exc).__name__) from exc
+        info = _plain_header(header)
+        if info is None:
+            try:
+                info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+            except (tarfile.HeaderError, ValueError, OverflowError) as exc:
+                raise _corrupt(uri, pos, str(exc) or type(exc).__name__) from exc
         data_at = pos + BLOCK
         n = _member_size(info, pax, pax_at, uri, pos)
         if data_at + n > size:

@@ -32,6 +32,7 @@ import re
 import struct
 import tempfile
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -466,11 +467,15 @@ class IndexEntry:
     sigs: dict[str, int] | None
     offset: int  # absolute, in the index file
     length: int
+    crc: int | None = None  # zlib.crc32 of the block's bytes (node cache entries, written without fsync)
 
 
-def write_index(path: str, entries: Sequence[tuple[str, ObjectInfo, int, MemberBlock]]) -> None:
-    """Write a raydl index file of (relative path, shard, mtime_ns, block) atomically (tmp, fsync, rename,
-    fsync of the folder)."""
+def write_index(
+    path: str, entries: Sequence[tuple[str, ObjectInfo, int, MemberBlock]], *, durable: bool = True
+) -> None:
+    """Write a raydl index file of (relative path, shard, mtime_ns, block) atomically (tmp, rename), and
+    durably (fsync of the file and its folder) unless `durable` is False: a node cache entry, which a crash
+    may leave torn but never read as good (its header must parse and each block's CRC-32 match)."""
     blobs, header = [], []
     at = 0
     for rel, info, mtime_ns, block in entries:
@@ -484,13 +489,14 @@ def write_index(path: str, entries: Sequence[tuple[str, ObjectInfo, int, MemberB
                 "sigs": _sigs_or_none(block, info.uri),
                 "offset": at,
                 "length": len(blob),
+                "crc": zlib.crc32(blob),
             }
         )
         blobs.append(blob)
         at += len(blob)
     head = json.dumps({"shards": header}, separators=(",", ":")).encode() + b"\n"
     first = MAGIC + str(len(head)).encode() + b"\n"
-    _atomic_write(path, [first, head, *blobs])
+    _atomic_write(path, [first, head, *blobs], durable=durable)
 
 
 def _sigs_or_none(block: MemberBlock, uri: str) -> dict[str, int] | None:
@@ -498,7 +504,7 @@ def _sigs_or_none(block: MemberBlock, uri: str) -> dict[str, int] | None:
     return sigs if len(sigs) <= MAX_SIGNATURES else None
 
 
-def _atomic_write(path: str, pieces: Sequence[bytes]) -> None:
+def _atomic_write(path: str, pieces: Sequence[bytes], *, durable: bool = True) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
@@ -507,7 +513,8 @@ def _atomic_write(path: str, pieces: Sequence[bytes]) -> None:
             for p in pieces:
                 f.write(p)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # as open() would make it (mkstemp's is 0600): an index ships with data
@@ -518,6 +525,8 @@ def _atomic_write(path: str, pieces: Sequence[bytes]) -> None:
         except OSError:
             pass
         raise
+    if not durable:
+        return
     dfd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -554,6 +563,7 @@ def read_header(read, size: int, where: str) -> list[IndexEntry]:
                 sigs=_sigs(r.get("sigs")),
                 offset=data_at + _typed(r["offset"], int),
                 length=_typed(r["length"], int),
+                crc=None if r.get("crc") is None else _typed(r["crc"], int),
             )
             if e.offset < data_at or e.length < 12 or e.offset + e.length > size or e.size < 0:
                 raise ValueError(
@@ -627,7 +637,12 @@ def cache_get(info: ObjectInfo, *, header_only: bool = False) -> tuple[IndexEntr
             e = entries[0]
             if header_only and e.sigs is not None:
                 return e, None
-            return e, decode_block(read(e.offset, e.length), info, path)
+            data = read(e.offset, e.length)
+            if e.crc is not None and zlib.crc32(data) != e.crc:
+                raise DataSourceError(
+                    f"{path}: a torn cache entry (its block's CRC-32 does not match)", uri=path
+                )
+            return e, decode_block(data, info, path)
     except FileNotFoundError:
         return None
     except (OSError, DataSourceError):
@@ -644,7 +659,7 @@ def cache_put(info: ObjectInfo, block: MemberBlock) -> None:
     if key is None:
         return
     try:
-        write_index(os.path.join(_cache_folder(), key[0]), [(info.uri, info, key[1], block)])
+        write_index(os.path.join(_cache_folder(), key[0]), [(info.uri, info, key[1], block)], durable=False)
     except OSError:
         pass
 

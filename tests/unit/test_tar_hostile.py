@@ -2,6 +2,9 @@
 naming the shard and the offset of the header at fault (issue 17, defect 3)."""
 from __future__ import annotations
 
+import io
+import tarfile
+
 import pytest
 
 from raydl.errors import DataSourceError
@@ -205,3 +208,43 @@ def test_a_member_name_that_is_not_utf8_lists_with_escapes(tmp_path):
     path.write_bytes(member(b"caf\xe9.jpg", b"jpeg") + END)
     ds = raydl.read_webdataset(str(path), label_field=None)
     assert ds.catalog.samples().key == ["caf\\xe9"]
+
+
+def test_the_fast_header_reader_agrees_with_tarfile_or_leaves_the_header_to_it():
+    """index_tar reads ordinary headers itself (_plain_header) and any other through tarfile.TarInfo.frombuf:
+    on real headers (ustar, pax, GNU long names) and thousands of mutations of them, whatever it reads itself
+    is exactly what frombuf reads, and it leaves to frombuf every header that frombuf refuses."""
+    import random
+
+    from raydl.sources._tar import _plain_header
+
+    headers = []
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+            for name in ("a.jpg", "dir/" * 30 + "long.jpg", "caf\u00e9.cls"):
+                info = tarfile.TarInfo(name)
+                info.size = 700
+                tar.addfile(info, io.BytesIO(b"x" * 700))
+        data = buf.getvalue()
+        headers += [data[i : i + 512] for i in range(0, len(data) - 1024, 512) if data[i + 257 : i + 262] == b"ustar"]
+    assert all(_plain_header(h) is not None for h in headers)  # the fast path is taken on what shards hold
+    rng = random.Random(0)
+    taken = 0
+    for _ in range(3000):
+        h = bytearray(rng.choice(headers))
+        for _ in range(rng.randint(1, 3)):
+            h[rng.randrange(512)] = rng.choice([0, 32, 45, 48, 55, 56, 76, 95, 120, 128, 255, rng.randrange(256)])
+        if rng.random() < 0.8:  # mostly with a right checksum, so that the fields themselves are read
+            h[148:156] = b"%06o\0 " % (256 + sum(h) - sum(h[148:156]))
+        h = bytes(h)
+        fast = _plain_header(h)
+        try:
+            ref = tarfile.TarInfo.frombuf(h, "utf-8", "surrogateescape")
+        except (tarfile.HeaderError, ValueError, OverflowError):
+            assert fast is None, h
+            continue
+        if fast is not None:
+            taken += 1
+            assert (fast.name, fast.size, fast.type, fast.isreg()) == (ref.name, ref.size, ref.type, ref.isreg())
+    assert taken > 1000
