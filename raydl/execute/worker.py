@@ -418,6 +418,8 @@ class _BatchRun:
         unreadable."""
         uri = self._shards[block.shard].uri
         samples = []
+        if getattr(self._worker._source, "cut_views", False):  # it copies out what it keeps: no copy here
+            data = memoryview(data)
         for i in block.members:
             _, offset, length, _ = (int(v) for v in self._where[i])
             start = offset - block.offset

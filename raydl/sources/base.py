@@ -65,6 +65,8 @@ class Source(Protocol):
     #: a sample's range is exactly its bytes (or `Located.size` says them), so the sample's size is known
     #: before it is read (not so for a Parquet row, whose range is its row group's column chunk)
     range_is_sample: bool
+    # A source may also set `cut_views = True`: its `cut` takes a memoryview of the block and copies out the
+    # bytes it returns (a WebDataset sample's image inside its image-and-label range: one copy, not two).
 
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
         """Where the samples `ids` are (one row per id, in order)."""

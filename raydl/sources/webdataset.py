@@ -591,6 +591,7 @@ class WebDatasetSource:
     label_field: str | None = "cls"
     name: str = "webdataset"
     range_is_sample: bool = True
+    cut_views: bool = True  # cut gets a memoryview of the block and copies the image out once
 
     def _samples(self, catalog: Catalog, part: int) -> tuple[ObjectInfo, wi.SampleBlock]:
         row = {c: catalog.parts.column(c)[part].as_py() for c in ("shard", "count", "every", *_LOCATORS)}
