@@ -41,6 +41,19 @@ from pathlib import Path
 
 __all__ = ["SECTIONS", "add_parser", "main"]
 
+# The flags a section's child process gets (the WebDataset section takes its own).
+_SECTION_OPTIONS = (
+    "samples",
+    "catalog_shards",
+    "parquet_files",
+    "row_groups",
+    "rows",
+    "image_classes",
+    "images_per_class",
+    "batch_size",
+    "batches",
+)
+
 SECTIONS = ("wds", "catalog", "parquet", "images")
 _MB = 1e6
 _BUCKET = "raydl-bench-listing"
@@ -235,20 +248,7 @@ def run_synthetic(name: str, opts: dict) -> dict:
 def _section_child(name: str, args: argparse.Namespace, env: dict) -> dict:
     import subprocess
 
-    opts = {
-        k: getattr(args, k)
-        for k in (
-            "samples",
-            "catalog_shards",
-            "parquet_files",
-            "row_groups",
-            "rows",
-            "image_classes",
-            "images_per_class",
-            "batch_size",
-            "batches",
-        )
-    }
+    opts = {k: getattr(args, k) for k in _SECTION_OPTIONS}
     cmd = [sys.executable, "-m", "raydl.bench.listing", "--_section", name, json.dumps(opts)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -346,19 +346,7 @@ def main(args: argparse.Namespace) -> int:
     if unknown:
         _log(f"error: unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
         return 2
-    for flag in (
-        "shards",
-        "per_shard",
-        "samples",
-        "catalog_shards",
-        "parquet_files",
-        "row_groups",
-        "rows",
-        "image_classes",
-        "images_per_class",
-        "batch_size",
-        "batches",
-    ):
+    for flag in ("shards", "per_shard", *_SECTION_OPTIONS):
         if getattr(args, flag) < 1:
             _log(f"error: --{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
             return 2

@@ -181,6 +181,21 @@ def test_keyboard_interrupt_leaves_no_actors(cluster, image_folder):
     assert ray.available_resources().get("CPU", 0) == total
 
 
+def _epoch_losing_a_node(cluster, its):
+    """(each rank's ids over one epoch of `its`, two ranks in step; the node killed after the second step, one
+    that holds batches rank 0 has asked for but not fetched yet)."""
+    gens = [it.iter_batches(prefetch_batches=4) for it in its]
+    got: list[list] = [[], []]
+    for step in range(len(its[0])):
+        for r in range(2):
+            got[r].append(next(gens[r])["id"])
+        if step == 1:
+            busy = {w.node_id for _ref, w, _attempt in its[0]._pending.values()}
+            victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
+            cluster.remove_node(victim, allow_graceful=False)
+    return [np.concatenate(g) for g in got], victim
+
+
 def test_an_epoch_survives_a_removed_node_and_follows_a_joined_one(cluster, image_folder):
     """Killing a node mid-epoch: its batches rerun elsewhere, every sample arrives as planned; a joined node gets actors."""
     # Actors only on the two labelled worker nodes, so the killed one surely holds batches in flight.
@@ -190,19 +205,9 @@ def test_an_epoch_survives_a_removed_node_and_follows_a_joined_one(cluster, imag
     with ds.loader(batch_size=4, seed=8, world_size=2, node_resource="loader", cpus_per_worker=0.25) as loader:
         expected = [_ids(list(loader.iterator(r).iter_batches())) for r in range(2)]
         its = [loader.iterator(r) for r in range(2)]
-        got: list[list] = [[], []]
-        gens = [it.iter_batches(prefetch_batches=4) for it in its]
-        victim = None
-        for step in range(len(its[0])):
-            for r in range(2):
-                got[r].append(next(gens[r])["id"])
-            if step == 1:
-                # A node holding batches that rank 0 has asked for but not fetched yet.
-                busy = {w.node_id for _ref, w, _attempt in its[0]._pending.values()}
-                victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
-                cluster.remove_node(victim, allow_graceful=False)
+        got, victim = _epoch_losing_a_node(cluster, its)
         for r in range(2):
-            np.testing.assert_array_equal(np.concatenate(got[r]), expected[r])
+            np.testing.assert_array_equal(got[r], expected[r])
         assert sum(it.stats().retries for it in its) >= 1
         loader.refresh()  # waits for the replacement the coordinator started
         workers = loader.workers()
@@ -383,17 +388,9 @@ def test_an_indexed_webdataset_resumes_exactly_and_survives_a_removed_node(clust
         first_batch_ids(its, 2)
         state = json.loads(json.dumps(its[0].state_dict()))
         its = [loader.iterator(r) for r in range(2)]
-        gens = [it.iter_batches(prefetch_batches=4) for it in its]
-        got: list[list] = [[], []]
-        for step in range(len(its[0])):
-            for r in range(2):
-                got[r].append(next(gens[r])["id"])
-            if step == 1:
-                busy = {w.node_id for _ref, w, _attempt in its[0]._pending.values()}
-                victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
-                cluster.remove_node(victim, allow_graceful=False)
+        got, _victim = _epoch_losing_a_node(cluster, its)
         for r in range(2):
-            np.testing.assert_array_equal(np.concatenate(got[r]), _ids(ref[r]))
+            np.testing.assert_array_equal(got[r], _ids(ref[r]))
     cluster.add_node(num_cpus=1, resources={"loader": 1})  # the module's cluster keeps two labelled nodes
     cluster.wait_for_nodes()
     with ds.loader(**kw) as again:
