@@ -218,18 +218,29 @@ def _resolve_in(folder: str, path: str) -> str:
     return folder + path
 
 
-def _read_whole(storage: Storage, uri: str) -> bytes:
-    info = ObjectInfo(uri, 0)
-    if split_scheme(uri)[0] == "file":
-        info = storage.stat(uri)
-    else:
+def _read_whole(storage: Storage, uri: str, limit: int = wi.MAX_INDEX_BYTES) -> bytes:
+    """The whole index file `uri` (a DALI .idx, a wids JSON), never more than `limit` bytes of it in memory:
+    a local file's size is checked first, an object's as its one streamed GET goes."""
+    if split_scheme(uri)[0] == "file" or getattr(storage, "stream", None) is None:
+        size = storage.stat(uri).size if split_scheme(uri)[0] == "file" else None
+        if size is not None and size > limit:
+            raise DataSourceError(f"{uri}: a {size}-byte index, over the {limit}-byte limit", uri=uri)
         data = storage.read(uri)
-        if len(data) > wi.MAX_INDEX_BYTES:
-            raise DataSourceError(f"{uri}: a {len(data)}-byte index, over {wi.MAX_INDEX_BYTES}", uri=uri)
-        return data
-    if info.size > wi.MAX_INDEX_BYTES:
-        raise DataSourceError(f"{uri}: a {info.size}-byte index, over {wi.MAX_INDEX_BYTES}", uri=uri)
-    return storage.read(uri)
+    else:
+        data = bytearray()
+        for piece in storage.stream(uri):
+            data += piece
+            if len(data) > limit:
+                break
+    if len(data) > limit:
+        raise DataSourceError(f"{uri}: a {len(data)}-byte index, over the {limit}-byte limit", uri=uri)
+    return bytes(data)
+
+
+def _dali_limit(shard: ObjectInfo) -> int:
+    """The most a DALI .idx of `shard` may hold: a line of tens of bytes per member, each member at least two
+    512-byte tar blocks, so never the shard's own size (1 MiB at least)."""
+    return min(wi.MAX_INDEX_BYTES, max(1 << 20, shard.size))
 
 
 def _explicit_entries(storage: Storage, path: str) -> dict[str, wi.IndexEntry]:
@@ -341,7 +352,7 @@ def _read_dali_all(storage: Storage, todo: list[_Shard], explicit: bool) -> list
     naming the index), or raised with an explicit index."""
 
     def read(s: _Shard) -> wi.MemberBlock:
-        return wi.parse_dali(_read_whole(storage, s.index_uri), s.index_uri, s.info)
+        return wi.parse_dali(_read_whole(storage, s.index_uri, _dali_limit(s.info)), s.index_uri, s.info)
 
     failed = []
     for s, got in zip(todo, _run(read, todo, f"raydl: reading {len(todo)} shard indexes")):
@@ -623,7 +634,7 @@ class WebDatasetSource:
         where = row["index_uri"]
         try:
             if row["index_kind"] == DALI:
-                block = wi.parse_dali(_read_whole(storage, where), where, info)
+                block = wi.parse_dali(_read_whole(storage, where, _dali_limit(info)), where, info)
             elif row["index_kind"] == EXPLICIT:
                 data = storage.read_range(where, row["index_offset"], row["index_length"])
                 block = wi.decode_block(data, info, where)

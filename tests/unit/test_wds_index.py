@@ -323,6 +323,19 @@ def test_dali_idx_and_wids_json_give_the_library_keys_without_reading_a_shard(tm
         logging.getLogger("raydl").removeHandler(handler)
     assert calls == [("stream", paths[2])]
     assert any(paths[2][:-4] + ".idx" in r.getMessage() for r in records)
+    # An .idx larger than its shard could be (1 MiB at least) is never read into memory: refused, shard indexed.
+    with open(paths[1][:-4] + ".idx", "wb") as f:
+        f.write(b"v1.2 1\n" + b"jpg 512 1 x.jpg " * (80 << 10))
+    shutil.rmtree(cache)
+    records.clear()
+    logging.getLogger("raydl").addHandler(handler)
+    try:
+        cat, calls = list_counting(url)
+    finally:
+        logging.getLogger("raydl").removeHandler(handler)
+    assert sorted(calls) == sorted([("stream", paths[1]), ("stream", paths[2])])
+    assert any("byte limit" in r.getMessage() and paths[1][:-4] + ".idx" in r.getMessage() for r in records)
+    assert worker_view(raydl.read_webdataset(url)) == plain
 
 
 def test_an_explicit_index_file_is_written_read_and_refreshed(tmp_path, cache):
