@@ -658,6 +658,7 @@ class WebDatasetSource:
         errors: dict[int, DataSourceError] = {}
         for p in np.unique(part).tolist():
             rows = np.flatnonzero(part == p)
+            shard[rows] = catalog.parts.column("shard")[p].as_py()  # also for errors: they name the shard
             try:
                 info, blk = self._samples(catalog, p)
             except DataSourceError as exc:
@@ -665,7 +666,6 @@ class WebDatasetSource:
                     errors[i] = exc
                 continue
             at = pos[rows]
-            shard[rows] = catalog.parts.column("shard")[p].as_py()
             offset[rows] = blk.start[at]
             length[rows] = blk.length[at]
             size[rows] = blk.image_len[at]

@@ -135,3 +135,4 @@ def test_a_wids_shard_list_lists_with_one_get_and_workers_index_on_first_read(fr
     assert located.key[:3] == ["s00-000", "s00-001", "s01-000"]
     assert kinds(front, n)["shard"] == 3  # one streamed GET per shard touched
     assert set(located.errors) == {3} and f"s3://{bucket}/w/shard-2.tar" in str(located.errors[3])
+    assert cat.shards.column("uri")[int(located.shard[3])].as_py() == f"s3://{bucket}/w/shard-2.tar"  # as failures name it
