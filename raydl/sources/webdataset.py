@@ -72,10 +72,6 @@ BUILD, DALI, EXPLICIT = 0, 1, 2
 _LOCATORS = ("index_kind", "index_uri", "index_offset", "index_length")
 
 
-def _is_compressed(uri: str) -> bool:
-    return wi.is_compressed(uri)
-
-
 # -- which shards: patterns to objects, from LIST pages ----------------------------------------------
 
 
@@ -705,7 +701,7 @@ class WebDatasetSource:
         )
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
-        if _is_compressed(shard.uri):
+        if wi.is_compressed(shard.uri):
             stream = inflated(storage, shard)
             if offset + length > len(stream):
                 from raydl.errors import ObjectChangedError
