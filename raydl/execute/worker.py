@@ -193,7 +193,8 @@ class LoaderWorker:
                 return big, key, label
         try:
             data = self._source.read_block(self._storage, info, int(loc.offset[0]), int(loc.length[0]))
-            data, label = self._source.cut(loc, 0, data)
+            record = self._source.cut(loc, 0, data)
+            data, label = record["image"], int(record.get("label", -1))
         except DataSourceError as exc:
             return Failure.read_failed(sid, info.uri, exc), key, label
         return self._too_big(sid, uri, len(data)) or self._decode(sid, uri, data, seed, out), key, label
@@ -425,7 +426,8 @@ class _BatchRun:
             start = offset - block.offset
             piece = data if (start == 0 and length == len(data)) else data[start : start + length]
             try:
-                sample, self._labels[i] = self._worker._source.cut(self._located, i, piece)
+                record = self._worker._source.cut(self._located, i, piece)
+                sample, self._labels[i] = record["image"], record.get("label", -1)
             except DataSourceError as exc:
                 self._unreadable([i], uri, exc)
                 continue

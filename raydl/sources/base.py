@@ -14,7 +14,34 @@ from raydl.util.arrow import StringColumn, int_column
 if TYPE_CHECKING:
     from raydl.describe.catalog import Catalog
 
-__all__ = ["ImageFiles", "Located", "PerSampleParts", "Source", "read_whole_range"]
+__all__ = ["FIELD_KINDS", "IMAGE_AND_LABEL", "Field", "ImageFiles", "Located", "Source", "read_whole_range"]
+
+#: How a field's values are batched (raydl/execute/collate.py) and whether the image stages decode it:
+#: image - encoded image bytes, decoded by .decode() (bytes without it);
+#: array - an ndarray whose shape every sample of a batch must share (a WebDataset .npy member);
+#: list - a 1-D ndarray whose length may vary (a Parquet list column): stacked where the lengths agree;
+#: value - anything else: an int, float or bool (stacked), str, dict, bytes or None (an object array).
+FIELD_KINDS = ("image", "array", "list", "value")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named field of a source's samples: `batch[name]`, batched as its `kind` says (FIELD_KINDS)."""
+
+    name: str
+    kind: str = "value"
+
+    def __post_init__(self) -> None:
+        if self.kind not in FIELD_KINDS:
+            raise ValueError(f"field {self.name!r}: kind must be one of {FIELD_KINDS}, got {self.kind!r}")
+        if self.name in ("id", "key"):
+            raise ValueError(
+                f"a field cannot be named {self.name!r}: batch[{self.name!r}] is raydl's own; rename it"
+            )
+
+
+#: The fields of a source that reads an image and an integer label (image folders; fields=None).
+IMAGE_AND_LABEL = (Field("image", "image"), Field("label", "value"))
 
 
 @dataclass
@@ -62,6 +89,8 @@ class Source(Protocol):
     """
 
     name: str
+    #: the fields of every sample, in batch order (besides "id" and "key", which every batch has)
+    fields: tuple[Field, ...]
     #: a sample's range is exactly its bytes (or `Located.size` says them), so the sample's size is known
     #: before it is read (not so for a Parquet row, whose range is its row group's column chunk)
     range_is_sample: bool
@@ -77,8 +106,13 @@ class Source(Protocol):
         compressed)."""
         ...
 
-    def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
-        """The image bytes and the label of sample i of `located`, given its range's bytes `data`."""
+    def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
+        """Sample i of `located` as a record, given its range's bytes `data`: a value for every one of
+        `fields` (an image field's encoded bytes; the others decoded: str, int, dict, ndarray, bytes).
+
+        A DataSourceError when the sample cannot be had (a selected field missing: it names the sample, the
+        field and the shard); a DecodeError when a field's bytes are malformed (bad JSON, .npy or gzip).
+        Both go through on_error."""
         ...
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
@@ -99,6 +133,7 @@ class ImageFiles:
     prefix: str
     name: str = "images"
     range_is_sample: bool = True
+    fields: tuple[Field, ...] = IMAGE_AND_LABEL
 
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
         ids = np.asarray(ids, dtype=np.int64)
@@ -119,26 +154,8 @@ class ImageFiles:
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         return read_whole_range(storage, shard, offset, length)
 
-    def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
-        return data, int(located.label[i])
+    def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
+        return {"image": data, "label": int(located.label[i])}
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
         return shard_uri
-
-
-class PerSampleParts:
-    """For a source whose parts are single samples with their range in the parts columns (offset, length,
-    row, label, key): `locate` reads them."""
-
-    def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
-        ids = np.asarray(ids, dtype=np.int64)
-        col = catalog.column
-        keys = StringColumn(catalog.parts.column("key"))
-        return Located(
-            shard=col("shard")[ids],
-            offset=col("offset")[ids],
-            length=col("length")[ids],
-            row=col("row")[ids],
-            key=keys.take(ids),
-            label=col("label")[ids].astype(np.int64),
-        )

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.sources._footer import Footer, read_footer_meta
-from raydl.sources.base import Located
+from raydl.sources.base import IMAGE_AND_LABEL, Field, Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import StringColumn, int_column
 
@@ -425,6 +425,7 @@ class ParquetSource:
     footer_lengths: np.ndarray = field(repr=False)  # per file: bytes of its tail that hold the footer
     name: str = "parquet"
     range_is_sample: bool = False
+    fields: tuple[Field, ...] = IMAGE_AND_LABEL
 
     # -- locate: ids to row groups and rows, footers checked ------------------------------------
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
@@ -565,11 +566,11 @@ class ParquetSource:
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
-    def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
+    def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
         read: _RowGroupRead = located.extra[i]
         row = int(located.row[i])
         if read.label is None:  # no label column, or its labels were read when the batch was located
-            return self._cell(read, row, data), int(located.label[i])
+            return {"image": self._cell(read, row, data), "label": int(located.label[i])}
         key = (read.version, read.rg)
         labels = _labels.peek(key)
         image = self._cell(read, row, data, with_labels=labels is None)
@@ -577,7 +578,7 @@ class ParquetSource:
             labels = _labels.get(
                 key, lambda: self._labels_of(read, self._decode(read, data, [read.label])[0])
             )
-        return image, int(labels[row])
+        return {"image": image, "label": int(labels[row])}
 
     def _decode(
         self, read: _RowGroupRead, data: bytes, chunks: list[tuple[int, int]], start: int | None = None

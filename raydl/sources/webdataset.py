@@ -45,7 +45,7 @@ from raydl.sources._braces import expand_braces
 from raydl.sources._inflate import inflated
 from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
 from raydl.sources._wds_index import WdsSample, base_plus_ext, group_samples
-from raydl.sources.base import Located
+from raydl.sources.base import IMAGE_AND_LABEL, Field, Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import string_array
 
@@ -598,6 +598,7 @@ class WebDatasetSource:
     label_field: str | None = "cls"
     name: str = "webdataset"
     range_is_sample: bool = True
+    fields: tuple[Field, ...] = IMAGE_AND_LABEL
     cut_views: bool = True  # cut gets a memoryview of the block and copies the image out once
 
     def _samples(self, catalog: Catalog, part: int) -> tuple[ObjectInfo, wi.SampleBlock]:
@@ -714,14 +715,14 @@ class WebDatasetSource:
             return stream[offset : offset + length]
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
-    def cut(self, located: Located, i: int, data: bytes) -> tuple[bytes, int]:
+    def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
         image_at, image_len, label_at, label_len, _missing, uri = located.extra[i]
         image = bytes(data[image_at : image_at + image_len])
         if label_at < 0:
-            return image, -1
+            return {"image": image, "label": -1}
         payload = bytes(data[label_at : label_at + label_len])
         try:
-            return image, int(payload.decode("utf-8").strip())
+            return {"image": image, "label": int(payload.decode("utf-8").strip())}
         except (UnicodeDecodeError, ValueError) as exc:
             raise DataSourceError(
                 f"{uri}: sample {located.key[i]!r} has a {self.label_field!r} member {payload[:40]!r} that "

@@ -58,7 +58,8 @@ def _rows(cat, storage):
         data = cat.source.read_block(storage, info, b.offset, b.length)
         for i in b.members:
             start = t["offset"][i] - b.offset
-            out[i] = cat.source.cut(loc, i, data[start:start + t["length"][i]])
+            rec = cat.source.cut(loc, i, data[start:start + t["length"][i]])
+            out[i] = (rec["image"], rec["label"])
     return out
 
 

@@ -249,7 +249,8 @@ def worker_view(ds):
     for i in range(len(cat)):
         data = cat.source.read_block(cat.storage, cat.shard_info(int(loc.shard[i])), int(loc.offset[i]),
                                      int(loc.length[i]))
-        out.append((loc.key[i], *cat.source.cut(loc, i, data)))
+        rec = cat.source.cut(loc, i, data)
+        out.append((loc.key[i], rec["image"], rec["label"]))
     return out
 
 

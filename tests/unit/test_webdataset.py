@@ -119,7 +119,8 @@ def located_samples(ds):
     for i in range(len(cat)):
         info = cat.shard_info(int(loc.shard[i]))
         data = cat.source.read_block(cat.storage, info, int(loc.offset[i]), int(loc.length[i]))
-        image, label = cat.source.cut(loc, i, data)
+        rec = cat.source.cut(loc, i, data)
+        image, label = rec["image"], rec["label"]
         out.append((loc.key[i], image, label))
     return out
 
