@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from raydl.describe.catalog import Catalog
+from raydl.describe.records import Map, MapBatches, Pad, check_pipeline_order, compile_pipeline
 from raydl.describe.transforms import (
     AspectBuckets,
     CenterCrop,
@@ -22,8 +23,6 @@ from raydl.describe.transforms import (
     RandomResizedCrop,
     Resize,
     Stage,
-    check_stage_order,
-    compile_stages,
 )
 from raydl.execute.loader import Loader
 from raydl.options import LoaderConfig, S3Options
@@ -150,11 +149,23 @@ class Dataset:
     def _with(self, stage: Stage) -> Dataset:
         """This dataset with `stage` added; a ValueError naming the stage when it is out of order."""
         stages = self.stages + (stage,)
-        check_stage_order(stages)  # here, at the call that makes the mistake, not at loader()
+        check_pipeline_order(stages)  # here, at the call that makes the mistake, not at loader()
         return Dataset(self.catalog, stages)
 
-    def decode(self, *, fast: bool = False, max_pixels: int | None = None) -> Dataset:
-        """Bytes to RGB uint8 pixels (any mode becomes RGB).
+    def decode(
+        self,
+        *,
+        fast: bool = False,
+        max_pixels: int | None = None,
+        fields: tuple[str, ...] | None = None,
+        masks: tuple[str, ...] = (),
+    ) -> Dataset:
+        """Image fields' bytes to RGB uint8 pixels (any mode becomes RGB), and masks to label maps.
+
+        fields: the image fields to decode (default: every image field; the others stay bytes). masks:
+        image fields decoded as single-channel label maps (a palette index or grey value each, never RGB),
+        resized with nearest-neighbour, never normalized: uint8 (B, H, W). Every image field of a sample
+        gets the same crop and flip.
 
         By default the output stays within about a grey level of Pillow's (full
         decode, box crop, antialiased resize). fast=True opts into the shortcuts
@@ -164,9 +175,14 @@ class Dataset:
         is a DecodeError under on_error (default: Pillow's MAX_IMAGE_PIXELS
         when raydl was imported, about 89.5 M).
         """
-        return self._with(
-            Decode(fast=fast) if max_pixels is None else Decode(fast=fast, max_pixels=max_pixels)
-        )
+        options: dict[str, Any] = {"fast": fast}
+        if max_pixels is not None:
+            options["max_pixels"] = max_pixels
+        if fields is not None:
+            options["fields"] = (fields,) if isinstance(fields, str) else tuple(fields)
+        if masks:
+            options["masks"] = (masks,) if isinstance(masks, str) else tuple(masks)
+        return self._with(Decode(**options))
 
     def random_resized_crop(self, size, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> Dataset:
         """A random box of `scale` of the area and `ratio` aspect, resized to `size`."""
@@ -222,6 +238,35 @@ class Dataset:
         """(x / 255 - mean) / std; a preset name ("imagenet") or 3 means and 3 stds. Output float32 NCHW."""
         return self._with(Normalize.make(mean, std))
 
+    def map(self, fn) -> Dataset:
+        """fn(record) -> record on each sample, in the loader's workers, after the native stages.
+
+        `record` is a dict of the sample's fields (decoded images as arrays); the returned dict's fields make
+        the batch. A `fn` whose signature has `rng` is called as fn(record, rng=Generator), the Generator
+        seeded from the sample's augmentation seed (deterministic; resumes exactly). `fn` must pickle (a
+        ValueError at loader() otherwise). An exception in `fn` fails the batch with a LoaderError naming the
+        sample and the worker, with the traceback: never skipped. `fn` holds the GIL: num_workers scales it.
+        """
+        return self._with(Map(fn))
+
+    def map_batches(self, fn) -> Dataset:
+        """fn(batch) -> batch on each numpy batch (a dict of columns), in the loader's workers, after the
+        per-sample stages. As `map`: fn(batch, rng=...) gets a Generator seeded from the batch's seeds; an
+        exception fails the batch with a LoaderError naming it. "id" and "key" are kept when fn leaves them
+        out and keeps the rows."""
+        return self._with(MapBatches(fn))
+
+    def pad(self, field: str, length: int, value=0) -> Dataset:
+        """Pad (with `value`) or truncate `field` (token lists, arrays) to `length` along its first axis,
+        and add `<field>_length`: how many of its values are the sample's own (at most `length`)."""
+        stage = Pad(field, length, value)
+        names = [f.name for f in self.catalog.source.fields]
+        if field not in names and not any(isinstance(st, Map) for st in self.stages):
+            raise ValueError(
+                f".pad({field!r}, ...): the source has no field {field!r}; its fields are {names}"
+            )
+        return self._with(stage)
+
     def loader(self, **options: Any) -> Loader:
         """Start loader actors on Ray (ray.init() first if needed) and return the Loader.
 
@@ -235,7 +280,7 @@ class Dataset:
 
     def loader_from_config(self, config: LoaderConfig) -> Loader:
         """As `loader(...)`, with the settings in a LoaderConfig (e.g. from `load_loader_config`)."""
-        return Loader(self.catalog, compile_stages(self.stages), config)
+        return Loader(self.catalog, compile_pipeline(self.stages), config)
 
     def __len__(self) -> int:
         return len(self.catalog)

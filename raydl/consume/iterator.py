@@ -23,6 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import numpy as np
 import ray
 
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
@@ -241,18 +242,21 @@ class DataIterator:
             )
             self._stats.replaced_uris.append(r.uri)
         self._stats.samples_replaced += len(result.replaced)
-        images = result.batch["image"]
-        if result.skipped and len(images) == 0:
+        if result.skipped and len(result.batch["id"]) == 0:
+            shapes = ", ".join(
+                f"{name} {v.dtype} {tuple(v.shape)}"
+                for name, v in result.batch.items()
+                if isinstance(v, np.ndarray) and v.ndim > 1
+            )
             logger.warning(
                 "raydl: rank %d: batch %d of epoch %d has no rows: all %d of its samples failed "
-                "(on_error='skip'); it is yielded empty, %s %s, so that ranks stay in step "
+                "(on_error='skip'); it is yielded empty%s, so that ranks stay in step "
                 "(on_error='replace' keeps batches full)",
                 self._rank,
                 k,
                 self._epoch,
                 len(result.skipped),
-                images.dtype,
-                tuple(images.shape),
+                f" ({shapes})" if shapes else "",
             )
 
     def _account_unlisted(self) -> None:

@@ -36,6 +36,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydl.describe.catalog import Catalog
+from raydl.describe.records import Pipeline, decoded_fields
 from raydl.describe.transforms import SampleProgram
 from raydl.errors import LoaderError
 from raydl.execute.bootstrap import Bootstrap
@@ -54,6 +55,7 @@ from raydl.options import LoaderConfig, check_number
 from raydl.plan import scheduling
 from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import bucket_batch_count
+from raydl.util.arrow import int_column
 
 if TYPE_CHECKING:
     from raydl.consume.iterator import DataIterator
@@ -76,8 +78,13 @@ class Loader:
     `shutdown()` (idempotent) to kill the workers and free their objects.
     """
 
-    def __init__(self, catalog: Catalog, program: SampleProgram, config: LoaderConfig) -> None:
-        shapes = program.slot_shapes()  # fail before any actor starts if batches cannot have a shape
+    def __init__(self, catalog: Catalog, pipeline: Pipeline | SampleProgram, config: LoaderConfig) -> None:
+        if isinstance(pipeline, SampleProgram):
+            pipeline = Pipeline(pipeline)
+        program = pipeline.program
+        # Fail before any actor starts: image fields the program cannot decode, batches without one shape,
+        # user functions that cannot reach the workers.
+        decoded = _check_pipeline(catalog, pipeline)
         self.config = config
         self.program = program
         self.num_samples = len(catalog)
@@ -94,7 +101,7 @@ class Loader:
         if not ray.is_initialized():
             ray.init(logging_level=logging.WARNING)  # actors' logs reach the driver (Ray's default)
         nodes = live_nodes()
-        self.batch_bytes = config.batch_size * program.dtype.itemsize * max(math.prod(s) for s in shapes)
+        self.batch_bytes = config.batch_size * _sample_bytes(catalog, program, decoded)
         self.object_store_budget = config.object_store_budget or _default_budget(nodes)
         placement = _initial_placement(config, nodes)
         spec = WorkerSpec(
@@ -103,6 +110,8 @@ class Loader:
             on_error=config.on_error,
             io_concurrency=config.io_concurrency,
             max_sample_bytes=config.max_sample_bytes,
+            sample_stages=pipeline.sample_stages,
+            batch_stages=pipeline.batch_stages,
         )
         self._catalog_bytes = catalog.nbytes
         cpus = {n.node_id: n.cpus for n in nodes}
@@ -403,14 +412,51 @@ class Loader:
         )
 
 
-def _plan_units(catalog: Catalog, program: SampleProgram, config: LoaderConfig):
+def _check_pipeline(catalog: Catalog, pipeline: Pipeline) -> list[tuple[str, bool]]:
+    """The image fields the pipeline decodes ((name, is_mask)), after checking that it can run: a ValueError
+    naming what is wrong (a decode stage with no image field to decode, no batch shape, a user function
+    that does not pickle)."""
+    program, fields = pipeline.program, catalog.source.fields
+    decoded = decoded_fields(program, fields)
+    if program is not None and not decoded:
+        raise ValueError(
+            f".decode() has no image field to decode: the {catalog.source.name} source's fields are "
+            f"{[f.name for f in fields]}, none of them an image; drop .decode() and the image stages"
+        )
+    if decoded:
+        program.slot_shapes()  # a ValueError when batches cannot have one image shape
+    from ray import cloudpickle
+
+    for fn in pipeline.functions:
+        try:
+            cloudpickle.dumps(fn)
+        except Exception as exc:  # noqa: BLE001 - any failure to pickle is the function's
+            raise ValueError(
+                f"{getattr(fn, '__qualname__', fn)!r} cannot be pickled, and the loader's workers need it: "
+                f"{type(exc).__name__}: {exc}; define it at module level (not holding locks, files or "
+                "sockets)"
+            ) from exc
+    return decoded
+
+
+def _sample_bytes(catalog: Catalog, program: SampleProgram | None, decoded: list[tuple[str, bool]]) -> int:
+    """About what one sample takes in a batch: its decoded image fields at their largest shape, else (no
+    decoded image) its bytes as stored, on average."""
+    if not decoded:
+        stored = int(int_column(catalog.shards.column("size")).sum())
+        return max(1, stored // max(1, len(catalog)))
+    pixels = max(math.prod(s) for s in program.slot_shapes()) // 3  # an image slot holds 3 channels
+    return sum(pixels if is_mask else 3 * pixels * program.dtype.itemsize for _name, is_mask in decoded)
+
+
+def _plan_units(catalog: Catalog, program: SampleProgram | None, config: LoaderConfig):
     """(buckets, bucket of each sample, samples in no bucket, units the plan deals).
 
     Without aspect buckets the plan deals samples; with them it deals whole
     bucket-pure batches, and samples whose header gave no size are in none
     (reported through on_error).
     """
-    if program.buckets is None:
+    if program is None or program.buckets is None:
         return None, None, (), len(catalog)
     # Read here when the catalog came without them (a ValueError where none exist)
     catalog = catalog.with_sizes()

@@ -45,11 +45,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from raydl.describe.catalog import Catalog
+from raydl.describe.records import Pad, decoded_fields, pad_record, stage_rng, wants_rng
 from raydl.describe.transforms import SampleProgram
-from raydl.errors import DataSourceError, DecodeError
+from raydl.errors import DataSourceError, DecodeError, LoaderError
+from raydl.execute.collate import collate, infer_field
 from raydl.plan.failures import ErrorPolicy, Failure, Replaced
 from raydl.plan.order import substitute_id
 from raydl.plan.tasks import BatchResult, BatchTask
+from raydl.sources.base import Field
 from raydl.storage.base import ObjectInfo
 from raydl.storage.fetch import Block, IOPool, coalesce
 from raydl.util.arrow import StringColumn, int_column
@@ -68,11 +71,13 @@ DECODE_CHUNK = 16
 class WorkerSpec:
     """Everything a worker needs besides the catalog (which comes through the object store)."""
 
-    program: SampleProgram
+    program: SampleProgram | None  # None: no .decode(); image fields come out as their bytes
     threads: int | None = None
     on_error: str = "skip"
     io_concurrency: int | None = None  # None: the storage's default
     max_sample_bytes: int = 256 << 20  # LoaderConfig.max_sample_bytes
+    sample_stages: tuple = ()  # the user's per-sample Python stages (map, pad), after the native ones
+    batch_stages: tuple = ()  # the user's map_batches stages, on the finished numpy batch
 
     @property
     def policy(self) -> ErrorPolicy:
@@ -102,6 +107,8 @@ class LoaderWorker:
         self._catalog = catalog
         self._source, self._storage = catalog.source, catalog.storage
         self._num_samples = len(catalog)
+        self._image_fields = [f for f in self._source.fields if f.kind == "image"]
+        self._decoded = decoded_fields(spec.program, self._source.fields)  # (field, is_mask), decoded
         self._shard_uris = StringColumn(catalog.shards.column("uri"))
         self._shard_etags = StringColumn(catalog.shards.column("etag"))
         self._shard_sizes = int_column(catalog.shards.column("size"))
@@ -149,20 +156,27 @@ class LoaderWorker:
 
     def run_batch(self, task: BatchTask) -> BatchResult:
         n = len(task.ids)
-        dtype = self._spec.program.dtype
-        shape = (n, *self._spec.program.slot_shape(task.bucket))  # aspect buckets: the shape varies per batch
-        nbytes = math.prod(shape) * dtype.itemsize
-        buf = self._lease(nbytes)
-        flat = buf[:nbytes]
+        # One flat buffer holds every decoded image field of the batch (aspect buckets: the shapes vary per
+        # batch); each field's array is a view of it, 64-byte aligned.
+        layout, nbytes = [], 0
+        for name, _mask, dtype, slot in self._outputs(task.bucket):
+            size = math.prod((n, *slot)) * dtype.itemsize
+            layout.append((name, dtype, (n, *slot), nbytes, size))
+            nbytes += -(-size // 64) * 64
+        buf = self._lease(max(nbytes, 1))
+        flat = buf[: max(nbytes, 1)]
         if self._handoff:
             # The images' own base, made per batch: views of them (the caller's, torch's) keep it alive, and
             # its buffer goes back to the free list when the last one is gone, never while one can read it.
-            lease = (ctypes.c_ubyte * nbytes).from_buffer(buf)
+            lease = (ctypes.c_ubyte * len(flat)).from_buffer(buf)
             weakref.finalize(lease, self._release, buf)
             flat = np.frombuffer(lease, np.uint8)
             del lease
+        images = {
+            name: flat[at : at + size].view(dtype).reshape(shape) for name, dtype, shape, at, size in layout
+        }
         try:
-            result = _BatchRun(self, task, flat.view(dtype).reshape(shape)).run()
+            result = _BatchRun(self, task, images).run()
         except BaseException:
             if self._reuse:
                 self._release(buf)
@@ -171,33 +185,53 @@ class LoaderWorker:
             weakref.finalize(result, self._release, buf)
         return result
 
+    def _outputs(self, bucket: tuple[int, int] | None) -> list[tuple[str, bool, np.dtype, tuple[int, ...]]]:
+        """(field, is_mask, dtype, one sample's shape) of each image field the program decodes."""
+        program = self._spec.program
+        out = []
+        for name, is_mask in self._decoded:
+            dtype = np.dtype(np.uint8) if is_mask else program.dtype
+            slot = program.slot_shape(bucket, mask=True) if is_mask else program.slot_shape(bucket)
+            out.append((name, is_mask, dtype, tuple(slot)))
+        return out
+
     def _shard_infos(self, shard_ids: np.ndarray) -> list[ObjectInfo]:
         return [
             ObjectInfo(self._shard_uris[i], int(self._shard_sizes[i]), self._shard_etags[i])
             for i in shard_ids.tolist()
         ]
 
-    def _sample(self, sid: int, seed: int, out: np.ndarray) -> tuple[Failure | None, str, int]:
-        """Locate, read and decode one sample on its own (a substitute) into `out`: (a Failure when its bytes
-        are at fault, else None; its key; its label)."""
+    def _sample(self, sid: int, seed: int, slots: dict[str, np.ndarray]) -> tuple[Failure | None, str, dict]:
+        """Locate, read and decode one sample on its own (a substitute) into `slots` (its decoded image
+        fields' slots): (a Failure when its bytes are at fault, else None; its key; its other fields'
+        values)."""
         loc = self._source.locate(self._catalog, np.array([sid], np.int64))
         (info,) = self._shard_infos(loc.shard[:1])
-        key, label = loc.key[0], int(loc.label[0])
+        key = loc.key[0]
         if 0 in loc.errors:
-            return Failure.read_failed(sid, info.uri, loc.errors[0]), key, label
+            return Failure.read_failed(sid, info.uri, loc.errors[0]), key, {}
         uri = self._source.sample_uri(info.uri, key)
         if self._source.range_is_sample:
             size = int((loc.size if loc.size is not None else loc.length)[0])
             big = self._too_big(sid, uri, size)
             if big is not None:
-                return big, key, label
+                return big, key, {}
         try:
             data = self._source.read_block(self._storage, info, int(loc.offset[0]), int(loc.length[0]))
             record = self._source.cut(loc, 0, data)
-            data, label = record["image"], int(record.get("label", -1))
         except DataSourceError as exc:
-            return Failure.read_failed(sid, info.uri, exc), key, label
-        return self._too_big(sid, uri, len(data)) or self._decode(sid, uri, data, seed, out), key, label
+            return Failure.read_failed(sid, info.uri, exc), key, {}
+        except DecodeError as exc:
+            return Failure.decode_failed(sid, uri, exc, worker=self._name), key, {}
+        big = self._too_big(sid, uri, self.image_bytes(record))
+        if big is not None:
+            return big, key, {}
+        ((failure, values),) = self.make_samples([(sid, uri, record, seed, slots)])
+        return failure, key, values
+
+    def image_bytes(self, record: dict) -> int:
+        """The bytes of a record's encoded images (what max_sample_bytes bounds)."""
+        return sum(len(record[f.name]) for f in self._image_fields if isinstance(record.get(f.name), bytes))
 
     def _too_big(self, sid: int, uri: str, size: int) -> Failure | None:
         """A Failure (under on_error, as a decode error) when the sample is over max_sample_bytes."""
@@ -207,29 +241,113 @@ class LoaderWorker:
         error = DecodeError(f"{uri} is {size} bytes, more than max_sample_bytes ({limit}); it is not decoded")
         return Failure.decode_failed(sid, uri, error, worker=self._name)
 
-    def _decode(self, sid: int, uri: str, data: bytes, seed: int, out: np.ndarray) -> Failure | None:
-        """Decode one sample into `out`; a Failure when its bytes are at fault, else None.
+    def make_samples(
+        self, items: list[tuple[int, str, dict, int, dict[str, np.ndarray]]]
+    ) -> list[tuple[Failure | None, dict]]:
+        """Decode each (id, uri, record, seed, slots) sample's image fields into its slots, in one native call
+        for the JPEGs, then run the per-sample Python stages: per sample (a Failure when its bytes are at
+        fault, else None; its record without the decoded fields, or the whole record the Python stages
+        returned).
 
-        Any other failure is not the sample's fault: it fails the batch, naming the sample and this worker.
+        A Python stage that raises fails the whole batch (a LoaderError naming the sample and this worker,
+        with the traceback): it is a bug, not bad data, so on_error never covers it. So does any error of
+        the native stages that is not a DecodeError.
         """
-        try:
-            self._spec.program.run(data, seed, out)
-        except Exception as exc:  # noqa: BLE001 - Failure.decode_failed lets only a DecodeError through
-            return Failure.decode_failed(sid, uri, exc, worker=self._name)
-        return None
+        program, decoded = self._spec.program, self._decoded
+        errors: list[Exception | None] = [None] * len(items)
+        if decoded:
+            runs, owners, masks = [], [], []
+            for k, (_sid, _uri, record, seed, slots) in enumerate(items):
+                try:
+                    ref = program.image_size(record[decoded[0][0]]) if len(decoded) > 1 else None
+                except Exception as exc:  # noqa: BLE001 - settled below as the sample's (a DecodeError) or not
+                    errors[k] = exc
+                    continue
+                for name, is_mask in decoded:
+                    if is_mask:
+                        masks.append((k, record[name], seed, slots[name], ref))
+                    else:
+                        runs.append(
+                            (record[name], seed, slots[name])
+                            if ref is None
+                            else (record[name], seed, slots[name], ref)
+                        )
+                        owners.append(k)
+            for k, err in zip(owners, program.run_many(runs) if runs else []):
+                if err is not None and errors[k] is None:
+                    errors[k] = err
+            for k, data, seed, out, ref in masks:
+                if errors[k] is None:
+                    try:
+                        program.run_mask(data, seed, out, ref)
+                    except Exception as exc:  # noqa: BLE001 - settled below
+                        errors[k] = exc
+        out: list[tuple[Failure | None, dict]] = []
+        for k, (sid, uri, record, seed, slots) in enumerate(items):
+            if errors[k] is not None:
+                out.append((Failure.decode_failed(sid, uri, errors[k], worker=self._name), {}))
+                continue
+            values = {f: v for f, v in record.items() if f not in slots}
+            if self._spec.sample_stages:
+                values = self._python_stages({**values, **slots}, seed, sid, uri)
+            out.append((None, values))
+        return out
 
-    def _substitute(self, failure: Failure, seed: int, out: np.ndarray) -> tuple[int, str, int]:
+    def _python_stages(self, record: dict, seed: int, sid: int, uri: str) -> dict:
+        """The user's map and pad stages on one sample's record (its decoded images are views of its
+        slots)."""
+        for index, st in enumerate(self._spec.sample_stages):
+            try:
+                if isinstance(st, Pad):
+                    record = pad_record(st, record)
+                    continue
+                fn = st.fn
+                got = fn(record, rng=stage_rng(index, [seed])) if wants_rng(fn) else fn(record)
+            except Exception as exc:
+                raise _user_error(
+                    f"{_stage_call(st)} raised on sample {sid} ({uri})", self._name, exc
+                ) from exc
+            if not isinstance(got, dict):
+                raise LoaderError(
+                    f"loader worker {self._name}: {_stage_call(st)} returned {type(got).__name__} for sample "
+                    f"{sid} ({uri}), not a dict of fields"
+                )
+            record = got
+        return record
+
+    def batch_stages(self, batch: dict, task: BatchTask) -> dict:
+        """The user's map_batches stages on the finished numpy batch; id and key are kept where the function
+        left them out and the batch kept its rows."""
+        for index, st in enumerate(self._spec.batch_stages, start=len(self._spec.sample_stages)):
+            where = f"batch {task.index} of rank {task.rank}, epoch {task.epoch}"
+            try:
+                got = st.fn(batch, rng=stage_rng(index, task.seeds)) if wants_rng(st.fn) else st.fn(batch)
+            except Exception as exc:
+                raise _user_error(f"{_stage_call(st)} raised on {where}", self._name, exc) from exc
+            if not isinstance(got, dict):
+                raise LoaderError(
+                    f"loader worker {self._name}: {_stage_call(st)} returned {type(got).__name__} for "
+                    f"{where}, not a dict of columns"
+                )
+            rows = len(batch["id"])
+            for own in ("id", "key"):
+                if own not in got and all(len(v) == rows for v in got.values() if hasattr(v, "__len__")):
+                    got[own] = batch[own]
+            batch = got
+        return batch
+
+    def _substitute(self, failure: Failure, seed: int, slots: dict[str, np.ndarray]) -> tuple[int, str, dict]:
         """on_error="replace": the first of the slot's substitutes (a pure function of its seed) that
-        decodes: (its id, key, label)."""
+        decodes: (its id, key, values)."""
         tried = []
         for attempt in range(MAX_SUBSTITUTES):
             sub = substitute_id(seed, attempt, self._num_samples)
             if sub == failure.sample_id:
                 continue
             tried.append(sub)
-            bad, key, label = self._sample(sub, seed, out)
+            bad, key, values = self._sample(sub, seed, slots)
             if bad is None:
-                return sub, key, label
+                return sub, key, values
         raise self._spec.policy.no_substitute(failure, tried)
 
     def _lease(self, nbytes: int) -> np.ndarray:
@@ -273,6 +391,24 @@ class LoaderWorker:
             self._free.clear()
 
 
+def _stage_call(stage) -> str:
+    fn = getattr(stage, "fn", None)
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return f".{stage.method}({name})"
+
+
+def _user_error(what: str, worker: str, exc: BaseException) -> LoaderError:
+    """A LoaderError for an exception of the user's function, with its traceback (which crosses Ray as
+    text: the exception itself may not pickle)."""
+    import traceback
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return LoaderError(
+        f"loader worker {worker}: {what}: {type(exc).__name__}: {exc} (a bug in the function, not bad data: "
+        f"on_error does not cover it)\n{tb}"
+    )
+
+
 class _BatchRun:
     """One batch being made, from its task to its BatchResult (run_batch makes one per batch).
 
@@ -282,14 +418,16 @@ class _BatchRun:
     stops the batch: nothing more of it is read or decoded.
     """
 
-    def __init__(self, worker: LoaderWorker, task: BatchTask, images: np.ndarray) -> None:
-        self._worker, self._task, self._images = worker, task, images
+    def __init__(self, worker: LoaderWorker, task: BatchTask, images: dict[str, np.ndarray]) -> None:
+        self._worker, self._task, self._images = worker, task, images  # images: field -> (n, ...) slots
         self._program, self._policy = worker._spec.program, worker._spec.policy
         self._ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
         self._located = worker._source.locate(worker._catalog, self._ids)
         loc = self._located
         self._keys = list(loc.key)
-        self._labels = np.array(loc.label, dtype=np.int64)  # cut may set them; substitutes do
+        # Each slot's fields besides the decoded images (all of them after the user's map/pad stages)
+        self._values: list[dict] = [{} for _ in range(len(task.ids))]
+        self._slot_cache: dict[tuple[str, int], np.ndarray] = {}
         self._where = np.stack([loc.shard, loc.offset, loc.length, loc.row], axis=1).astype(np.int64)
         self._sizes = loc.size if loc.size is not None else loc.length  # a sample's own bytes
         shard_ids = np.unique(self._where[:, 0])
@@ -298,7 +436,7 @@ class _BatchRun:
         self._replaced: list[Replaced] = []
         # Samples whose bytes are in, waiting for a decode thread. A drain task takes them a chunk at a time
         # and decodes a chunk in one native call; at most `threads` drains of this batch run or wait at once.
-        self._ready: deque[tuple[int, bytes]] = deque()
+        self._ready: deque[tuple[int, dict]] = deque()
         self._lock = threading.Lock()
         self._drains = 0  # drain tasks of this batch submitted and not yet finished
         # Set when a drain failed, so the batch fails: no more reading or decoding for it.
@@ -367,7 +505,7 @@ class _BatchRun:
             if data is not None:
                 self.enqueue(self._cut(block, data))
 
-    def enqueue(self, samples: list[tuple[int, bytes]]) -> None:
+    def enqueue(self, samples: list[tuple[int, dict]]) -> None:
         """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""
         with self._lock:
             if self._stop.is_set():
@@ -399,9 +537,7 @@ class _BatchRun:
             self._failed[i] = failure
             return
         sid, seed = int(self._task.ids[i]), int(self._task.seeds[i])
-        self._ids[i], self._keys[i], self._labels[i] = self._worker._substitute(
-            failure, seed, self._images[i]
-        )
+        self._ids[i], self._keys[i], self._values[i] = self._worker._substitute(failure, seed, self._slots(i))
         self._replaced.append(Replaced(sid, failure.uri, failure.reason, int(self._ids[i])))
 
     # -- inside the steps -----------------------------------------------------------------
@@ -414,7 +550,7 @@ class _BatchRun:
             self._unreadable(block.members, shard.uri, exc)
             return None
 
-    def _cut(self, block: Block, data: bytes) -> list[tuple[int, bytes]]:
+    def _cut(self, block: Block, data: bytes) -> list[tuple[int, dict]]:
         """Each sample's bytes cut out of its block's; a sample that cannot be cut is settled as
         unreadable."""
         uri = self._shards[block.shard].uri
@@ -427,15 +563,22 @@ class _BatchRun:
             piece = data if (start == 0 and length == len(data)) else data[start : start + length]
             try:
                 record = self._worker._source.cut(self._located, i, piece)
-                sample, self._labels[i] = record["image"], record.get("label", -1)
             except DataSourceError as exc:
                 self._unreadable([i], uri, exc)
                 continue
-            big = self._worker._too_big(int(self._task.ids[i]), self._uri(i), len(sample))
+            except DecodeError as exc:  # a field's bytes are malformed (JSON, .npy, gzip)
+                failure = Failure.decode_failed(
+                    int(self._task.ids[i]), self._uri(i), exc, worker=self._worker._name
+                )
+                self._submit(self.finish, i, failure)
+                continue
+            big = self._worker._too_big(
+                int(self._task.ids[i]), self._uri(i), self._worker.image_bytes(record)
+            )
             if big is not None:  # a Parquet cell, whose size only its decoded row group tells
                 self._submit(self.finish, i, big)
                 continue
-            samples.append((i, sample))
+            samples.append((i, record))
         return samples
 
     def _unlocated(self, errors: dict[int, DataSourceError]) -> None:
@@ -449,7 +592,7 @@ class _BatchRun:
         for i in members:
             self._submit(self.finish, i, Failure.read_failed(int(self._task.ids[i]), uri, exc))
 
-    def _take(self) -> list[tuple[int, bytes]]:
+    def _take(self) -> list[tuple[int, dict]]:
         """The next chunk of the queue (fewer samples as it drains, so every drain gets some); [] when it is
         empty, and the calling drain ends."""
         with self._lock:
@@ -459,15 +602,25 @@ class _BatchRun:
             take = min(len(self._ready), DECODE_CHUNK, -(-len(self._ready) // self._threads))
             return [self._ready.popleft() for _ in range(take)]
 
-    def _decode(self, chunk: list[tuple[int, bytes]]) -> None:
-        """Decode a chunk in one native call, each sample into its slot, then finish each sample."""
+    def _decode(self, chunk: list[tuple[int, dict]]) -> None:
+        """Decode a chunk (its JPEGs in one native call), each sample's images into its slots, then finish
+        each sample."""
         seeds, ids = self._task.seeds, self._task.ids
-        errors = self._program.run_many([(data, int(seeds[i]), self._images[i]) for i, data in chunk])
-        for (i, _), err in zip(chunk, errors):
-            failure = None
-            if err is not None:
-                failure = Failure.decode_failed(int(ids[i]), self._uri(i), err, worker=self._worker._name)
+        items = [(int(ids[i]), self._uri(i), rec, int(seeds[i]), self._slots(i)) for i, rec in chunk]
+        for (i, _), (failure, values) in zip(chunk, self._worker.make_samples(items)):
+            self._values[i] = values
             self.finish(i, failure)
+
+    def _slots(self, i: int) -> dict[str, np.ndarray]:
+        """Slot i of each decoded image field (the same view objects each time: `_result` tells by identity
+        whether the user's stages kept them)."""
+        out = {}
+        for name, arr in self._images.items():
+            view = self._slot_cache.get((name, i))
+            if view is None:
+                view = self._slot_cache[(name, i)] = arr[i]
+            out[name] = view
+        return out
 
     def _uri(self, i: int) -> str:
         """Slot i's sample as errors name it."""
@@ -479,15 +632,49 @@ class _BatchRun:
 
     def _result(self) -> BatchResult:
         """The batch without its failed rows, and what failed or was replaced in it."""
-        images, ids, keys, labels = self._images, self._ids, self._keys, self._labels
+        worker = self._worker
         ok = np.array([f is None for f in self._failed], dtype=bool)
         bad = [f for f in self._failed if f is not None]
-        if bad:  # the batch gets shorter by the failed rows (maybe to 0) and keeps its place in the plan
-            images, ids, labels = images[ok], ids[ok], labels[ok]
-            keys = [k for k, good in zip(keys, ok) if good]
-        batch = {"image": images, "label": labels, "id": ids, "key": keys}
+        rows = np.flatnonzero(ok).tolist()
+        full = len(rows) == len(ok)  # the batch gets shorter by the failed rows (maybe to 0), keeps its place
+        values = [self._values[i] for i in rows]
+
+        def uri_of(row: int) -> str:
+            return self._uri(rows[row])
+
+        batch: dict = {}
+        if worker._spec.sample_stages:  # the records the user's stages returned make the batch
+            names = list(values[0]) if values else [f.name for f in worker._source.fields]
+            kinds = {f.name: f for f in worker._source.fields}
+            for row, v in enumerate(values):
+                if list(v) != names:
+                    raise LoaderError(
+                        f"loader worker {worker._name}: the records of one batch have different fields: "
+                        f"{names} in {uri_of(0)}, {list(v)} in {uri_of(row)}"
+                    )
+            for name in names:
+                column = [v[name] for v in values]
+                image = self._images.get(name)
+                if image is not None and all(c is s for c, s in zip(column, self._slot_views(name, rows))):
+                    batch[name] = image if full else image[ok]  # the user's stage kept the slot itself
+                    continue
+                field = kinds.get(name)
+                if field is None or field.kind == "image":
+                    field = infer_field(name, column[0]) if column else Field(name)
+                batch[name] = collate(field, column, uri_of)
+        else:
+            for field in worker._source.fields:
+                image = self._images.get(field.name)
+                if image is not None:
+                    batch[field.name] = image if full else image[ok]
+                else:
+                    batch[field.name] = collate(field, [v[field.name] for v in values], uri_of)
+        batch["id"] = self._ids if full else self._ids[ok]
+        batch["key"] = [self._keys[i] for i in rows]
         if self._task.bucket is not None:
             batch["bucket"] = tuple(self._task.bucket)
+        if worker._spec.batch_stages:
+            batch = worker.batch_stages(batch, self._task)
         return BatchResult(
             batch=batch,
             skipped=[f for f in bad if not f.unreadable],
@@ -495,3 +682,7 @@ class _BatchRun:
             replaced=sorted(self._replaced, key=lambda r: r.sample_id),
             membership=self._worker._membership,
         )
+
+    def _slot_views(self, name: str, rows: list[int]):
+        """The slot views `_slots` handed to the user's stages (compared by identity: kept or replaced)."""
+        return [self._slot_cache.get((name, i)) for i in rows]

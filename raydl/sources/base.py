@@ -30,6 +30,8 @@ class Field:
 
     name: str
     kind: str = "value"
+    #: the numpy dtype of a "value" field's column where it is known (an empty batch has it too)
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FIELD_KINDS:
@@ -41,7 +43,7 @@ class Field:
 
 
 #: The fields of a source that reads an image and an integer label (image folders; fields=None).
-IMAGE_AND_LABEL = (Field("image", "image"), Field("label", "value"))
+IMAGE_AND_LABEL = (Field("image", "image"), Field("label", "value", "int64"))
 
 
 @dataclass
