@@ -130,3 +130,20 @@ def test_python_stages_come_after_the_native_ones():
     with pytest.raises(ValueError, match=r"\.map\(\) cannot follow \.map_batches\(\)"):
         check_pipeline_order((MapBatches(dict), Map(dict)))
     check_pipeline_order((Map(dict),))  # no decode needed for a source without images
+
+
+def _caption(record, rng):
+    return {**record, "caption": f"class {record['label']} #{int(rng.integers(100))}"}
+
+
+def test_a_replaced_sample_brings_its_own_fields_through_the_users_map(tmp_path):
+    """on_error="replace": the substitute's record goes through map too, so its caption is its own."""
+    from raydl.demo import make_images
+
+    make_images(str(tmp_path), 12, classes=3, seed=2, corrupt=1)
+    ds = raydl.read_images(str(tmp_path)).decode().center_crop(8).map(_caption)
+    batch = _run(ds, range(len(ds)), on_error="replace")
+    assert len(batch["id"]) == len(ds) and batch["caption"].dtype == object
+    assert len(set(batch["id"].tolist())) < len(ds)  # the corrupt one's slot holds a substitute
+    for label, caption in zip(batch["label"], batch["caption"]):
+        assert caption.startswith(f"class {label} #")
