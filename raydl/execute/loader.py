@@ -26,6 +26,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
+import sysconfig
 import threading
 import time
 from concurrent.futures import Future
@@ -428,6 +430,9 @@ def _check_pipeline(catalog: Catalog, pipeline: Pipeline) -> list[tuple[str, boo
     from ray import cloudpickle
 
     for fn in pipeline.functions:
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        if module is not None and _send_by_value(module):
+            cloudpickle.register_pickle_by_value(module)
         try:
             cloudpickle.dumps(fn)
         except Exception as exc:  # noqa: BLE001 - any failure to pickle is the function's
@@ -437,6 +442,19 @@ def _check_pipeline(catalog: Catalog, pipeline: Pipeline) -> list[tuple[str, boo
                 "sockets)"
             ) from exc
     return decoded
+
+
+def _send_by_value(module) -> bool:
+    """Whether a user function's module goes to the workers by value: a lone top-level module that is not
+    installed (a test file, a script's sibling) may not be importable on the workers, whose path is the
+    driver's script folder and working directory; a package's module (mypkg.transforms) or an installed one
+    goes by reference."""
+    name, path = module.__name__, getattr(module, "__file__", None)
+    if name == "__main__" or "." in name or not path or not path.endswith(".py"):
+        return False  # __main__ goes by value anyway; packages and extension modules by reference
+    installed = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    real = os.path.realpath(path)
+    return not any(real.startswith(os.path.realpath(p) + os.sep) for p in installed)
 
 
 def _sample_bytes(catalog: Catalog, program: SampleProgram | None, decoded: list[tuple[str, bool]]) -> int:

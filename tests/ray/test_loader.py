@@ -96,13 +96,20 @@ def test_keys_and_labels_follow_the_catalog(ray_local, image_folder):
     assert batch["key"] == sorted(batch["key"])
 
 
+def _embed(record):
+    return {**record, "emb": np.full(16, record["label"], np.float32), "caption": f"label {record['label']}"}
+
+
 def test_batches_are_zero_copy_views_of_the_object_store(ray_local, image_folder):
-    """A batch's image array is a read-only view of the object store, not a private copy."""
-    with _pipeline(image_folder).loader(batch_size=8) as loader:
+    """A batch's image array, and a fixed-shape numeric field a map made, are read-only views of the object
+    store, not private copies; a text field is an object array of str."""
+    with _pipeline(image_folder).map(_embed).loader(batch_size=8) as loader:
         loader.refresh()  # a worker is up (the very first batches may be made in this process)
         batch = next(loader.iterator(0).iter_batches())
-    assert not batch["image"].flags.writeable
-    assert not batch["image"].flags.owndata
+    for name in ("image", "emb"):
+        assert not batch[name].flags.writeable and not batch[name].flags.owndata, name
+    assert batch["emb"].shape == (8, 16) and np.array_equal(batch["emb"][:, 0], batch["label"])
+    assert batch["caption"].dtype == object and batch["caption"][0] == f"label {batch['label'][0]}"
 
 
 def test_torch_batches(ray_local, image_folder):
