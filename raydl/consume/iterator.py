@@ -31,7 +31,7 @@ from raydl.options import check_number, positive_int
 from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
 from raydl.plan.scheduling import choose_worker, prefetch_depth
-from raydl.plan.tasks import BatchResult, BatchTask
+from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
 from raydl.plan.timeouts import batch_timeout
 
 if TYPE_CHECKING:
@@ -242,7 +242,7 @@ class DataIterator:
             )
             self._stats.replaced_uris.append(r.uri)
         self._stats.samples_replaced += len(result.replaced)
-        if result.skipped and len(result.batch["id"]) == 0:
+        if result.skipped and batch_rows(result.batch) == 0:
             shapes = ", ".join(
                 f"{name} {v.dtype} {tuple(v.shape)}"
                 for name, v in result.batch.items()
@@ -338,7 +338,7 @@ class DataIterator:
             self._account(result, k)
             self._next = k + 1
             self._stats.batches += 1
-            self._stats.samples_delivered += len(result.batch["id"])
+            self._stats.samples_delivered += batch_rows(result.batch)
             self._stats.elapsed_s = base_elapsed + (now - started)
             yield result.batch
         self._epoch += 1

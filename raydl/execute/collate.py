@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from raydl.describe.fields import Field
 from raydl.errors import LoaderError
-from raydl.sources.base import Field
 
 __all__ = ["collate", "infer_field", "object_array"]
 

@@ -45,14 +45,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from raydl.describe.catalog import Catalog
+from raydl.describe.fields import Field
 from raydl.describe.records import Pad, decoded_fields, pad_record, stage_rng, wants_rng
 from raydl.describe.transforms import SampleProgram
 from raydl.errors import DataSourceError, DecodeError, LoaderError
 from raydl.execute.collate import collate, infer_field
 from raydl.plan.failures import ErrorPolicy, Failure, Replaced
 from raydl.plan.order import substitute_id
-from raydl.plan.tasks import BatchResult, BatchTask
-from raydl.sources.base import Field
+from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
 from raydl.storage.base import ObjectInfo
 from raydl.storage.fetch import Block, IOPool, coalesce
 from raydl.util.arrow import StringColumn, int_column
@@ -329,7 +329,7 @@ class LoaderWorker:
                     f"loader worker {self._name}: {_stage_call(st)} returned {type(got).__name__} for "
                     f"{where}, not a dict of columns"
                 )
-            rows = len(batch["id"])
+            rows = batch_rows(batch)
             for own in ("id", "key"):
                 if own not in got and all(len(v) == rows for v in got.values() if hasattr(v, "__len__")):
                     got[own] = batch[own]

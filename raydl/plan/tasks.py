@@ -14,7 +14,7 @@ import numpy as np
 
 from raydl.plan.failures import Failure, Replaced
 
-__all__ = ["BatchResult", "BatchTask"]
+__all__ = ["BatchResult", "BatchTask", "batch_rows"]
 
 
 @dataclass(frozen=True)
@@ -43,3 +43,11 @@ class BatchResult:
     unreadable: list[Failure]
     replaced: list[Replaced] = field(default_factory=list)
     membership: int = 0
+
+
+def batch_rows(batch: dict) -> int:
+    """How many rows a batch has: its "id"s, else (a map_batches that changed the rows and left id out) its
+    first column's length."""
+    if "id" in batch:
+        return len(batch["id"])
+    return next((len(v) for k, v in batch.items() if k != "bucket" and hasattr(v, "__len__")), 0)
