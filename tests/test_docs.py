@@ -321,6 +321,7 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
             lambda: raydl.read_webdataset(str(tmp / "junk.tar"))],
         "DataSourceError: …: truncated tar shard: …": [lambda: raydl.read_webdataset(str(tmp / "cut.tar"))],
         **_hostile_shard_triggers(tmp),
+        **_batch_format_triggers(),
         "DataSourceError: … is not a Parquet file (…)": [
             lambda: raydl.read_parquet(str(tmp / "junk.parquet"), image_column="img")],
         "DataSourceError: …: corrupt Parquet footer (…)": [
@@ -446,3 +447,26 @@ def test_every_documented_error_is_worded_as_in_the_code(tmp_path):
             piece = piece.strip(" '\"()[].,;:")
             if len(piece) > 3:
                 assert any(piece in s for s in strings), f"docs/errors.md: {piece!r} of {message!r} is not in the code"
+
+
+def _batch_format_triggers() -> dict[str, list]:
+    """The iterators' argument errors and the batch conversions' (issue 19), from the functions that raise them."""
+    import numpy as np
+
+    from raydl.consume.formats import check_batch_format, to_pandas, to_pyarrow
+    from raydl.consume.torch import check_torch_args
+
+    return {
+        "ValueError: batch_format must be one of 'numpy', 'pyarrow', 'pandas' (or 'default', which is 'numpy'), "
+        "got …": [lambda: check_batch_format("torch")],
+        "TypeError: collate_fn must be a callable that takes a batch, got …": [
+            lambda: check_batch_format("numpy", collate_fn="stack")],
+        "ValueError: collate_fn cannot be used with dtypes, device or pin_memory: what collate_fn returns is yielded "
+        "as it is; convert dtypes and move tensors to the device inside collate_fn": [
+            lambda: check_torch_args(collate_fn=print, dtypes=None, device="cpu", pin_memory=False)],
+        "ValueError: batch column '…' has … rows, the batch …": [
+            lambda: to_pyarrow({"id": np.arange(3), "caption": ["a"]})],
+        "ValueError: batch column '…' is a …, not one value per row": [lambda: to_pandas({"id": np.arange(3), "n": 7})],
+        "ValueError: batch_format='pyarrow': column '…' cannot be an Arrow column: …": [
+            lambda: to_pyarrow({"id": np.arange(1), "z": np.array([1j])})],
+    }

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 import ray
 
+from raydl.consume.formats import check_batch_format, format_batches
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
 from raydl.plan.failures import ErrorPolicy, Failure
@@ -282,16 +283,23 @@ class DataIterator:
         prefetch_batches: int | None = None,
         batch_format: str = "numpy",
         timeout_s: float | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """Batches of one epoch as dicts: image, label (int64), id (int64), key (list of str).
+        collate_fn: Callable[[Any], Any] | None = None,
+    ) -> Iterator[Any]:
+        """Batches of one epoch: dicts of numpy arrays, one per field, plus "id" (int64) and "key".
+
+        `batch_format` (raydl/consume/formats.py, docs/loader.md "Batch formats"): "numpy" (or "default"):
+        the batch as the workers made it: numbers and equal-shape arrays stacked, dtype=object arrays of
+        str / dicts / bytes / 1-D arrays of varying length, except that "key" is a list of str (Ray Data
+        would give an object array); "bucket", with aspect buckets, the batch's (H, W). "pyarrow": a
+        pyarrow.Table. "pandas": a pandas.DataFrame. `collate_fn(batch)` gets each batch in that format,
+        and what it returns is yielded as it is.
 
         `timeout_s`: the most to wait for one batch before a BatchTimeoutError (naming the rank, batch,
         worker and node); `float("inf")` waits forever. None (the default): max(the loader's
         `batch_timeout_s`, 300 s by default, and 10 × the longest wait for a batch so far), twice
         `batch_timeout_s` for this iterator's first batch.
         """
-        if batch_format != "numpy":
-            raise ValueError(f"batch_format must be 'numpy', got {batch_format!r}")
+        batch_format = check_batch_format(batch_format, collate_fn)
         depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
         positive_int("prefetch_batches", depth)
         check_number("timeout_s", timeout_s, above=0, optional=True)
@@ -301,7 +309,10 @@ class DataIterator:
             budget_bytes=self._loader.object_store_budget,
             world_size=self._config.world_size,
         )
-        return self._epoch_batches(depth, timeout_s)
+        batches = self._epoch_batches(depth, timeout_s)
+        if batch_format == "numpy" and collate_fn is None:
+            return batches
+        return format_batches(batches, batch_format, collate_fn)
 
     def _epoch_batches(self, depth: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
         plan = self._plan()
@@ -349,21 +360,30 @@ class DataIterator:
     def iter_torch_batches(
         self,
         *,
-        device: str = "cpu",
+        collate_fn: Callable[[dict[str, Any]], Any] | None = None,
         dtypes: Any = None,
+        device: str = "auto",
         pin_memory: bool = False,
         prefetch_batches: int | None = None,
         timeout_s: float | None = None,
-    ) -> Iterator[dict[str, Any]]:
-        """As iter_batches, with image/label/id as torch tensors on `device`.
+    ) -> Iterator[Any]:
+        """As iter_batches, with the numeric columns as torch tensors on `device` (raydl/consume/torch.py
+        says what each kind of column becomes: text, dicts and bytes stay lists).
 
-        On CPU the tensors share memory with the object store (zero-copy) and
-        are read-only in spirit: copy before writing into them in place.
-        `dtypes` is one torch dtype for the image, or a dict column -> dtype. `timeout_s` as in
-        iter_batches (None: the default, derived from the waits so far; `float("inf")`: forever).
+        On CPU the tensors share memory with the object store (zero-copy) and are read-only in spirit:
+        copy before writing into them in place. `device="auto"` is the CPU. `dtypes` is one torch dtype
+        for the image, or a dict column -> dtype. `collate_fn(batch)` gets the numpy batch, and what it
+        returns is yielded as it is; with it, dtypes, device and pin_memory are a ValueError (as Ray
+        Data's). `timeout_s` as in iter_batches (None: the default, derived from the waits so far;
+        `float("inf")`: forever).
         """
-        from raydl.consume.torch import torch_batches
+        from raydl.consume.torch import check_torch_args, torch_batches
 
+        check_torch_args(collate_fn=collate_fn, dtypes=dtypes, device=device, pin_memory=pin_memory)
+        if collate_fn is not None:
+            return self.iter_batches(
+                prefetch_batches=prefetch_batches, timeout_s=timeout_s, collate_fn=collate_fn
+            )
         batches = self.iter_batches(prefetch_batches=prefetch_batches, timeout_s=timeout_s)
         return torch_batches(batches, device=device, dtypes=dtypes, pin_memory=pin_memory)
 

@@ -1,46 +1,125 @@
-"""numpy batches to torch tensors (`DataIterator.iter_torch_batches`). torch is an optional extra."""
+"""numpy batches to torch tensors (`DataIterator.iter_torch_batches`). torch is an optional extra.
+
+What each column becomes:
+    numbers, images, masks, fixed-shape arrays   a tensor; on CPU a zero-copy view of the numpy array
+                                                  (of the object store), read-only in spirit
+    variable-length arrays (tokens; dtype=object  a list of 1-D tensors, each a view of its row's array
+    arrays of 1-D arrays)                         (Ray Data raises here; `.pad()` makes one (B, L) tensor)
+    text, dicts, bytes, None (dtype=object)       a Python list of the same values
+    "key"                                        a list of str, as in iter_batches
+    "bucket"                                     the (H, W) tuple, as in iter_batches
+"""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from raydl.util.optional import import_torch
 
-__all__ = ["torch_batches"]
+__all__ = ["check_torch_args", "torch_batches"]
 
 
-def torch_batches(
-    batches: Iterator[dict[str, Any]], *, device: str, dtypes: Any, pin_memory: bool
-) -> Iterator[dict[str, Any]]:
+def check_torch_args(
+    *, collate_fn: Callable[[Any], Any] | None, dtypes: Any, device: str, pin_memory: bool
+) -> None:
+    """iter_torch_batches' arguments, checked when it is called (not at the first batch)."""
+    if collate_fn is not None:
+        if dtypes is not None or device != "auto" or pin_memory:
+            raise ValueError(
+                "collate_fn cannot be used with dtypes, device or pin_memory: what collate_fn returns is "
+                "yielded as it is; convert dtypes and move tensors to the device inside collate_fn"
+            )
+        return
+    if dtypes is not None and not isinstance(dtypes, dict):
+        torch = import_torch("iter_torch_batches")
+        if not isinstance(dtypes, torch.dtype):
+            raise TypeError(f"dtypes must be a torch.dtype or a dict column -> torch.dtype, got {dtypes!r}")
+    _device(device, pin_memory)
+
+
+def _device(device: str, pin_memory: bool):
+    """The torch.device batches go to ("auto": the CPU); CUDA and pinned memory need a CUDA device."""
     torch = import_torch("iter_torch_batches")
-    dev = torch.device(device)
+    dev = torch.device("cpu" if device == "auto" else device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device={device!r} was asked for, but torch sees no CUDA device")
     if pin_memory and not torch.cuda.is_available():
         raise RuntimeError("pin_memory=True needs a CUDA device, and torch sees none")
+    return dev
+
+
+def torch_batches(
+    batches: Iterator[dict[str, Any]],
+    *,
+    device: str = "auto",
+    dtypes: Any = None,
+    pin_memory: bool = False,
+    images: tuple[str, ...] = ("image",),
+) -> Iterator[dict[str, Any]]:
+    """Each numpy batch with its numeric columns as tensors on `device` (see the module docstring).
+
+    `dtypes`: one torch dtype for the image columns (`images`: the decoded image fields, masks not among
+    them), or a dict column -> dtype (a variable-length column's tensors each get it).
+    """
+    torch = import_torch("iter_torch_batches")
+    dev = _device(device, pin_memory)
     if dtypes is None:
         dtype_of: dict[str, Any] = {}
     elif isinstance(dtypes, dict):
         dtype_of = dict(dtypes)
     else:
-        dtype_of = {"image": dtypes}
-    for batch in batches:
-        out: dict[str, Any] = {}
-        for name, value in batch.items():
-            if not isinstance(value, np.ndarray):
-                out[name] = value
-                continue
+        dtype_of = dict.fromkeys(images, dtypes)
+
+    def tensor(name: str, value: np.ndarray):
+        try:
             with warnings.catch_warnings():
                 # Object-store arrays are read-only; the tensor shares their memory (no copy).
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
                 t = torch.from_numpy(value)
-            if pin_memory:
-                t = t.pin_memory()
-            if name in dtype_of or dev.type != "cpu":
-                t = t.to(device=dev, dtype=dtype_of.get(name), non_blocking=pin_memory)
-            out[name] = t
+        except TypeError as exc:
+            raise TypeError(
+                f"iter_torch_batches: column {name!r} has dtype {value.dtype}, which torch cannot hold; "
+                "convert it in map_batches, or use iter_batches"
+            ) from exc
+        if pin_memory:
+            t = t.pin_memory()
+        if name in dtype_of or dev.type != "cpu":
+            t = t.to(device=dev, dtype=dtype_of.get(name), non_blocking=pin_memory)
+        return t
+
+    for batch in batches:
+        out: dict[str, Any] = {}
+        for name, value in batch.items():
+            if not isinstance(value, np.ndarray):
+                out[name] = value  # "key" (a list), "bucket" (a tuple)
+            elif value.dtype.kind in "biufc":
+                out[name] = tensor(name, value)
+            elif value.dtype == object and _all_numeric_rows(value):
+                out[name] = [None if v is None else tensor(name, v) for v in value]
+            elif name in dtype_of:
+                raise ValueError(
+                    f"dtypes names column {name!r}, which holds {_kinds(value)} values, not numbers"
+                )
+            elif value.dtype.kind in "OUS":
+                out[name] = value.tolist()  # text, dicts, bytes: the same Python values, in a list
+            else:
+                out[name] = tensor(name, value)  # datetimes and the like: torch's refusal, named
         yield out
+
+
+def _all_numeric_rows(value: np.ndarray) -> bool:
+    """An object column whose every value is a numeric ndarray (or None), and one at least: a token list."""
+    rows = [v for v in value if v is not None]
+    return bool(rows) and all(isinstance(v, np.ndarray) and v.dtype.kind in "biuf" for v in rows)
+
+
+def _kinds(value: np.ndarray) -> str:
+    """The types of a column's values, for a message: "NoneType/str"."""
+    kinds = (
+        sorted({type(v).__name__ for v in value.tolist()}) if value.dtype == object else [str(value.dtype)]
+    )
+    return "/".join(kinds)
