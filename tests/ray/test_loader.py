@@ -122,6 +122,26 @@ def test_torch_batches(ray_local, image_folder):
     assert batch["label"].dtype == torch.int64 and isinstance(batch["key"], list)
 
 
+def test_batch_formats_and_collate_fn(ray_local, image_folder):
+    """A loader's batches come as pyarrow Tables and pandas DataFrames of the numpy batch's values, through
+    collate_fn as it returns them; bad format arguments fail at the call, before any batch is asked for."""
+    with _pipeline(image_folder).loader(batch_size=8, shuffle=False) as loader:
+        it = loader.iterator(0)
+        batch = next(it.iter_batches())
+        table = next(it.iter_batches(batch_format="pyarrow"))
+        df = next(it.iter_batches(batch_format="pandas"))
+        ids = next(it.iter_batches(collate_fn=lambda b: b["id"].tolist()))
+        with pytest.raises(ValueError, match="batch_format must be one of"):
+            it.iter_batches(batch_format="torch")
+        with pytest.raises(ValueError, match="collate_fn cannot be used with dtypes"):
+            it.iter_torch_batches(collate_fn=lambda b: b, device="cpu")
+    assert table.column_names == list(batch) and table.column("image").type.shape == [3, 32, 32]
+    assert all(isinstance(k, str) for k in table.column("key").to_pylist())
+    np.testing.assert_array_equal(table.column("id").to_numpy(), np.arange(8, 16))
+    assert df["id"].tolist() == list(range(16, 24)) and df["image"][0].shape == (3, 32, 32)
+    assert ids == list(range(24, 32)) and batch["id"].tolist() == list(range(8))
+
+
 def test_cuda_device(ray_local, image_folder):
     """device='cuda' with pin_memory lands batches on the GPU."""
     torch = pytest.importorskip("torch")
