@@ -372,10 +372,10 @@ class DataIterator:
 
         On CPU the tensors share memory with the object store (zero-copy) and are read-only in spirit:
         copy before writing into them in place. `device="auto"` is the CPU. `dtypes` is one torch dtype
-        for the image, or a dict column -> dtype. `collate_fn(batch)` gets the numpy batch, and what it
-        returns is yielded as it is; with it, dtypes, device and pin_memory are a ValueError (as Ray
-        Data's). `timeout_s` as in iter_batches (None: the default, derived from the waits so far;
-        `float("inf")`: forever).
+        for the decoded image fields (not masks), or a dict column -> dtype. `collate_fn(batch)` gets the
+        numpy batch, and what it returns is yielded as it is; with it, dtypes, device and pin_memory are a
+        ValueError (as Ray Data's). `timeout_s` as in iter_batches (None: the default, derived from the
+        waits so far; `float("inf")`: forever).
         """
         from raydl.consume.torch import check_torch_args, torch_batches
 
@@ -385,7 +385,8 @@ class DataIterator:
                 prefetch_batches=prefetch_batches, timeout_s=timeout_s, collate_fn=collate_fn
             )
         batches = self.iter_batches(prefetch_batches=prefetch_batches, timeout_s=timeout_s)
-        return torch_batches(batches, device=device, dtypes=dtypes, pin_memory=pin_memory)
+        images = self._loader.image_fields
+        return torch_batches(batches, device=device, dtypes=dtypes, pin_memory=pin_memory, images=images)
 
     # -- resume -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -76,10 +76,7 @@ def torch_batches(
 
     def tensor(name: str, value: np.ndarray):
         try:
-            with warnings.catch_warnings():
-                # Object-store arrays are read-only; the tensor shares their memory (no copy).
-                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                t = torch.from_numpy(value)
+            t = torch.from_numpy(value)
         except TypeError as exc:
             raise TypeError(
                 f"iter_torch_batches: column {name!r} has dtype {value.dtype}, which torch cannot hold; "
@@ -91,7 +88,7 @@ def torch_batches(
             t = t.to(device=dev, dtype=dtype_of.get(name), non_blocking=pin_memory)
         return t
 
-    for batch in batches:
+    def _convert(batch: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, value in batch.items():
             if not isinstance(value, np.ndarray):
@@ -108,6 +105,15 @@ def torch_batches(
                 out[name] = value.tolist()  # text, dicts, bytes: the same Python values, in a list
             else:
                 out[name] = tensor(name, value)  # datetimes and the like: torch's refusal, named
+        return out
+
+    for batch in batches:
+        with (
+            warnings.catch_warnings()
+        ):  # once a batch: entering it costs a few us, a token list has B tensors
+            # Object-store arrays are read-only; the tensors share their memory (no copy).
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            out = _convert(batch)
         yield out
 
 

@@ -89,6 +89,7 @@ class Loader:
         decoded = _check_pipeline(catalog, pipeline)
         self.config = config
         self.program = program
+        self.image_fields = tuple(name for name, is_mask in decoded if not is_mask)  # one torch dtype's
         self.num_samples = len(catalog)
         self.fingerprint = catalog.fingerprint
         # Seeds the shuffle: same files, same order anywhere
