@@ -13,6 +13,14 @@ torchvision's semantics (full decode, box crop, antialiased bilinear resize),
 and a program's output stays within about a grey level of it.
 `decode(fast=True)` opts into the shortcuts that change pixels: the coarser
 DCT scale, libjpeg's IFAST IDCT and no fancy upsampling.
+
+A sample may have several image fields (`decode(fields=..., masks=...)`). The
+geometry is drawn once per sample, on the size of its first decoded image
+field (the reference), and scaled onto each field's own size, so every field
+gets the same relative box and the same flip: an image and a mask of the same
+size get the same box to the pixel. Masks are label maps: decoded as stored
+(`decode.decode_label`), resampled nearest-neighbour, never normalized, out
+uint8 (H, W).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -30,6 +38,9 @@ from raydl.describe.buckets import assign_buckets, bucket_set, check_bucket_args
 from raydl.native import decode
 from raydl.options import check_number, is_positive_int
 from raydl.util.splitmix import GAMMA, MASK64, mix64
+
+if TYPE_CHECKING:
+    from raydl.sources.base import Field
 
 __all__ = [
     "AspectBuckets",
@@ -77,20 +88,35 @@ class Stage:
     method: ClassVar[str] = ""  # the Dataset method that adds the stage, named in errors
 
 
+def _names(name: str, value: object) -> tuple[str, ...]:
+    """A tuple of distinct non-empty field names from a tuple or list; anything else is a ValueError."""
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{name} must be a tuple of field names (non-empty strings), got {value!r}")
+    seen = [v for i, v in enumerate(value) if v in value[:i]]
+    if seen:
+        raise ValueError(f"{name} names {seen[0]!r} twice")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class Decode(Stage):
-    """Bytes to RGB uint8 (JPEG via libjpeg-turbo, the rest via Pillow).
+    """Bytes to RGB uint8 (JPEG via libjpeg-turbo, the rest via Pillow); masks to uint8 label maps.
 
     fast=True: coarser DCT scaling, IFAST IDCT, no fancy upsampling (faster, changes pixels).
     max_pixels: the pixel limit of every sample, whatever its format, checked from its header before
     anything is allocated (a DecodeError past it); the default is Pillow's Image.MAX_IMAGE_PIXELS when
     raydl was imported. A field of the stage, so it travels with the stages to every worker.
+    fields: the image fields decoded (None: every field of kind image); the others stay bytes.
+    masks: image fields decoded as single-channel label maps (decode.decode_label), resampled
+    nearest-neighbour, never normalized, out uint8 (H, W); decoded whether or not `fields` names them.
     """
 
     method: ClassVar[str] = "decode"
 
     fast: bool = False
     max_pixels: int = decode.MAX_PIXELS
+    fields: tuple[str, ...] | None = None
+    masks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.fast, bool):
@@ -98,6 +124,9 @@ class Decode(Stage):
         if not is_positive_int(self.max_pixels):
             raise ValueError(f"max_pixels must be a positive int, got {self.max_pixels!r}")
         object.__setattr__(self, "max_pixels", int(self.max_pixels))
+        if self.fields is not None:
+            object.__setattr__(self, "fields", _names("fields", self.fields))
+        object.__setattr__(self, "masks", _names("masks", self.masks))
 
 
 @dataclass(frozen=True)
@@ -279,7 +308,11 @@ def rrc_box(h: int, w: int, stage: RandomResizedCrop, rng: SampleRng) -> tuple[i
 
 @dataclass(frozen=True)
 class SampleProgram:
-    """What one sample goes through, compiled from the stages."""
+    """What one sample goes through, compiled from the stages.
+
+    fields, masks: the decode stage's (see Decode); decodes=False for a pipeline without a decode
+    stage, whose image fields stay bytes.
+    """
 
     stages: tuple[Stage, ...]
     out_size: tuple[int, int] | None
@@ -288,13 +321,47 @@ class SampleProgram:
     fast: bool = False
     buckets: AspectBuckets | None = None
     max_pixels: int = decode.MAX_PIXELS
+    fields: tuple[str, ...] | None = None
+    masks: tuple[str, ...] = ()
+    decodes: bool = True
 
     @property
     def dtype(self) -> np.dtype:
+        """The dtype of an image field's slots (masks: mask_dtype)."""
         return np.dtype(np.float32) if self.normalize else np.dtype(np.uint8)
 
-    def slot_shape(self, size: tuple[int, int] | None = None) -> tuple[int, ...]:
-        """Shape of one sample in the batch: (3, H, W) float32 or (H, W, 3) uint8.
+    @property
+    def mask_dtype(self) -> np.dtype:
+        """The dtype of a mask's slots: uint8 labels, whatever normalize does to the images."""
+        return np.dtype(np.uint8)
+
+    def decoded(self, source_fields: Sequence[Field]) -> list[tuple[str, bool]]:
+        """(name, is_mask) of each image field of the source this program decodes, in the source's order.
+
+        The first is the sample's reference: its size is the `ref` of the others' geometry. A name in
+        fields or masks that is not an image field of the source is a ValueError naming it and the
+        source's image fields; so is a decode stage on a source without image fields.
+        """
+        if not self.decodes:
+            return []
+        images = [f.name for f in source_fields if f.kind == "image"]
+        for what, names in (("fields", self.fields or ()), ("masks", self.masks)):
+            for name in names:
+                if name not in images:
+                    raise ValueError(
+                        f"decode({what}=...) names {name!r}, which is not an image field of the source; "
+                        f"its image fields are {images}"
+                    )
+        if not images:
+            raise ValueError(
+                "decode() has no image field to decode: the source's fields are "
+                f"{[f.name for f in source_fields]}; leave .decode() out"
+            )
+        chosen = set(images if self.fields is None else self.fields) | set(self.masks)
+        return [(name, name in self.masks) for name in images if name in chosen]
+
+    def slot_shape(self, size: tuple[int, int] | None = None, *, mask: bool = False) -> tuple[int, ...]:
+        """Shape of one sample in the batch: (3, H, W) float32 or (H, W, 3) uint8; a mask's (H, W).
 
         `size` gives (H, W) for a bucketed program, whose batches each have their bucket's size.
         """
@@ -307,10 +374,15 @@ class SampleProgram:
                 "center_crop or resize((h, w)), or use aspect_buckets()"
             )
         h, w = size
+        if mask:
+            return (h, w)
         return (3, h, w) if self.normalize else (h, w, 3)
 
     def slot_shapes(self) -> list[tuple[int, ...]]:
-        """Every slot shape a batch of this program can have (one per bucket, or the one)."""
+        """Every image slot shape a batch of this program can have (one per bucket, or the one; none
+        without a decode stage)."""
+        if not self.decodes:
+            return []
         if self.buckets is not None:
             return [self.slot_shape(b) for b in self.buckets.buckets]
         return [self.slot_shape()]
@@ -348,9 +420,39 @@ class SampleProgram:
                     flip = not flip
         return (x0, y0, x0 + bw, y0 + bh), flip
 
-    def run(self, data: bytes, seed: int, out: np.ndarray) -> None:
-        """Decode `data` and write the transformed sample into `out` (its batch slot)."""
-        h, w, box, flip, factor = self._plan(data, seed, out)
+    def image_size(self, data: bytes) -> tuple[int, int]:
+        """(height, width) of an image field from its header; past max_pixels a DecodeError."""
+        return decode.image_size(data, max_pixels=self.max_pixels)
+
+    def field_geometry(
+        self,
+        h: int,
+        w: int,
+        seed: int,
+        out_size: tuple[int, int] | None = None,
+        ref: tuple[int, int] | None = None,
+    ) -> tuple[tuple[float, float, float, float], bool]:
+        """geometry() drawn on the reference size `ref` (default: this field's own) and scaled onto h x w.
+
+        The box keeps its relative place (x * w / w_ref, y * h / h_ref) and the flip is the same, so
+        every image field of a sample is cropped alike; where the sizes agree the box is the same.
+        """
+        if ref is None:
+            return self.geometry(h, w, seed, out_size)
+        rh, rw = ref
+        box, flip = self.geometry(rh, rw, seed, out_size)
+        if (rh, rw) != (h, w):
+            sx, sy = w / rw, h / rh
+            box = (box[0] * sx, box[1] * sy, min(box[2] * sx, float(w)), min(box[3] * sy, float(h)))
+        return box, flip
+
+    def run(self, data: bytes, seed: int, out: np.ndarray, ref: tuple[int, int] | None = None) -> None:
+        """Decode `data` and write the transformed sample into `out` (its batch slot).
+
+        ref: the (height, width) of the sample's first decoded image field, whose geometry this one
+        shares (field_geometry); None: this image's own size.
+        """
+        h, w, box, flip, factor = self._plan(data, seed, out, ref)
         scale, bias = self._affine
         if decode.is_jpeg(data) and native.jpeg_crop_resize_into(
             data,
@@ -366,21 +468,39 @@ class SampleProgram:
             return  # decoded only the region the box needs
         self._run_whole(data, h, w, box, flip, factor, out)
 
-    def run_many(self, items: Sequence[tuple[bytes, int, np.ndarray]]) -> list[Exception | None]:
-        """`run` for many (data, seed, out) samples of one batch; per sample None or the exception `run`
-        raised.
+    def run_mask(self, data: bytes, seed: int, out: np.ndarray, ref: tuple[int, int] | None = None) -> None:
+        """Decode `data` as a label map (decode.decode_label) and write it, under this sample's geometry
+        (field_geometry with `ref`), nearest-neighbour into uint8 (H, W) `out`; never normalized.
+
+        A mask that is not single-channel, or over max_pixels, is a DecodeError, as a bad image is.
+        """
+        if out.dtype != np.uint8 or out.ndim != 2:
+            raise ValueError(f"a mask's slot must be uint8 (H, W), got {out.dtype} {out.shape}")
+        label = decode.decode_label(data, max_pixels=self.max_pixels)  # the header checked first
+        h, w = label.shape
+        box, flip = self.field_geometry(h, w, seed, out.shape if self.buckets is not None else None, ref)
+        native.crop_resize_nearest_into(label, box, out, flip=flip)
+
+    def run_many(
+        self,
+        items: Sequence[
+            tuple[bytes, int, np.ndarray] | tuple[bytes, int, np.ndarray, tuple[int, int] | None]
+        ],
+    ) -> list[Exception | None]:
+        """`run` for many (data, seed, out) or (data, seed, out, ref) samples of one batch; per sample None
+        or the exception `run` raised.
 
         The JPEGs go through one native call (the GIL released once, not once
         per sample); the pixels, and each sample's error, are those of `run`.
         """
         results: list[Exception | None] = [None] * len(items)
         jpegs: list[tuple[int, int, int, tuple[float, float, float, float], bool, int]] = []
-        for k, (data, seed, out) in enumerate(items):
+        for k, (data, seed, out, *ref) in enumerate(items):
             try:
                 if not decode.is_jpeg(data):
-                    self.run(data, seed, out)
+                    self.run(data, seed, out, *ref)
                     continue
-                jpegs.append((k, *self._plan(data, seed, out)))
+                jpegs.append((k, *self._plan(data, seed, out, *ref)))
             except Exception as exc:  # noqa: BLE001 - handed back per sample, as run would have raised it
                 results[k] = exc
         if not jpegs:
@@ -405,7 +525,7 @@ class SampleProgram:
             if isinstance(status, Exception):
                 results[k] = status
             elif status is False:  # not the region decoder's (module not built, CMYK): decode it whole
-                data, _, out = items[k]
+                data, out = items[k][0], items[k][2]
                 try:
                     self._run_whole(data, h, w, box, flip, factor, out)
                 except Exception as exc:  # noqa: BLE001
@@ -413,16 +533,16 @@ class SampleProgram:
         return results
 
     def _plan(
-        self, data: bytes, seed: int, out: np.ndarray
+        self, data: bytes, seed: int, out: np.ndarray, ref: tuple[int, int] | None = None
     ) -> tuple[int, int, tuple[float, float, float, float], bool, int]:
-        """(h, w, box, flip, DCT factor) of one sample, from its header and seed.
+        """(h, w, box, flip, DCT factor) of one sample, from its header, seed and reference size.
 
         A DecodeError when the header's size is over the pixel limit, before anything is decoded or allocated
         (the kernels refuse a resize that would read more than the limit allows, before they allocate).
         """
         h, w = decode.image_size(data, max_pixels=self.max_pixels)
         oh, ow = (out.shape[1], out.shape[2]) if self.normalize else (out.shape[0], out.shape[1])
-        box, flip = self.geometry(h, w, seed, (oh, ow) if self.buckets is not None else None)
+        box, flip = self.field_geometry(h, w, seed, (oh, ow) if self.buckets is not None else None, ref)
         factor = 1
         if self.dct_scaling and decode.is_jpeg(data):
             factor = decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], oh, ow, fast=self.fast)
@@ -497,9 +617,12 @@ def check_stage_order(stages: Sequence[Stage]) -> None:
 
 
 def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> SampleProgram:
-    """Check the order of the stages (`check_stage_order`) and compile them into a SampleProgram."""
+    """Check the order of the stages (`check_stage_order`) and compile them into a SampleProgram.
+
+    No stages at all is a program that decodes nothing (decodes=False): image fields stay bytes.
+    """
     if not stages:
-        raise ValueError("the first stage must be .decode()")
+        return SampleProgram(stages=(), out_size=None, normalize=None, dct_scaling=dct_scaling, decodes=False)
     check_stage_order(stages)
     out_size: tuple[int, int] | None = None
     normalize = None
@@ -521,4 +644,6 @@ def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> Sa
         fast=stages[0].fast,
         buckets=buckets,
         max_pixels=stages[0].max_pixels,
+        fields=stages[0].fields,
+        masks=stages[0].masks,
     )

@@ -11,6 +11,10 @@ region decoder refuses a frame header over it before allocating anything, and
 a resize whose filter would read more than `resample_bound(max_pixels, ...)`
 taps is refused by the kernel before it allocates or reads anything, so a
 20,000,000 x 1 image resized to 224 x 224 is a DecodeError, not 13 s of CPU.
+
+Masks are resampled nearest-neighbour in numpy (`crop_resize_nearest_into`):
+two index gathers over an already decoded uint8 label map, which read one
+source pixel per output pixel, so they need neither a C kernel nor a bound.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "crop_resize_into",
+    "crop_resize_nearest_into",
     "jpeg_available",
     "jpeg_crop_resize_into",
     "jpeg_crop_resize_many",
@@ -201,6 +206,36 @@ def crop_resize_into(
         raise NativeKernelError(
             f"raydl_crop_resize failed with code {rc} (src {src.shape}, box {box}, out {out.shape})"
         )
+
+
+def crop_resize_nearest_into(
+    src: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray, *, flip: bool
+) -> None:
+    """Resample `box` (x0, y0, x1, y1) of a uint8 (H, W) label map into uint8 (h, w) `out`, nearest-neighbour.
+
+    Each output pixel takes the source pixel whose centre is nearest its own
+    centre: column floor((j + 0.5) * box_w / w + x0), clamped to the image
+    (rows the same), so labels are never blended. flip mirrors the output
+    left-right, as crop_resize_into does. The box is checked as crop_resize_into
+    checks it.
+    """
+    if src.dtype != np.uint8 or src.ndim != 2:
+        raise ValueError(f"src must be uint8 (H, W), got {src.dtype} {src.shape}")
+    if out.dtype != np.uint8 or out.ndim != 2 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 (H, W) slot, got {out.dtype} {out.shape}")
+    _check_box(box, src.shape[0], src.shape[1])
+    x0, y0, x1, y1 = (float(v) for v in box)
+    rows = _nearest(y0, y1, out.shape[0], src.shape[0])
+    cols = _nearest(x0, x1, out.shape[1], src.shape[1])
+    if flip:
+        cols = cols[::-1]
+    out[...] = src[rows[:, None], cols[None, :]]
+
+
+def _nearest(lo: float, hi: float, n: int, size: int) -> np.ndarray:
+    """The source index nearest each of n output pixel centres over [lo, hi), clamped to [0, size)."""
+    idx = np.floor((np.arange(n) + 0.5) * (hi - lo) / n + lo).astype(np.intp)
+    return np.clip(idx, 0, size - 1, out=idx)
 
 
 def jpeg_crop_resize_into(

@@ -12,6 +12,10 @@ reader for the rest) and is checked before any pixel is allocated, so a
 decompression bomb is a DecodeError that names its size, never a MemoryError.
 Pillow's own refusal past twice *its* limit still applies to the formats that
 only Pillow decodes.
+
+Masks (`decode_label`) are the other way round: a single-channel label map
+comes out as (H, W) uint8 as it is stored (palette indices, grey values),
+never converted to RGB, and a colour image is a DecodeError, not a guess.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = [
     "NeedMoreBytes",
     "check_pixels",
     "dct_factor",
+    "decode_label",
     "decode_rgb",
     "header_size",
     "image_size",
@@ -281,3 +286,74 @@ def _to_rgb(im: Image.Image) -> np.ndarray:
     if im.mode != "RGB":
         im = im.convert("RGBA").convert("RGB") if "transparency" in im.info else im.convert("RGB")
     return np.asarray(im)
+
+
+# Pillow modes that are one channel of integer labels as stored (LA/PA: the alpha beside it is dropped).
+_LABEL_MODES = {"P": 0, "PA": 0, "L": 0, "LA": 0}
+_WIDE_LABEL_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
+
+def decode_label(data: bytes, *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """Decode a mask to an (H, W) uint8 label map: each pixel's value as stored, never converted to RGB.
+
+    Palette images (P, PA) give their palette indices, grey ones (L, LA; JPEG
+    with one component) their grey values, bilevel ones (mode 1) 0 and 1; an
+    alpha channel beside them is dropped. 16- and 32-bit integer grey (I;16,
+    I) is taken while every value fits 0..255, else a DecodeError. Colour
+    images (RGB, RGBA, CMYK, YCbCr, a colour JPEG) and float images are a
+    DecodeError saying a mask must be single-channel. The header is checked
+    against max_pixels before anything is decoded, as for images.
+    """
+    h, w = image_size(data, max_pixels=max_pixels)
+    try:
+        if is_jpeg(data):
+            label = _decode_grey_jpeg(data)
+            if label is not None:
+                return label
+        return _decode_label_pillow(data)
+    except MemoryError as exc:
+        raise DecodeError(f"out of memory decoding a {w}x{h} mask") from exc
+
+
+def _decode_grey_jpeg(data: bytes) -> np.ndarray | None:
+    """A one-component JPEG's grey values through libjpeg-turbo; None for any other JPEG (Pillow decides)."""
+    try:
+        if simplejpeg.decode_jpeg_header(data)[2] != "Gray":
+            return None
+        return simplejpeg.decode_jpeg(data, colorspace="GRAY")[:, :, 0]
+    except ValueError:
+        return None  # Pillow gives its reason, or reads what libjpeg-turbo could not
+
+
+def _decode_label_pillow(data: bytes) -> np.ndarray:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # decode_label checked the size against max_pixels
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+                return _to_label(im)
+    except _PILLOW_DATA_ERRORS as exc:
+        if isinstance(exc, DecodeError):
+            raise
+        raise DecodeError(_reason(exc)) from exc
+
+
+def _to_label(im: Image.Image) -> np.ndarray:
+    mode = im.mode
+    if mode == "1":
+        return np.asarray(im).astype(np.uint8)  # bool: 0 and 1, the two labels of a bilevel mask
+    if mode in _LABEL_MODES:
+        arr = np.asarray(im)
+        return np.ascontiguousarray(arr[:, :, 0]) if arr.ndim == 3 else arr
+    if mode in _WIDE_LABEL_MODES:
+        arr = np.asarray(im)
+        lo, hi = (int(arr.min()), int(arr.max())) if arr.size else (0, 0)
+        if lo < 0 or hi > 255:
+            raise DecodeError(
+                f"mask ({mode}) holds label values from {lo} to {hi}; a mask's labels must fit 0..255 (uint8)"
+            )
+        return arr.astype(np.uint8)
+    raise DecodeError(
+        f"a mask must be single-channel (a palette, grey or bilevel image), got a {mode} image; "
+        "masks are never converted from colour: save it as a palette (P) or grey (L) PNG"
+    )
