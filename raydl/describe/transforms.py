@@ -308,11 +308,7 @@ def rrc_box(h: int, w: int, stage: RandomResizedCrop, rng: SampleRng) -> tuple[i
 
 @dataclass(frozen=True)
 class SampleProgram:
-    """What one sample goes through, compiled from the stages.
-
-    fields, masks: the decode stage's (see Decode); decodes=False for a pipeline without a decode
-    stage, whose image fields stay bytes.
-    """
+    """What one sample goes through, compiled from the stages (fields, masks: the decode stage's)."""
 
     stages: tuple[Stage, ...]
     out_size: tuple[int, int] | None
@@ -323,7 +319,6 @@ class SampleProgram:
     max_pixels: int = decode.MAX_PIXELS
     fields: tuple[str, ...] | None = None
     masks: tuple[str, ...] = ()
-    decodes: bool = True
 
     @property
     def dtype(self) -> np.dtype:
@@ -340,10 +335,8 @@ class SampleProgram:
 
         The first is the sample's reference: its size is the `ref` of the others' geometry. A name in
         fields or masks that is not an image field of the source is a ValueError naming it and the
-        source's image fields; so is a decode stage on a source without image fields.
+        source's image fields (a source without image fields gives [], which the loader refuses).
         """
-        if not self.decodes:
-            return []
         images = [f.name for f in source_fields if f.kind == "image"]
         for what, names in (("fields", self.fields or ()), ("masks", self.masks)):
             for name in names:
@@ -352,11 +345,6 @@ class SampleProgram:
                         f"decode({what}=...) names {name!r}, which is not an image field of the source; "
                         f"its image fields are {images}"
                     )
-        if not images:
-            raise ValueError(
-                "decode() has no image field to decode: the source's fields are "
-                f"{[f.name for f in source_fields]}; leave .decode() out"
-            )
         chosen = set(images if self.fields is None else self.fields) | set(self.masks)
         return [(name, name in self.masks) for name in images if name in chosen]
 
@@ -379,10 +367,7 @@ class SampleProgram:
         return (3, h, w) if self.normalize else (h, w, 3)
 
     def slot_shapes(self) -> list[tuple[int, ...]]:
-        """Every image slot shape a batch of this program can have (one per bucket, or the one; none
-        without a decode stage)."""
-        if not self.decodes:
-            return []
+        """Every image slot shape a batch of this program can have (one per bucket, or the one)."""
         if self.buckets is not None:
             return [self.slot_shape(b) for b in self.buckets.buckets]
         return [self.slot_shape()]
@@ -617,12 +602,9 @@ def check_stage_order(stages: Sequence[Stage]) -> None:
 
 
 def compile_stages(stages: tuple[Stage, ...], *, dct_scaling: bool = True) -> SampleProgram:
-    """Check the order of the stages (`check_stage_order`) and compile them into a SampleProgram.
-
-    No stages at all is a program that decodes nothing (decodes=False): image fields stay bytes.
-    """
+    """Check the order of the stages (`check_stage_order`) and compile them into a SampleProgram."""
     if not stages:
-        return SampleProgram(stages=(), out_size=None, normalize=None, dct_scaling=dct_scaling, decodes=False)
+        raise ValueError("the first stage must be .decode()")
     check_stage_order(stages)
     out_size: tuple[int, int] | None = None
     normalize = None

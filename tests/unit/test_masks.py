@@ -1,6 +1,7 @@
 """Several image fields per sample and masks: one geometry per sample, label maps resampled nearest; no Ray."""
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from raydl.describe.transforms import (
 )
 from raydl.errors import DecodeError
 from raydl.native import decode
-from raydl.sources.base import Field
+from raydl.sources.base import Field, ImageFiles
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,15 +131,12 @@ def test_decoded_lists_the_image_fields_in_field_order(stage, expected):
 
 def test_decoded_refuses_names_that_are_not_image_fields():
     """A name that is not an image field of the source, in fields or masks, is a ValueError naming it and the
-    image fields; a decode stage over a source with no image is one too; no decode stage decodes nothing."""
+    image fields; a source with no image field has none to decode."""
     with pytest.raises(ValueError, match=r"decode\(fields=...\) names 'seg'.*\['image', 'mask', 'depth'\]"):
         compile_stages((Decode(fields=("seg",)),)).decoded(SOURCE)
     with pytest.raises(ValueError, match=r"decode\(masks=...\) names 'caption', which is not an image field"):
         compile_stages((Decode(masks=("caption",)),)).decoded(SOURCE)
-    with pytest.raises(ValueError, match="no image field to decode"):
-        compile_stages((Decode(),)).decoded((Field("input_ids", "list"),))
-    bytes_only = compile_stages(())
-    assert bytes_only.decoded(SOURCE) == [] and bytes_only.slot_shapes() == []
+    assert compile_stages((Decode(),)).decoded((Field("input_ids", "list"),)) == []  # the loader refuses it
 
 
 def test_mask_slots_are_uint8_hw_whatever_normalize_does():
@@ -322,3 +320,46 @@ def test_bad_masks_are_decode_errors(make, match):
     assert program.image_size(encode(np.zeros((8, 6, 3), np.uint8))) == (8, 6)
     with pytest.raises(DecodeError, match=match):
         program.run_mask(make(), 0, np.empty((8, 8), np.uint8))
+
+
+# ------------------------------------------------------------ through a worker ----
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithHalfMask(ImageFiles):
+    """An image folder whose samples also carry a mask: the image at half its size (a grey PNG)."""
+
+    fields: tuple[Field, ...] = (Field("image", "image"), Field("mask", "image"), Field("label", "value"))
+
+    def cut(self, located, i, data):
+        record = super().cut(located, i, data)
+        with Image.open(io.BytesIO(data)) as im:
+            record["mask"] = encode(im.resize((im.width // 2, im.height // 2), Image.Resampling.NEAREST))
+        return record
+
+
+def test_a_loader_worker_batches_an_image_and_its_half_size_mask_aligned(tmp_path):
+    """A LoaderWorker (in this process, no Ray) gives batch["mask"] as uint8 (B, H, W) beside the normalized
+    float32 images, each mask cropped and flipped as its image although it is half its size."""
+    import raydl
+    from raydl.describe.records import compile_pipeline
+    from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+    from raydl.plan.order import augmentation_seeds
+
+    (tmp_path / "c0").mkdir()
+    for k in range(12):
+        Image.fromarray(np.roll(blocks(120, 160), 6 * k, axis=1)).save(tmp_path / "c0" / f"{k:02d}.png")
+    ds = raydl.read_images(str(tmp_path))
+    catalog = dataclasses.replace(ds.catalog, source=_WithHalfMask(prefix=ds.catalog.source.prefix))
+    stages = (Decode(masks=("mask",)), RandomResizedCrop(48, scale=(0.25, 1.0)), RandomHFlip(),
+              Normalize.make("imagenet", None))
+    pipe = compile_pipeline(stages)
+    worker = LoaderWorker(WorkerSpec(program=pipe.program, threads=2, on_error="raise"), catalog, reuse_buffers=False)
+    ids = np.arange(12, dtype=np.int64)
+    batch = worker.run_batch(BatchTask(rank=0, epoch=0, index=0, ids=ids,
+                                       seeds=augmentation_seeds(ids, seed=3, epoch=0))).batch
+    assert batch["image"].shape == (12, 3, 48, 48) and batch["image"].dtype == np.float32
+    assert batch["mask"].shape == (12, 48, 48) and batch["mask"].dtype == np.uint8
+    grey = (batch["image"][:, 0] * 0.229 + 0.485) * 255  # the red channel, back in grey levels
+    agree = ((batch["mask"] >= THRESHOLD) == (grey >= THRESHOLD)).mean(axis=(1, 2))
+    assert agree.min() >= 0.98, agree

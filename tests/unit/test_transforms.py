@@ -212,13 +212,13 @@ def test_hflip_probability_extremes_and_balance():
 
 
 @pytest.mark.parametrize("stages,match", [
+    ((), "first stage must be .decode"),
     ((Resize(256), Decode()), "first stage must be .decode"),
     ((Decode(), Decode()), "only once"),
     ((Decode(), Normalize.make("imagenet", None), CenterCrop(224)), "must be the last stage"),
 ])
 def test_compile_stages_rejects_bad_orders(stages, match):
-    """A stage before decode, decode twice, or a stage after normalize is a ValueError saying so (no stages at
-    all is fine: test_masks)."""
+    """No decode first, decode twice, or a stage after normalize is a ValueError saying so."""
     with pytest.raises(ValueError, match=match):
         compile_stages(stages)
 
