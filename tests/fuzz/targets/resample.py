@@ -1,4 +1,5 @@
-"""The C resampler (crop + resize + flip + normalize, kernels.c) on decoded arrays of tiny and extreme shapes."""
+"""The C resampler (crop + resize + flip + normalize, kernels.c) on decoded arrays of tiny and extreme shapes, and
+the masks' label decode and nearest-neighbour resample on the same inputs."""
 
 from __future__ import annotations
 
@@ -86,10 +87,17 @@ def run_one(data: bytes) -> None:
         if not (0 <= box[0] < box[2] <= src.shape[1] and 0 <= box[1] < box[3] <= src.shape[0]):
             return  # float rounding made an empty box: the kernel's own refusal, tested elsewhere
         _resize(src, box, shape, flip, as_float)
+        native.crop_resize_nearest_into(np.ascontiguousarray(src[:, :, 0]), box, np.empty(shape, np.uint8), flip=flip)
         return
+    try:  # the same bytes as a mask: a label map, or a DecodeError (colour, labels past 255, corrupt)
+        label = decode.decode_label(data, max_pixels=MAX_PIXELS)
+    except DecodeError:
+        label = None
     img = decode.decode_rgb(data, max_pixels=MAX_PIXELS)
     h, w = img.shape[:2]
     k = zlib.crc32(data)
     for i, shape in enumerate(((1, 1), (16, 16), (224, 224), (3, 250), (250, 3))):
         box = (0.0, 0.0, float(w), float(h)) if i % 2 == 0 else (w / 4, h / 4, w / 4 + max(w / 2, 0.5), h)
         _resize(img, box, shape, flip=bool((k >> i) & 1), as_float=bool((k >> (i + 8)) & 1))
+        if label is not None and label.shape == (h, w):
+            native.crop_resize_nearest_into(label, box, np.empty(shape, np.uint8), flip=bool((k >> i) & 1))
