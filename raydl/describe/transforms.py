@@ -40,7 +40,7 @@ from raydl.options import check_number, is_positive_int
 from raydl.util.splitmix import GAMMA, MASK64, mix64
 
 if TYPE_CHECKING:
-    from raydl.sources.base import Field
+    from raydl.describe.fields import Field
 
 __all__ = [
     "AspectBuckets",
