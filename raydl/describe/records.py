@@ -106,8 +106,6 @@ def decoded_fields(program: SampleProgram | None, fields) -> list[tuple[str, boo
     """(name, is_mask) of each image field of `fields` that `program` decodes (none without a program)."""
     if program is None:
         return []
-    if not hasattr(program, "decoded"):  # TODO(issue 19): until the masks branch lands
-        return [(f.name, False) for f in fields if f.kind == "image"]
     return list(program.decoded(tuple(fields)))
 
 
