@@ -98,20 +98,32 @@ def read_webdataset(
 def read_parquet(
     paths: str | list[str],
     *,
-    image_column: str,
+    columns: list[str] | None = None,
+    image_column: str | None = None,
     label_column: str | None = None,
     s3: S3Options | None = None,
 ) -> Dataset:
-    """Parquet files, local or s3://, one sample per row with the encoded image in `image_column`.
+    """Parquet files, local or s3://, one sample per row, a field per column: batch[<column name>].
 
     `paths`: files, folders or s3:// prefixes ending in "/" (every *.parquet
     below), brace patterns or globs, or a list of them. Listing reads only
     each file's footer (one request per file) into a catalog of row groups;
-    loader actors read the footers, and the image and label column chunks of
-    the row groups they need. A struct
-    image column ({"bytes", "path"}, as Hugging Face datasets store images)
-    reads its "bytes". `label_column` must hold integers (-1 without one).
-    A column that does not exist is a ValueError naming the column and the file.
+    loader actors read the footers, and the selected columns' chunks of the
+    row groups they need.
+
+    `columns`: the columns that come through, in that order (None: all of
+    them). `image_column`'s values are batch["image"] (a binary column, or a
+    struct {"bytes", "path"} as Hugging Face datasets store images: its
+    "bytes"), `label_column`'s batch["label"] (integers, null -> -1); both come
+    through even when `columns` leaves them out. Without an image column, a
+    struct {"bytes": binary, "path": string} column is an image field under its
+    own name; a table need have no image at all. Numbers are numbers (null ->
+    None), strings str, binary bytes, list<number> 1-D arrays,
+    fixed_size_list<number> arrays, structs and maps dicts (docs/data.md).
+
+    A column that does not exist, one named "id" or "key" (raydl's own batch
+    columns), or one named "image"/"label" while the role is another column's
+    is a ValueError naming the column and the file, before any actor starts.
     """
     from raydl.sources.parquet import list_parquet
 
@@ -123,9 +135,10 @@ def read_parquet(
         raise ValueError(f"all Parquet paths must use one scheme, got {sorted(schemes)} in {paths!r}")
     storage = storage_for(patterns[0], s3)
     patterns = [p[len("file://") :] if p.startswith("file://") else p for p in patterns]
-    return Dataset(
-        list_parquet(patterns, storage=storage, image_column=image_column, label_column=label_column)
+    catalog = list_parquet(
+        patterns, storage=storage, columns=columns, image_column=image_column, label_column=label_column
     )
+    return Dataset(catalog)
 
 
 def _loader_config(options: dict[str, Any]) -> LoaderConfig:

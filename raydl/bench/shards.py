@@ -51,13 +51,13 @@ def write_webdataset(folder: str, out: str, *, per_shard: int = 256) -> list[str
 
 
 def write_parquet(folder: str, out: str, *, row_group: int = 64) -> str:
-    """The folder's images as one Parquet file (image, label, key); returns its path."""
+    """The folder's images as one Parquet file (image, label); returns its path."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     keys, labels = _samples(folder)
     Path(out).mkdir(parents=True, exist_ok=True)
-    table = pa.table({"image": [Path(folder, k).read_bytes() for k in keys], "label": labels, "key": keys})
+    table = pa.table({"image": [Path(folder, k).read_bytes() for k in keys], "label": labels})
     path = os.path.join(out, "data.parquet")
     pq.write_table(table, path, row_group_size=row_group)
     return path

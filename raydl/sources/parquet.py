@@ -1,22 +1,29 @@
-"""Parquet files: one sample per row, the image bytes in a column.
+"""Parquet files: one sample per row, a field per selected column.
 
 Listing reads each file's footer (one ranged read of its tail for ordinary
-files, 16 files at a time) and nothing else. The catalog has one part per row
-group: its file, rows, index in the file, and the byte ranges of its image and
-label column chunks; per file it keeps only the footer's length
+files, 16 files at a time) and nothing else; the first file's Arrow schema
+says which columns come through and as what kind of field
+(`_parquet_fields.select`), and every other file must store those columns
+alike. The catalog has one part per row group: its file, rows, index in the
+file, and the span of the selected columns' chunks (first byte, length: 40
+bytes a row group, whatever the columns). The span is a locator: it enters
+neither fingerprint, so the order of samples does not depend on the columns
+selected. Per file the source keeps only the footer's length
 (`ParquetSource.footer_lengths`). No per-row array exists on the driver: a
 row's key (`NAME#RG:ROW`) is made when a worker locates it.
 
 A loader worker fetches a file's footer the first time it reads that file,
 checks it against the catalog (a file changed since listing is an
 ObjectChangedError) and keeps the footers it read last, per process and
-bounded by bytes. A sample's range is its row group's image column chunk, and
-with it the label column chunk when at most `LABEL_GAP` bytes lie between the
-two (the usual layout, so one request fetches both); a label chunk further away
-is read on its own when the batch is located. Equal ranges coalesce, so a
-batch fetches a row group's chunks once; pyarrow decodes them over just those
-bytes and the footer, and the last few decoded row groups are kept, so
-neighbouring rows cost nothing more.
+bounded by bytes. The selected columns' chunks of a row group are grouped
+into runs where at most `CHUNK_GAP` bytes lie between neighbours (the usual
+layout puts a row's columns side by side, so one run); a sample's range is
+the largest run, which every row of the row group shares, so equal ranges
+coalesce and a batch fetches it once. The other runs are read, one request
+each, when the row group is decoded. pyarrow decodes the selected columns
+over just those bytes and the footer, once per process: the decoded row
+groups are kept by an LRU bounded by bytes, and each row is cut out of them
+as numpy views (`_parquet_fields.RowGroupValues`).
 
 Catalogs without files behind them (planning benchmarks) come from per-file
 row counts: `row_group_parts` and `catalog_from_row_counts`.
@@ -40,7 +47,8 @@ import pyarrow.parquet as pq
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.sources._footer import Footer, read_footer_meta
-from raydl.sources.base import IMAGE_AND_LABEL, Field, Located
+from raydl.sources._parquet_fields import MISSING, RowGroupValues, Selection, legacy_selection, select
+from raydl.sources.base import Field, Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import StringColumn, int_column
 
@@ -48,15 +56,15 @@ __all__ = ["ParquetSource", "catalog_from_row_counts", "list_parquet", "row_grou
 
 _TAIL = 64 << 10  # first guess at footer + 8 bytes; listing raises it to the largest footer it has seen
 MAX_FOOTER = 64 << 20  # a footer is read whole, at listing and by a worker
-LABEL_GAP = 64 << 10  # the label chunk rides with the image chunk when at most this many bytes lie between
-_CACHE_ROW_GROUPS = 8  # decoded image columns kept per process
-_CACHE_LABELS = 1024  # decoded label columns kept per process, at most _CACHE_LABEL_BYTES (8 bytes a row)
-_CACHE_LABEL_BYTES = 64 << 20
+CHUNK_GAP = 64 << 10  # neighbouring column chunks share a read when at most this many bytes lie between
+_CACHE_ROW_GROUPS = 64  # decoded row groups kept per process, at most _CACHE_ROW_GROUP_BYTES of buffers
+_CACHE_ROW_GROUP_BYTES = 256 << 20
 _CACHE_FOOTER_BYTES = 32 << 20  # footers kept per process, by their size as stored (parsed, a few times more)
 _LISTING_THREADS = 16
 _FOOTER_THREADS = 16  # a worker's footer reads at once, when a batch reaches files it has not read yet
 
-PARTS_COLUMNS = ("shard", "count", "rg", "offset", "length", "label_offset", "label_length")
+PARTS_COLUMNS = ("shard", "count", "rg", "offset", "length")
+_LOCATORS = ("offset", "length")  # the selected chunks' span: which columns are read is not which samples
 
 
 class _SparseFile(io.RawIOBase):
@@ -201,83 +209,114 @@ def _footer_of(uri: str, size: int, tail: bytes) -> Footer:
     return read_footer_meta(tail[:-8], uri=uri, file_size=size)
 
 
-def _leaf(footer: Footer, column: str, uri: str, *, struct_bytes: bool = True) -> int:
-    """Index of the leaf column holding `column`'s values (for an image, a struct's "bytes" child too, as HF
-    datasets store images)."""
-    for want in (column, f"{column}.bytes") if struct_bytes else (column,):
-        if want in footer.leaves:
-            return footer.leaves.index(want)
-    top = sorted({p.split(".")[0] for p in footer.leaves})
-    raise ValueError(f"{uri} has no column {column!r}; its columns are {top}")
+def _leaves_of(footer: Footer, path: str, uri: str) -> tuple[int, ...]:
+    """The leaf columns under `path` (a top-level column, or an image struct's "bytes" child)."""
+    found = tuple(k for k, leaf in enumerate(footer.leaves) if leaf == path or leaf.startswith(path + "."))
+    if not found:
+        top = sorted({p.split(".")[0] for p in footer.leaves})
+        raise ValueError(f"{uri} has no column {path.split('.')[0]!r}; its columns are {top}")
+    return found
 
 
 def _label_leaf(footer: Footer, column: str, uri: str) -> int:
     """The label column's leaf, which the footer's schema must say holds plain integers."""
-    leaf = _leaf(footer, column, uri, struct_bytes=False)
-    kind = footer.types[leaf] if footer.types else None
+    leaves = _leaves_of(footer, column, uri)
+    kind = footer.types[leaves[0]] if footer.types and len(leaves) == 1 else None
     if kind is None or not kind.is_integer:
         raise ValueError(f"{uri}: label column {column!r} is {kind}, not an integer column")
-    return leaf
+    return leaves[0]
+
+
+def _needed(footer: Footer, selection: Selection, uri: str) -> tuple[int, ...]:
+    """The leaf columns the selection reads, in the file's order; its label column checked to be integers."""
+    leaves: set[int] = set()
+    for path, how in zip(selection.paths, selection.how):
+        if path is not None:
+            leaves.update(
+                (_label_leaf(footer, path, uri),) if how == "label" else _leaves_of(footer, path, uri)
+            )
+    return tuple(sorted(leaves))
+
+
+def _stored_as(footer: Footer, leaves: tuple[int, ...]) -> tuple:
+    """How a file stores the selected columns: their leaves' paths and types, to compare files by."""
+    return tuple((footer.leaves[k], footer.types[k] if footer.types else None) for k in leaves)
+
+
+def _span(chunks: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """(first byte, length) of the bytes from the first chunk's start to the last one's end."""
+    start = min(c[0] for c in chunks)
+    return start, max(c[0] + c[1] for c in chunks) - start
+
+
+def _runs(chunks: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The chunks as (start, end) runs read whole: neighbours at most CHUNK_GAP bytes apart share one."""
+    runs: list[list[int]] = []
+    for start, n in sorted(chunks):
+        if runs and start - runs[-1][1] <= CHUNK_GAP:
+            runs[-1][1] = max(runs[-1][1], start + n)
+        else:
+            runs.append([start, start + n])
+    return [(a, b) for a, b in runs]
+
+
+def _arrow_schema(uri: str, tail: bytes) -> pa.Schema:
+    """The Arrow schema of a footer raydl's reader has checked (pyarrow restores fixed-size lists, large
+    types and dictionaries from the file's ARROW:schema)."""
+    try:
+        return parse_footer(tail).schema.to_arrow_schema()
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataSourceError(f"{uri}: corrupt Parquet footer ({exc})", uri=uri) from exc
 
 
 @dataclass(frozen=True)
 class _FileIndex:
     footer_length: int
     rows: np.ndarray  # per row group
-    image: np.ndarray  # (row groups, 2): offset, length of the image column chunk
-    label: np.ndarray  # (row groups, 2), -1 without a label column
+    span: np.ndarray  # (row groups, 2): offset, length of the selected columns' chunks from first to last
+    stored_as: tuple  # the selected leaves' paths and types (_stored_as)
 
 
 def _index_file(
-    storage: Storage, info: ObjectInfo, image_column: str, label_column: str | None, guess: _TailGuess
+    storage: Storage, info: ObjectInfo, guess: _TailGuess, plan: Callable[[str, bytes, Footer], Selection]
 ) -> _FileIndex:
     tail = read_footer(storage, info, guess.value)
     guess.saw(len(tail))
     meta = _footer_of(info.uri, info.size, tail)
-    image = _leaf(meta, image_column, info.uri)
-    label = _label_leaf(meta, label_column, info.uri) if label_column is not None else None
-    groups = meta.row_groups
+    leaves = _needed(meta, plan(info.uri, tail, meta), info.uri)
     return _FileIndex(
         footer_length=len(tail),
-        rows=np.array([g.num_rows for g in groups], np.int64),
-        image=np.array([g.chunks[image] for g in groups], np.int64).reshape(-1, 2),
-        label=np.array(
-            [g.chunks[label] if label is not None else (-1, -1) for g in groups], np.int64
-        ).reshape(-1, 2),
+        rows=np.array([g.num_rows for g in meta.row_groups], np.int64),
+        span=np.array([_span([g.chunks[k] for k in leaves]) for g in meta.row_groups], np.int64).reshape(
+            -1, 2
+        ),
+        stored_as=_stored_as(meta, leaves),
     )
 
 
 def row_group_parts(
-    rows: Sequence[Sequence[int]],
-    *,
-    image: Sequence[np.ndarray] | None = None,
-    label: Sequence[np.ndarray] | None = None,
+    rows: Sequence[Sequence[int]], *, span: Sequence[np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
     """The parts columns of a Parquet catalog (`PARTS_COLUMNS`): one part per row group, from each file's
-    rows per row group (`rows[f][g]`) and, where known, its image and label column chunks ((row groups, 2)
-    arrays of offset, length per file; without them, 1-byte placeholders for the image and -1 for the label,
-    as for a catalog built from counts alone)."""
+    rows per row group (`rows[f][g]`) and, where known, the span of its selected column chunks ((row groups,
+    2) arrays of offset, length per file; without them, 1-byte placeholders, as for a catalog built from
+    counts alone)."""
     counts = [np.asarray(r, np.int64).reshape(-1) for r in rows]
     sizes = np.array([len(c) for c in counts], np.int64)
     n = int(sizes.sum())
-
-    def chunks(given: Sequence[np.ndarray] | None, fill: tuple[int, int]) -> np.ndarray:
-        if given is None:
-            return np.tile(np.array(fill, np.int64), (n, 1))
-        return (
-            np.concatenate([np.asarray(g, np.int64).reshape(-1, 2) for g in given]) if n else np.zeros((0, 2))
+    if span is None:
+        spans = np.tile(np.array((4, 1), np.int64), (n, 1))
+    else:
+        spans = (
+            np.concatenate([np.asarray(g, np.int64).reshape(-1, 2) for g in span]) if n else np.zeros((0, 2))
         )
-
-    img, lbl = chunks(image, (4, 1)), chunks(label, (-1, -1))
     starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
     return {
         "shard": np.repeat(np.arange(len(counts), dtype=np.int64), sizes),
         "count": np.concatenate(counts) if n else np.zeros(0, np.int64),
         "rg": np.arange(n, dtype=np.int64) - starts,
-        "offset": img[:, 0],
-        "length": img[:, 1],
-        "label_offset": lbl[:, 0],
-        "label_length": lbl[:, 1],
+        "offset": spans[:, 0],
+        "length": spans[:, 1],
     }
 
 
@@ -299,13 +338,19 @@ def catalog_from_row_counts(
     memory benchmarks (`raydl bench listing`): its samples can be planned, not read."""
     if len(files) != len(rows):
         raise ValueError(f"rows must give the row groups of each of the {len(files)} files, got {len(rows)}")
-    source = ParquetSource(image_column, label_column, np.zeros(len(files), np.int64))
+    source = ParquetSource(
+        image_column,
+        label_column,
+        np.zeros(len(files), np.int64),
+        legacy_selection(image_column, label_column),
+    )
     return make_catalog(
         root=_root([f.uri for f in files]),
         storage=storage,
         source=source,
         shards=files,
         parts=row_group_parts(rows),
+        locators=_LOCATORS,
     )
 
 
@@ -327,44 +372,78 @@ def expand_paths(paths, storage: Storage) -> list[ObjectInfo]:
     return out
 
 
-def list_parquet(paths, *, storage: Storage, image_column: str, label_column: str | None) -> Catalog:
+def list_parquet(
+    paths,
+    *,
+    storage: Storage,
+    columns: Sequence[str] | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
+) -> Catalog:
     """Index the files' footers into a Catalog of row groups; see the module docstring."""
-    if not isinstance(image_column, str) or not image_column:
-        raise ValueError(f"image_column must be a column name, got {image_column!r}")
+    for what, name in (("image_column", image_column), ("label_column", label_column)):
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"{what} must be a column name or None, got {name!r}")
     files = expand_paths(paths, storage)
     guess = _TailGuess()
-    with ThreadPoolExecutor(min(_LISTING_THREADS, len(files))) as pool:
-        indexed = list(pool.map(lambda f: _index_file(storage, f, image_column, label_column, guess), files))
+    chosen: list[Selection] = []
+
+    def first(uri: str, tail: bytes, footer: Footer) -> Selection:
+        for role in (image_column, label_column):  # the footer's own view first: no pyarrow for a typo
+            if role is not None:
+                _leaves_of(footer, role, uri)
+        if label_column is not None:
+            _label_leaf(footer, label_column, uri)
+        chosen.append(select(_arrow_schema(uri, tail), uri, columns, image_column, label_column))
+        return chosen[0]
+
+    # the first file's schema says what the others must hold: it is read first, then the rest at once
+    head = _index_file(storage, files[0], guess, first)
+    with ThreadPoolExecutor(max(1, min(_LISTING_THREADS, len(files) - 1))) as pool:
+        rest = list(pool.map(lambda f: _index_file(storage, f, guess, lambda *_: chosen[0]), files[1:]))
+    indexed = [head, *rest]
+    for info, fi in zip(files[1:], rest):
+        if fi.stored_as != head.stored_as:
+            raise ValueError(
+                f"{info.uri} stores the selected columns as {_describe(fi.stored_as)}, but {files[0].uri} "
+                f"as {_describe(head.stored_as)}; list such files apart, or select the columns they share"
+            )
     if not sum(int(fi.rows.sum()) for fi in indexed):
         raise DataSourceError(f"no rows in {len(files)} Parquet file(s) of {paths!r}", uri=files[0].uri)
-    parts = row_group_parts(
-        [fi.rows for fi in indexed], image=[fi.image for fi in indexed], label=[fi.label for fi in indexed]
-    )
+    parts = row_group_parts([fi.rows for fi in indexed], span=[fi.span for fi in indexed])
     source = ParquetSource(
-        image_column, label_column, np.array([fi.footer_length for fi in indexed], np.int64)
+        image_column, label_column, np.array([fi.footer_length for fi in indexed], np.int64), chosen[0]
     )
     return make_catalog(
-        root=_root([f.uri for f in files]), storage=storage, source=source, shards=files, parts=parts
+        root=_root([f.uri for f in files]),
+        storage=storage,
+        source=source,
+        shards=files,
+        parts=parts,
+        locators=_LOCATORS,
     )
+
+
+def _describe(stored_as: tuple) -> str:
+    return "[" + ", ".join(f"{path} {kind}" for path, kind in stored_as) + "]"
 
 
 @dataclass(frozen=True)
 class _FileFooter:
     """A file's footer as a worker read it: pyarrow's FileMetaData, raydl's checked reading, its size, and
-    the leaf columns of the image and the label (-1: none)."""
+    the leaf columns the source's selection reads."""
 
     meta: pq.FileMetaData
     footer: Footer
     nbytes: int
-    image_leaf: int
-    label_leaf: int
+    leaves: tuple[int, ...]
     reads: dict = field(default_factory=dict, compare=False)  # part -> its checked _RowGroupRead
 
 
 @dataclass(frozen=True)
 class _RowGroupRead:
-    """One row group as a batch reads it: where its chunks are in the sample's range, and how to decode
-    them. Every located row of the row group shares one."""
+    """One row group as a batch reads it: the run of chunks that is the sample's range, and the other runs
+    (read when the row group is decoded). Every located row of the row group shares one."""
 
     uri: str
     version: tuple  # (catalog fingerprint, uri, etag, size): the file as listed
@@ -372,15 +451,16 @@ class _RowGroupRead:
     file: _FileFooter
     rg: int
     start: int  # the range's first byte in the file
-    image: tuple[int, int]
-    label: tuple[int, int] | None  # inside the range; None: no label column, or read on its own
-    far_label: tuple[int, int] | None  # a label chunk read on its own, when the batch is located
+    end: int
+    far: tuple[tuple[int, int], ...]  # (start, end) of each other run
 
-    @property
-    def end(self) -> int:
-        """The range's end in the file."""
-        end = self.image[0] + self.image[1]
-        return max(end, self.label[0] + self.label[1]) if self.label is not None else end
+
+@dataclass(frozen=True)
+class _Part:
+    """What `cut` needs of a located row: its row group's read, and the storage to read its far runs from."""
+
+    read: _RowGroupRead
+    storage: Storage
 
 
 class _Files:
@@ -396,15 +476,14 @@ class _Files:
 
 
 _footers = _LRU(1 << 16, _CACHE_FOOTER_BYTES, size=lambda f: f.nbytes)
-_images = _LRU(_CACHE_ROW_GROUPS)
-_labels = _LRU(_CACHE_LABELS, _CACHE_LABEL_BYTES, size=lambda a: a.nbytes)
+_row_groups = _LRU(_CACHE_ROW_GROUPS, _CACHE_ROW_GROUP_BYTES, size=lambda v: v.nbytes)
 _footer_pool: ThreadPoolExecutor | None = None
 _footer_pool_lock = threading.Lock()
 
 
 def clear_caches() -> None:
     """Forget every footer and decoded row group this process keeps (tests and fuzzing rewrite one file)."""
-    for cache in (_footers, _images, _labels):
+    for cache in (_footers, _row_groups):
         cache.clear()
 
 
@@ -418,14 +497,19 @@ def _pool() -> ThreadPoolExecutor:
 
 @dataclass(frozen=True, eq=False)
 class ParquetSource:
-    """A sample is row `row` of the image column of a row group; see the module docstring."""
+    """A sample is row `row` of a row group, a value per selected column (`selection`); see the module
+    docstring."""
 
-    image_column: str
+    image_column: str | None
     label_column: str | None
     footer_lengths: np.ndarray = field(repr=False)  # per file: bytes of its tail that hold the footer
+    selection: Selection = field(repr=False)
     name: str = "parquet"
     range_is_sample: bool = False
-    fields: tuple[Field, ...] = IMAGE_AND_LABEL
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        return self.selection.fields
 
     # -- locate: ids to row groups and rows, footers checked ------------------------------------
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
@@ -437,32 +521,26 @@ class ParquetSource:
         names = {s: info.uri.rsplit("/", 1)[-1] for s, info in files.infos.items()}
         keys = [f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), cols["rg"].tolist(), row.tolist())]
         offset, length = cols["offset"].copy(), cols["length"].copy()
-        labels = np.full(len(ids), -1, np.int64)
         extra: list = [None] * len(ids)
         errors: dict[int, DataSourceError] = {}
         footers = self._footers(catalog, files)
         parts = np.unique(part)
         for p, idx in zip(parts.tolist(), _members(part, parts)):
             try:
-                read = self._row_group(catalog, files, footers, p)
-                far = None
-                if self.label_column is not None and read.label is None:
-                    far = self._far_labels(catalog, read)
+                read = _Part(self._row_group(catalog, files, footers, p), catalog.storage)
             except DataSourceError as exc:
                 errors.update((i, exc) for i in idx.tolist())
                 continue
-            offset[idx], length[idx] = read.start, read.end - read.start
+            offset[idx], length[idx] = read.read.start, read.read.end - read.read.start
             for i in idx.tolist():
                 extra[i] = read
-            if far is not None:
-                labels[idx] = far[row[idx]]
         return Located(
             shard=shard,
             offset=offset,
             length=length,
             row=row,
             key=keys,
-            label=labels,
+            label=np.full(len(ids), -1, np.int64),
             extra=extra,
             errors=errors,
         )
@@ -493,8 +571,7 @@ class ParquetSource:
                 )
             footer = _footer_of(info.uri, info.size, tail)
             try:
-                image = _leaf(footer, self.image_column, info.uri)
-                label = _label_leaf(footer, self.label_column, info.uri) if self.label_column else -1
+                leaves = _needed(footer, self.selection, info.uri)
             except ValueError as exc:  # listing found the columns: the file is another one now
                 raise ObjectChangedError(
                     f"{info.uri} changed after it was listed: {exc}", uri=info.uri
@@ -503,10 +580,11 @@ class ParquetSource:
                 meta = parse_footer(tail)
             except (OSError, pa.ArrowException, ValueError) as exc:
                 raise DataSourceError(f"{info.uri}: corrupt Parquet footer ({exc})", uri=info.uri) from exc
-            return _FileFooter(meta, footer, len(tail), image, label)
+            return _FileFooter(meta, footer, len(tail), leaves)
 
-        # local files have no etag: the catalog's fingerprint (offsets, counts, sizes) stands in for one
-        key = (catalog.fingerprint, info.uri, info.etag, info.size, want)
+        # local files have no etag: the catalog's fingerprint (counts, sizes), the footer's length and the
+        # selection stand in for one
+        key = (catalog.fingerprint, info.uri, info.etag, info.size, want, self.selection.key)
         if cached_only:
             return _footers.peek(key)
         try:
@@ -524,148 +602,79 @@ class ParquetSource:
         if hit is not None:
             return hit
         rg, count = int(files.rg[p]), int(files.count[p])
-        image = (int(files.offset[p]), int(files.length[p]))
-        label = (int(files.label_offset[p]), int(files.label_length[p]))
+        span = (int(files.offset[p]), int(files.length[p]))
         groups = file.footer.row_groups
-        if not (
-            rg < len(groups)
-            and groups[rg].num_rows == count
-            and groups[rg].chunks[file.image_leaf] == image
-            and (file.label_leaf < 0 or groups[rg].chunks[file.label_leaf] == label)
-        ):
+        chunks = [groups[rg].chunks[k] for k in file.leaves] if rg < len(groups) else []
+        if not (chunks and groups[rg].num_rows == count and _span(chunks) == span):
             raise ObjectChangedError(
                 f"{info.uri} changed after it was listed: row group {rg} is not as listed "
-                f"({count} rows, the {self.image_column!r} chunk at offset {image[0]})",
+                f"({count} rows, the selected columns' chunks at bytes [{span[0]}, {span[0] + span[1]}))",
                 uri=info.uri,
             )
-        near = file.label_leaf >= 0 and _gap(image, label) <= LABEL_GAP
+        runs = _runs(chunks)
+        main = max(runs, key=lambda r: r[1] - r[0])  # the most bytes: what the batch's IO pool fetches
         file.reads[p] = read = _RowGroupRead(
             uri=info.uri,
             version=(catalog.fingerprint, info.uri, info.etag, info.size),
             size=info.size,
             file=file,
             rg=rg,
-            start=min(image[0], label[0]) if near else image[0],
-            image=image,
-            label=label if near else None,
-            far_label=None if near or file.label_leaf < 0 else label,
+            start=main[0],
+            end=main[1],
+            far=tuple(r for r in runs if r != main),
         )
         return read
-
-    def _far_labels(self, catalog: Catalog, read: _RowGroupRead) -> np.ndarray:
-        """The labels of a row group whose label chunk lies too far from its image chunk to share a read."""
-        off, n = read.far_label
-
-        def make() -> np.ndarray:
-            data = catalog.storage.read_range(read.uri, off, n, etag=read.version[2] or None)
-            return self._labels_of(read, self._decode(read, data, [read.far_label], start=off)[0])
-
-        return _labels.get((read.version, read.rg), make)
 
     # -- read and cut -----------------------------------------------------------------------------------
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
     def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
-        read: _RowGroupRead = located.extra[i]
-        row = int(located.row[i])
-        if read.label is None:  # no label column, or its labels were read when the batch was located
-            return {"image": self._cell(read, row, data), "label": int(located.label[i])}
-        key = (read.version, read.rg)
-        labels = _labels.peek(key)
-        image = self._cell(read, row, data, with_labels=labels is None)
-        if labels is None:  # the row group's image column was decoded already, its labels since dropped
-            labels = _labels.get(
-                key, lambda: self._labels_of(read, self._decode(read, data, [read.label])[0])
-            )
-        return {"image": image, "label": int(labels[row])}
-
-    def _decode(
-        self, read: _RowGroupRead, data: bytes, chunks: list[tuple[int, int]], start: int | None = None
-    ) -> list[pa.Array]:
-        """The columns whose chunks (the image's, the label's) are `chunks`, decoded by pyarrow in one call
-        over `data` only: the file's bytes from `start` (default: the sample range's start) on."""
-        images = [c == read.image for c in chunks]
-        leaves = [read.file.image_leaf if im else read.file.label_leaf for im in images]
-        paths = [read.file.footer.leaves[leaf] for leaf in leaves]  # "image", or "image.bytes" of a struct
-        at = read.start if start is None else start
-        pieces = {c[0]: _piece(c, data, at) for c in chunks}
-        try:
-            table = _open(read.uri, read.size, read.file.meta, pieces).read_row_group(read.rg, columns=paths)
-            columns = [table.column(k).combine_chunks() for k in range(len(paths))]
-        except (OSError, pa.ArrowException, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            what = " and ".join(repr(self.image_column if im else self.label_column) for im in images)
+        part: _Part = located.extra[i]
+        read, row = part.read, int(located.row[i])
+        values = _row_groups.get(
+            (read.version, read.rg, self.selection.key), lambda: self._decode(part, data)
+        )
+        if row >= values.rows:  # the footer said more rows than the chunks hold
             raise DataSourceError(
-                f"{read.uri}: cannot decode the {what} column chunk of row group {read.rg}: {exc}",
+                f"{read.uri}: row group {read.rg} holds {values.rows} rows, not row {row}", uri=read.uri
+            )
+        record = dict(zip((f.name for f in self.fields), values.row(row)))
+        for f, column in zip(self.fields, self.selection.columns):
+            if record[f.name] is MISSING:
+                raise DataSourceError(
+                    f"{self.sample_uri(read.uri, located.key[i])}: field {f.name!r} (column {column!r}) is "
+                    "null; an array field needs a value",
+                    uri=read.uri,
+                )
+        return record
+
+    def _decode(self, part: _Part, data: bytes) -> RowGroupValues:
+        """The row group's selected columns, decoded by pyarrow in one call over the sample's range `data`
+        and the far runs (read here, one request each)."""
+        read = part.read
+        pieces = {read.start: data}
+        for start, end in read.far:
+            pieces[start] = part.storage.read_range(
+                read.uri, start, end - start, etag=read.version[2] or None
+            )
+        columns = [c for c in self.selection.columns if c is not None]
+        try:
+            table = _open(read.uri, read.size, read.file.meta, pieces).read_row_group(
+                read.rg, columns=self.selection.read_paths
+            )
+            decoded = {c: table.column(c).combine_chunks() for c in columns}
+            rows = read.file.footer.row_groups[read.rg].num_rows
+            return RowGroupValues(self.selection, decoded, rows)
+        except (OSError, pa.ArrowException, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+            what = ", ".join(map(repr, columns))
+            raise DataSourceError(
+                f"{read.uri}: cannot decode the {what} column chunks of row group {read.rg}: {exc}",
                 uri=read.uri,
             ) from exc
-        out = []
-        for col in columns:
-            while pa.types.is_struct(col.type):
-                col = col.field(0)
-            out.append(col)
-        return out
-
-    def _labels_of(self, read: _RowGroupRead, col: pa.Array) -> np.ndarray:
-        """The row group's decoded label column as int64, null labels -1; checked to be integers, a label a
-        row."""
-        column = self.label_column
-        if pa.types.is_dictionary(col.type):
-            col = col.dictionary_decode()
-        if not pa.types.is_integer(col.type):
-            raise DataSourceError(
-                f"{read.uri}: label column {column!r} is {col.type}, not an integer column", uri=read.uri
-            )
-        rows = read.file.footer.row_groups[read.rg].num_rows
-        if len(col) != rows:
-            raise DataSourceError(
-                f"{read.uri}: corrupt Parquet file: row group {read.rg} has {len(col)} labels for "
-                f"{rows} rows",
-                uri=read.uri,
-            )
-        if not len(col):
-            return np.zeros(0, np.int64)
-        return int_column(col.cast(pa.int64(), safe=False).fill_null(-1))
-
-    def _cell(self, read: _RowGroupRead, row: int, data: bytes, *, with_labels: bool = False) -> bytes:
-        def make() -> pa.Array:
-            if not with_labels:
-                return self._decode(read, data, [read.image])[0]
-            image, labels = self._decode(read, data, [read.image, read.label])  # one pyarrow call for both
-            _labels.get((read.version, read.rg), lambda: self._labels_of(read, labels))
-            return image
-
-        col = _images.get((read.version, read.rg, self.image_column), make)
-        if row >= len(col):  # the footer said more rows than the chunk holds
-            raise DataSourceError(
-                f"{read.uri}: the {self.image_column!r} column chunk of row group {read.rg} holds "
-                f"{len(col)} rows, not row {row}",
-                uri=read.uri,
-            )
-        value = col[row]
-        if not value.is_valid:
-            return b""  # a null image: fails to decode, and on_error decides
-        image = value.as_py()
-        if not isinstance(image, bytes):
-            raise DataSourceError(
-                f"{read.uri}: the {self.image_column!r} column holds {col.type} values, not image bytes",
-                uri=read.uri,
-            )
-        return image
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
         return f"{shard_uri}#{key.split('#', 1)[-1]}"
-
-
-def _gap(a: tuple[int, int], b: tuple[int, int]) -> int:
-    """Bytes between two ranges (0 when they touch or overlap)."""
-    return max(0, max(a[0], b[0]) - min(a[0] + a[1], b[0] + b[1]))
-
-
-def _piece(chunk: tuple[int, int], data: bytes, start: int) -> bytes:
-    """The chunk's bytes out of `data`, which are the file's bytes from `start` on."""
-    at = chunk[0] - start
-    return data if at == 0 and chunk[1] == len(data) else data[at : at + chunk[1]]
 
 
 def _members(part: np.ndarray, parts: np.ndarray) -> list[np.ndarray]:

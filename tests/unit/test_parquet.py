@@ -1,5 +1,5 @@
-"""Parquet: a catalog of row groups from one read of each footer; the worker reads footers, image and label
-chunks; bad columns."""
+"""Parquet: a catalog of row groups from one read of each footer; the worker reads footers and the selected
+chunks (images and labels here; every kind of column in test_parquet_fields.py); bad columns."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +38,7 @@ def png(i: int) -> bytes:
 def files(tmp_path):
     images = [png(i) for i in range(60)]
     rng = np.random.default_rng(0)  # incompressible "other" column, wider than the coalescing gap per row group
-    t = pa.table({"id": np.arange(60), "caption": [rng.bytes(10_000) for i in range(60)], "img": images,
+    t = pa.table({"n": np.arange(60), "caption": [rng.bytes(10_000) for i in range(60)], "img": images,
                   "y": (np.arange(60) % 7).astype(np.int32)})
     pq.write_table(t.slice(0, 40), tmp_path / "a.parquet", row_group_size=16)
     pq.write_table(t.slice(40), tmp_path / "b.parquet", row_group_size=8, use_dictionary=False, compression="zstd")
@@ -73,18 +73,21 @@ def _worker(ds, storage, ids):
 
 
 def test_the_catalog_is_one_part_per_row_group(files):
-    """One catalog part per row group (file, rows, row group, image and label chunk ranges): no per-row array on
-    the driver; keys, rows and labels are made where the samples are located and read."""
+    """One catalog part per row group (file, rows, row group, the selected chunks' span: 40 bytes): no per-row
+    array on the driver; keys, rows and labels are made where the samples are located and read; the columns
+    selected do not change the order of samples (the span is in neither fingerprint)."""
     root, images = files
     cat = raydl.read_parquet(str(root) + "/", image_column="img", label_column="y").catalog
     assert len(cat) == 60 and cat.num_parts == 6 and cat.parts.column_names == list(PARTS_COLUMNS)
     assert cat.column("count").tolist() == [16, 16, 8, 8, 8, 4] and cat.column("rg").tolist() == [0, 1, 2, 0, 1, 2]
-    assert cat.parts.nbytes + cat.starts.nbytes <= 64 * 6 + 8  # 64 bytes a row group
+    assert cat.parts.nbytes + cat.starts.nbytes <= 48 * 6 + 8  # 40 bytes a row group and its start, whatever the columns
     t = cat.samples().to_pydict()
     assert t["row"] == [r % 16 for r in range(40)] + [r % 8 for r in range(20)]
     assert t["shard"] == [0] * 40 + [1] * 20
     assert t["key"][17] == "a.parquet#1:1" and t["key"][45] == "b.parquet#0:5"
     assert _rows(cat, LocalStorage()) == [(im, i % 7) for i, im in enumerate(images)]
+    narrow = raydl.read_parquet(str(root) + "/", columns=["n"]).catalog
+    assert narrow.fingerprint == cat.fingerprint and narrow.column("length").tolist() != cat.column("length").tolist()
     copy = root / "copy"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns("copy"))
     again = raydl.read_parquet(str(copy) + "/", image_column="img", label_column="y").catalog
@@ -115,17 +118,18 @@ def test_listing_reads_each_footer_once_in_parallel_and_no_column_chunk(files, m
     for path in paths[:2]:  # one at a time: listing's guess grows to the largest footer it has met
         storage = CountingStorage()
         cat = list_parquet(path, storage=storage, image_column="img", label_column="y")
-        chunks = [(o, n) for *r, in zip(*(cat.column(c).tolist() for c in ("offset", "length", "label_offset",
-                  "label_length"))) for o, n in (r[:2], r[2:])]
+        chunks = list(zip(cat.column("offset").tolist(), cat.column("length").tolist()))  # the chunks' spans
         assert len(storage.reads) == 2  # 16 bytes, then the footer
         for _, off, n in storage.reads:
             assert not any(off < o + m and o < off + n for o, m in chunks), (path, off, n)
 
 
 def test_row_group_reads_give_every_image_and_fetch_each_chunk_once(files):
-    """A batch's rows fetch their row group's image chunk once (not the other columns) and cut out the exact bytes."""
+    """A batch's rows fetch their row group's image chunk once (not the columns left out) and cut out the exact
+    bytes."""
     root, images = files
-    cat = raydl.read_parquet([str(root / "a.parquet"), str(root / "b.parquet")], image_column="img").catalog
+    cat = raydl.read_parquet([str(root / "a.parquet"), str(root / "b.parquet")], columns=["img"],
+                             image_column="img").catalog
     storage = CountingStorage()
     assert [im for im, _ in _rows(cat, storage)] == images
     assert len(storage.reads) == 6  # one per row group
@@ -136,7 +140,7 @@ def test_labels_arrive_in_batches_read_by_the_worker(files):
     """The worker reads each file's footer once and each row group's image and label chunks in one request
     (adjacent chunks share a range); the batch's labels and keys are the rows'."""
     root, _ = files
-    ds = raydl.read_parquet(str(root) + "/", image_column="img", label_column="y")
+    ds = raydl.read_parquet(str(root) + "/", columns=[], image_column="img", label_column="y")
     storage = CountingStorage()
     ids = np.random.default_rng(1).permutation(60)
     result = _worker(ds, storage, ids)
@@ -145,9 +149,9 @@ def test_labels_arrive_in_batches_read_by_the_worker(files):
     footers = [(u, o) for u, o, n in storage.reads if o + n == os.path.getsize(u)]
     assert len(footers) == 2 and len(storage.reads) <= 2 + 6  # row groups closer than 64 KiB coalesce
     uris = ds.catalog.shards.column("uri").to_pylist()
-    for s, *r in zip(*(ds.catalog.column(c).tolist() for c in PARTS_COLUMNS[:1] + PARTS_COLUMNS[3:])):
-        assert any(u == uris[s] and o <= min(r[0], r[2]) and max(r[0] + r[1], r[2] + r[3]) <= o + n
-                   for u, o, n in storage.reads), (s, r)  # image and label chunk: one request
+    for s, off, size in zip(*(ds.catalog.column(c).tolist() for c in ("shard", "offset", "length"))):
+        assert any(u == uris[s] and o <= off and off + size <= o + n
+                   for u, o, n in storage.reads), (s, off)  # image and label chunk: one request
     before = len(storage.reads)
     assert not dataclasses.replace(ds.catalog, storage=storage).samples().errors
     assert len(storage.reads) == before  # the footers are kept: locating again reads nothing
@@ -163,13 +167,13 @@ def test_the_worker_caches_are_bounded_by_bytes():
 
 
 def test_a_label_column_far_from_the_images_is_read_on_its_own(tmp_path):
-    """A label chunk with more than LABEL_GAP bytes of other columns between it and the image chunk is read by
-    its own request when the batch is located, not with the bytes between."""
+    """A label chunk with more than CHUNK_GAP bytes of other columns between it and the image chunk is read by
+    its own request when its row group is decoded, not with the bytes between."""
     rng = np.random.default_rng(0)
     images = [png(i) for i in range(12)]
     pq.write_table(pa.table({"y": np.arange(12) * 3, "caption": [rng.bytes(20_000) for _ in range(12)],
                              "img": images}), tmp_path / "far.parquet", row_group_size=6)
-    ds = raydl.read_parquet(str(tmp_path / "far.parquet"), image_column="img", label_column="y")
+    ds = raydl.read_parquet(str(tmp_path / "far.parquet"), columns=[], image_column="img", label_column="y")
     cat = ds.catalog
     storage = CountingStorage()
     result = _worker(ds, storage, np.arange(12))
@@ -215,7 +219,7 @@ def test_a_catalog_from_row_counts_alone(tmp_path):
     part, pos = cat.locate([0, 236, 237, len(cat) - 1])
     assert part.tolist() == [0, 2, 3, 29_999] and pos.tolist() == [0, 36, 0, 37 + 9_999 % 5 - 1]
     assert cat.samples([236, 237]).key == ["00000.parquet#2:36", "00001.parquet#0:0"]
-    assert cat.parts.nbytes + cat.starts.nbytes <= 64 * 30_000 + 8
+    assert cat.parts.nbytes + cat.starts.nbytes <= 48 * 30_000 + 8
 
 
 def test_struct_image_column_as_hugging_face_stores_it(tmp_path):

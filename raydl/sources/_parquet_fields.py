@@ -1,0 +1,291 @@
+"""Parquet columns as raydl fields: which columns come through, under which names and kinds, and a decoded
+row group's rows cut out as values.
+
+`select` reads the first file's Arrow schema (its footer) once, at listing. A
+worker decodes a row group's selected columns once (`RowGroupValues`) and cuts
+each row out of the decoded Arrow buffers: numbers through one numpy view of
+the column, list<number> as a slice of the values by the offsets, and
+fixed_size_list<number> as a row of one reshaped view. None of those makes a
+Python object per row beyond the numpy view; only strings, binary, structs,
+maps and other nested values are made per row (as_py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from raydl.sources.base import IMAGE_AND_LABEL, Field
+
+__all__ = ["MISSING", "RowGroupValues", "Selection", "legacy_selection", "select"]
+
+#: what a cutter gives for a null cell of a field that must have a value (an array): the sample lacks it
+MISSING = object()
+_OWN = ("id", "key")  # batch columns raydl itself fills
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The fields a Parquet source gives, and for each one its column in the files.
+
+    `how` says how a field's values are cut: image (bytes; null -> b""), label
+    (int, null -> -1; no column: always -1), array, list, number (null -> None),
+    map (a dict), object (as_py). `paths` are what pyarrow reads per field
+    ("img.bytes" of an image struct: its path is never read).
+    """
+
+    fields: tuple[Field, ...]
+    columns: tuple[str | None, ...]
+    paths: tuple[str | None, ...]
+    how: tuple[str, ...]
+
+    @property
+    def key(self) -> tuple:
+        """What the worker's caches tell selections apart by."""
+        return (self.paths, self.how)
+
+    @property
+    def read_paths(self) -> list[str]:
+        return [p for p in self.paths if p is not None]
+
+
+def legacy_selection(image_column: str, label_column: str | None) -> Selection:
+    """The image-and-label record (IMAGE_AND_LABEL) of a binary image column: for catalogs with no file
+    read (catalog_from_row_counts)."""
+    return Selection(
+        IMAGE_AND_LABEL, (image_column, label_column), (image_column, label_column), ("image", "label")
+    )
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _is_image_struct(t: pa.DataType) -> bool:
+    """A struct shaped as Hugging Face datasets store an image: {bytes: binary, path: string}."""
+    if not pa.types.is_struct(t) or sorted(t.field(k).name for k in range(t.num_fields)) != ["bytes", "path"]:
+        return False
+    path = t.field("path").type
+    return _is_binary(t.field("bytes").type) and (pa.types.is_string(path) or pa.types.is_large_string(path))
+
+
+def _hf_types(schema: pa.Schema) -> dict[str, str]:
+    """Each column's Hugging Face feature type ("Image", "Audio", ...) where the file says it (the
+    "huggingface" schema metadata datasets writes), so an audio struct is not taken for an image."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    try:
+        features = json.loads(raw)["info"]["features"] if raw else {}
+        return {k: v["_type"] for k, v in features.items() if isinstance(v, dict) and "_type" in v}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def _how(t: pa.DataType, hf_type: str | None) -> str:
+    """How a column of Arrow type `t` that is neither role is cut (see Selection)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if _is_image_struct(t) and hf_type in (None, "Image"):
+        return "image"
+    if pa.types.is_fixed_size_list(t):
+        inner = t
+        while pa.types.is_fixed_size_list(inner):
+            inner = inner.value_type
+        return "array" if _is_number(inner) else "object"
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_number(t.value_type):
+        return "list"
+    if _is_number(t):
+        return "number"
+    return "map" if pa.types.is_map(t) else "object"
+
+
+_KIND = {"image": "image", "label": "value", "array": "array", "list": "list"}
+
+
+def select(
+    schema: pa.Schema,
+    uri: str,
+    columns: Sequence[str] | None,
+    image_column: str | None,
+    label_column: str | None,
+) -> Selection:
+    """The fields of files whose schema is `schema` (that of `uri`, the first file): `columns` (None: every
+    column, in schema order), then the roles' columns where not among them; image_column's values are
+    batch["image"], label_column's batch["label"]. A ValueError names the column and the file when a column
+    is missing, collides with "id"/"key", or takes a role's name."""
+    names = list(schema.names)
+    if columns is None:
+        wanted = names
+    else:
+        if isinstance(columns, str) or not all(isinstance(c, str) and c for c in columns):
+            raise ValueError(f"columns must be a list of column names, got {columns!r}")
+        wanted = list(columns)
+        twice = sorted({c for c in wanted if wanted.count(c) > 1})
+        if twice:
+            raise ValueError(f"columns names {twice} more than once")
+    if image_column is not None and image_column == label_column:
+        raise ValueError(f"image_column and label_column are both {image_column!r}")
+    for role in (image_column, label_column):
+        if role is not None and role not in wanted:
+            wanted = [*wanted, role]
+    for c in wanted:
+        if c not in names:
+            raise ValueError(f"{uri} has no column {c!r}; its columns are {sorted(names)}")
+    renamed = {image_column: "image", label_column: "label"}
+    for c in wanted:
+        if c in _OWN:
+            raise ValueError(
+                f"{uri}: column {c!r} would be batch[{c!r}], which raydl fills itself (the sample's "
+                f"{'id' if c == 'id' else 'key'}); leave it out with columns=[...]"
+            )
+        for role, name in (("image_column", "image"), ("label_column", "label")):
+            pointed = image_column if name == "image" else label_column
+            if c == name and pointed is not None and pointed != c:
+                raise ValueError(
+                    f"{uri}: column {c!r} and {role}={pointed!r} would both be batch[{name!r}]; leave "
+                    f"{c!r} out with columns=[...], or make it the {role}"
+                )
+    hf = _hf_types(schema)
+    fields, paths, how = [], [], []
+    for c in wanted:
+        t = schema.field(c).type
+        if c == image_column:
+            way, path = "image", c
+            if pa.types.is_struct(t):
+                bytes_type = t.field("bytes").type if t.get_field_index("bytes") >= 0 else None
+                if bytes_type is None or not _is_binary(bytes_type):
+                    raise ValueError(f"{uri}: image column {c!r} is {t}, not binary or a struct of bytes")
+                path = f"{c}.bytes"
+            elif not _is_binary(t):
+                raise ValueError(f"{uri}: image column {c!r} is {t}, not binary or a struct of bytes")
+        elif c == label_column:
+            way, path = "label", c  # its type is checked from each file's footer (parquet._label_leaf)
+        else:
+            way = _how(t, hf.get(c))
+            path = f"{c}.bytes" if way == "image" else c
+        fields.append(Field(renamed.get(c, c), _KIND.get(way, "value")))
+        paths.append(path)
+        how.append(way)
+    if not fields:
+        raise ValueError(f"no column of {uri} is selected (columns={columns!r}, no image or label column)")
+    if image_column is not None and set(wanted) <= {image_column, label_column}:  # the legacy record
+        cols = (image_column, label_column)
+        return Selection(IMAGE_AND_LABEL, cols, (paths[0], label_column), ("image", "label"))
+    return Selection(tuple(fields), tuple(wanted), tuple(paths), tuple(how))
+
+
+# -- a decoded row group's rows ---------------------------------------------------------------------------
+class _Cells:
+    """One decoded column, its rows cut out as `how` says; `nbytes` counts the buffers it holds."""
+
+    def __init__(self, col: pa.Array, how: str) -> None:
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        self._col, self._valid, self.nbytes = col, None, col.nbytes
+        if col.null_count:
+            self._valid = col.is_valid().to_numpy(zero_copy_only=False)
+        self.get = getattr(self, f"_{how}")
+        values = None
+        if how == "image" and pa.types.is_struct(col.type):
+            self._col = col.flatten()[col.type.get_field_index("bytes")]  # the struct's nulls included
+        if how == "image" and not _is_binary(self._col.type):
+            raise ValueError(f"holds {col.type} values, not image bytes")
+        if how == "label":
+            if not pa.types.is_integer(col.type):
+                raise ValueError(f"is {col.type}, not an integer column")
+            values = _numpy(col.cast(pa.int64(), safe=False).fill_null(-1))
+        elif how == "number":
+            filled = col.fill_null(False if pa.types.is_boolean(col.type) else 0) if col.null_count else col
+            values = _numpy(filled)
+        elif how == "list":
+            if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+                raise ValueError(f"is {col.type} in this file, not a list")
+            self._offsets = col.offsets.to_numpy()
+            values = _numpy(col.values)
+        elif how == "array":
+            if not pa.types.is_fixed_size_list(col.type):
+                raise ValueError(f"is {col.type} in this file, not a fixed-size list")
+            values = _fixed_size(col)
+        if values is not None:
+            self._values, copied = values
+            self.nbytes += self._values.nbytes if copied else 0
+
+    def _null(self, row: int) -> bool:
+        return self._valid is not None and not self._valid[row]
+
+    def _image(self, row: int):
+        value = self._col[row]
+        return value.as_py() if value.is_valid else b""  # a null image fails to decode; on_error decides
+
+    def _label(self, row: int) -> int:
+        return int(self._values[row])
+
+    def _number(self, row: int):
+        return None if self._null(row) else self._values[row]
+
+    def _list(self, row: int):
+        if self._null(row):
+            return None
+        return self._values[self._offsets[row] : self._offsets[row + 1]]
+
+    def _array(self, row: int):
+        return MISSING if self._null(row) else self._values[row]
+
+    def _map(self, row: int):
+        value = self._col[row].as_py()
+        return None if value is None else dict(value)
+
+    def _object(self, row: int):
+        return self._col[row].as_py()
+
+
+def _numpy(arr: pa.Array) -> tuple[np.ndarray, bool]:
+    """(the values as numpy, whether they were copied): a view of the Arrow buffer where it can be (numbers,
+    no nulls), else a copy (booleans are bits; nulls become NaN)."""
+    try:
+        return arr.to_numpy(zero_copy_only=True), False
+    except pa.ArrowInvalid:
+        return arr.to_numpy(zero_copy_only=False), True
+
+
+def _fixed_size(col: pa.Array) -> tuple[np.ndarray, bool]:
+    """A fixed_size_list<...<number>> column as one (rows, w1, w2, ...) view of its innermost values."""
+    shape, arr = [], col
+    while pa.types.is_fixed_size_list(arr.type):
+        width = arr.type.list_size
+        shape.append(width)
+        arr = arr.values.slice(arr.offset * width, len(arr) * width)  # .values ignores the array's slice
+    values, copied = _numpy(arr)
+    return values.reshape(len(col), *shape), copied
+
+
+class RowGroupValues:
+    """A row group's selected columns, decoded once: `row(r)` is one value per field (MISSING for a field
+    that must have one and is null). A ValueError names the column whose values do not fit its field."""
+
+    def __init__(self, selection: Selection, columns: dict[str, pa.Array], rows: int) -> None:
+        """`columns`: each selected column's decoded array, by its name in the file."""
+        self.rows, self.nbytes, self._get = rows, 0, []
+        for column, how in zip(selection.columns, selection.how):
+            if column is None:  # the legacy record's label, without a label column
+                self._get.append(lambda _row: -1)
+                continue
+            col = columns[column]
+            if len(col) != rows:
+                raise ValueError(f"the {column!r} column chunk holds {len(col)} values for {rows} rows")
+            try:
+                cells = _Cells(col, how)
+            except ValueError as exc:
+                raise ValueError(f"column {column!r} {exc}") from None
+            self._get.append(cells.get)
+            self.nbytes += cells.nbytes
+
+    def row(self, r: int) -> list:
+        return [get(r) for get in self._get]
