@@ -1,0 +1,200 @@
+"""Parquet columns as fields: every kind of column a Hugging Face-style table holds, a table with no image
+(tokens), columns= selection and order, and the bad columns (missing, id/key, a role's name, a null array)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+import raydl
+import raydl.sources.parquet as parquet
+from raydl.errors import DataSourceError
+from raydl.sources.base import Field
+from raydl.sources.parquet import clear_caches
+from raydl.storage import LocalStorage, ObjectInfo
+from raydl.storage.fetch import coalesce
+
+from counting_storage import CountingStorage  # beside this file
+
+pytestmark = pytest.mark.timeout(60)
+N = 8
+
+
+def png(i: int) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(np.full((4, 5, 3), i, np.uint8)).save(b, "PNG")
+    return b.getvalue()
+
+
+def hf_table() -> pa.Table:
+    """A table as Hugging Face datasets writes one: an image struct beside text, numbers, token lists,
+    embeddings, structs and maps, with nulls."""
+    images = [{"bytes": png(i), "path": f"{i}.png"} if i != 5 else None for i in range(N)]
+    grid = pa.list_(pa.list_(pa.int16(), 3), 2)
+    return pa.table({
+        "image": pa.array(images, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        "text": pa.array([f"caption {i}" if i != 3 else None for i in range(N)]),
+        "n": pa.array([i * 10 if i != 2 else None for i in range(N)], pa.int64()),
+        "score": pa.array(np.arange(N, dtype=np.float32) / 4),
+        "flag": pa.array([i % 3 == 0 for i in range(N)]),
+        "tokens": pa.array([list(range(i % 4 + 1)) if i != 6 else None for i in range(N)], pa.list_(pa.int32())),
+        "emb": pa.array([[i, i + 0.5, -i, 1.0] for i in range(N)], pa.list_(pa.float32(), 4)),
+        "grid": pa.array([[[i, 1, 2], [3, 4, i]] for i in range(N)], grid),
+        "meta": pa.array([{"w": i, "src": "web"} for i in range(N)]),
+        "attrs": pa.array([[("a", i), ("b", -i)] if i % 2 else [] for i in range(N)],
+                          pa.map_(pa.string(), pa.int64())),
+        "tags": pa.array([["x"] * (i % 3) for i in range(N)], pa.list_(pa.string())),
+        "blob": pa.array([bytes([i]) * i for i in range(N)], pa.binary()),
+        "lang": pa.array(["en", "de"] * (N // 2)).dictionary_encode(),
+    })
+
+
+def expected(i: int) -> dict:
+    return {
+        "image": png(i) if i != 5 else b"", "text": f"caption {i}" if i != 3 else None,
+        "n": i * 10 if i != 2 else None, "score": i / 4, "flag": i % 3 == 0,
+        "tokens": np.arange(i % 4 + 1, dtype=np.int32) if i != 6 else None,
+        "emb": np.array([i, i + 0.5, -i, 1.0], np.float32), "grid": np.array([[i, 1, 2], [3, 4, i]], np.int16),
+        "meta": {"w": i, "src": "web"}, "attrs": {"a": i, "b": -i} if i % 2 else {},
+        "tags": ["x"] * (i % 3), "blob": bytes([i]) * i, "lang": "en" if i % 2 == 0 else "de",
+    }
+
+
+def records(cat, storage=None) -> list[dict]:
+    """Every sample's record, fetched as the worker fetches them (coalesced ranges), then cut."""
+    clear_caches()
+    storage = storage or LocalStorage()
+    loc = cat.samples()
+    assert not loc.errors, loc.errors
+    t, sh = loc.to_pydict(), cat.shards.to_pydict()
+    out = [None] * len(loc)
+    for b in coalesce(list(zip(t["shard"], t["offset"], t["length"])), max_gap=0):
+        data = cat.source.read_block(storage, ObjectInfo(sh["uri"][b.shard], sh["size"][b.shard],
+                                                        sh["etag"][b.shard]), b.offset, b.length)
+        for i in b.members:
+            start = t["offset"][i] - b.offset
+            out[i] = cat.source.cut(loc, i, data[start:start + t["length"][i]])
+    return out
+
+
+def assert_record(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for name, value in want.items():
+        if isinstance(value, np.ndarray):
+            assert isinstance(got[name], np.ndarray) and got[name].dtype == value.dtype, (name, got[name])
+            np.testing.assert_array_equal(got[name], value)
+        else:
+            assert got[name] == value and type(got[name]) is not np.ndarray, (name, got[name], value)
+
+
+def test_every_kind_of_column_of_a_hugging_face_table(tmp_path):
+    """Without roles, every column is batch[<its name>]: the image struct an image field (its bytes; a null
+    image b""), numbers as numbers (null None), strings, list<int32> 1-D int32 views, fixed_size_list arrays
+    (nested: 2-D), structs and maps dicts, binary bytes, dictionary-encoded strings str."""
+    pq.write_table(hf_table(), tmp_path / "hf.parquet", row_group_size=3)
+    cat = raydl.read_parquet(str(tmp_path / "hf.parquet")).catalog
+    kinds = {"image": "image", "tokens": "list", "emb": "array", "grid": "array"}
+    assert cat.source.fields == tuple(Field(c, kinds.get(c, "value")) for c in hf_table().column_names)
+    assert cat.num_parts == 3
+    got = records(cat)
+    for i, rec in enumerate(got):
+        assert_record(rec, expected(i))
+    assert got[1]["tokens"].base is not None and not got[1]["tokens"].flags.writeable  # a view of Arrow's buffer
+
+
+def test_a_table_of_tokens_with_no_image(tmp_path):
+    """A table with only an input_ids list<int32> column (2,048 a row) reads with no image and no label: each
+    row a 2,048-long int32 view; the row groups, back to back, are fetched by one request, each decoded once."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 50_000, (12, 2048), dtype=np.int32)
+    pq.write_table(pa.table({"input_ids": pa.array(list(tokens), pa.list_(pa.int32()))}), tmp_path / "t.parquet",
+                   row_group_size=4)
+    cat = raydl.read_parquet(str(tmp_path / "t.parquet")).catalog
+    assert cat.source.fields == (Field("input_ids", "list"),)
+    storage, decodes = CountingStorage(), []
+    real = parquet.RowGroupValues
+    parquet.RowGroupValues = lambda *a: decodes.append(1) or real(*a)
+    try:
+        got = records(cat, storage)
+    finally:
+        parquet.RowGroupValues = real
+    np.testing.assert_array_equal(np.stack([r["input_ids"] for r in got]), tokens)
+    assert all(r["input_ids"].dtype == np.int32 for r in got)
+    assert len(storage.reads) == 1 and len(decodes) == 3
+
+
+def test_columns_select_and_order_the_fields_and_only_their_chunks_are_read(tmp_path):
+    """columns= gives the fields in its order, then the roles' columns where not listed (image_column's as
+    "image", label_column's as "label", integers with null -1); the columns left out are never fetched."""
+    rng = np.random.default_rng(0)
+    t = pa.table({"img": [png(i) for i in range(6)], "caption": [rng.bytes(100_000) for _ in range(6)],
+                  "text": [f"t{i}" for i in range(6)], "y": pa.array([1, None, 3, 4, 5, 6], pa.int32()),
+                  "n": np.arange(6)})
+    pq.write_table(t, tmp_path / "c.parquet", row_group_size=3)
+    cat = raydl.read_parquet(str(tmp_path / "c.parquet"), columns=["n", "text"], image_column="img",
+                             label_column="y").catalog
+    assert [f.name for f in cat.source.fields] == ["n", "text", "image", "label"]
+    storage = CountingStorage()
+    got = records(cat, storage)
+    assert [list(r.values()) for r in got] == [[i, f"t{i}", png(i), -1 if i == 1 else i + 1] for i in range(6)]
+    assert sum(n for _, _, n in storage.reads) < 100_000  # the incompressible captions: never read
+    only = raydl.read_parquet(str(tmp_path / "c.parquet"), columns=["text"]).catalog
+    assert [r["text"] for r in records(only)] == [f"t{i}" for i in range(6)] and list(got[0])[0] == "n"
+    assert only.samples_fingerprint == cat.samples_fingerprint  # the columns do not change the order
+
+
+def test_an_audio_struct_is_a_dict_where_hugging_face_says_audio(tmp_path):
+    """A {bytes, path} struct is an image field unless the file's Hugging Face features call it something
+    else (Audio): then it is a dict, like any struct."""
+    col = pa.array([{"bytes": b"RIFF", "path": "a.wav"}])
+    meta = {b"huggingface": b'{"info": {"features": {"audio": {"_type": "Audio"}}}}'}
+    pq.write_table(pa.table({"audio": col}).replace_schema_metadata(meta), tmp_path / "a.parquet")
+    cat = raydl.read_parquet(str(tmp_path / "a.parquet")).catalog
+    assert cat.source.fields == (Field("audio", "value"),)
+    assert records(cat) == [{"audio": {"bytes": b"RIFF", "path": "a.wav"}}]
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"columns": ["text", "nope"]}, r"has no column 'nope'"),
+    ({"image_column": "nope"}, r"has no column 'nope'"),
+    ({}, r"column 'id' would be batch\['id'\], which raydl fills itself .* columns="),
+    ({"columns": ["key"]}, r"column 'key' would be batch\['key'\]"),
+    ({"columns": ["text"], "image_column": "img"}, r"has no column 'img'"),
+    ({"columns": ["image"], "image_column": "pic"}, r"column 'image' and image_column='pic' would both be"),
+    ({"columns": ["text", "label"], "label_column": "n"}, r"column 'label' and label_column='n' would both be"),
+    ({"columns": ["text"], "image_column": "text"}, r"image column 'text' is string, not binary"),
+    ({"columns": ["text", "text"]}, r"more than once"),
+])
+def test_bad_columns_are_value_errors_naming_the_column_and_the_file(tmp_path, kw, match):
+    """A missing column, one named id/key, one named image/label while the role is another column, a
+    non-binary image column or a column twice: a ValueError at listing naming the column and the file."""
+    t = pa.table({"id": [1], "key": ["k"], "text": ["a"], "image": [b"x"], "pic": [b"y"], "label": [1],
+                  "n": [2]})
+    pq.write_table(t, tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match=match) as info:
+        raydl.read_parquet(str(tmp_path / "bad.parquet"), **kw)
+    assert "columns names" in str(info.value) or str(tmp_path / "bad.parquet") in str(info.value)
+    ok = raydl.read_parquet(str(tmp_path / "bad.parquet"), columns=["text", "n"], image_column="pic")
+    assert [f.name for f in ok.catalog.source.fields] == ["text", "n", "image"]
+
+
+def test_files_storing_a_column_differently_and_a_null_array_cell(tmp_path):
+    """A second file storing a selected column as another type is a ValueError naming both files; a null
+    fixed-size-list cell is a DataSourceError naming the sample, the field and the file (under on_error)."""
+    vec = pa.list_(pa.float32(), 2)
+    pq.write_table(pa.table({"v": pa.array([[1, 2], None, [5, 6]], vec)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"v": pa.array([[1, 2]], pa.list_(pa.float64(), 2))}), tmp_path / "b.parquet")
+    with pytest.raises(ValueError, match=r"b.parquet stores the selected columns as .* but .*a.parquet"):
+        raydl.read_parquet([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")])
+    cat = raydl.read_parquet(str(tmp_path / "a.parquet")).catalog
+    loc = cat.samples([1])
+    data = cat.source.read_block(LocalStorage(), ObjectInfo(str(tmp_path / "a.parquet"), cat.shards["size"][0].as_py(),
+                                                           ""), int(loc.offset[0]), int(loc.length[0]))
+    with pytest.raises(DataSourceError, match=r"a.parquet#0:1: field 'v' \(column 'v'\) is null") as info:
+        cat.source.cut(loc, 0, data)
+    assert info.value.uri == str(tmp_path / "a.parquet")
