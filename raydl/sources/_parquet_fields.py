@@ -109,6 +109,15 @@ def _how(t: pa.DataType, hf_type: str | None) -> str:
 _KIND = {"image": "image", "label": "value", "array": "array", "list": "list"}
 
 
+def _dtype(t: pa.DataType, how: str) -> str | None:
+    """The numpy dtype of a number or label column's batch column (an empty batch has it too)."""
+    if how == "label":
+        return "int64"
+    if how != "number":
+        return None
+    return np.dtype((t.value_type if pa.types.is_dictionary(t) else t).to_pandas_dtype()).name
+
+
 def select(
     schema: pa.Schema,
     uri: str,
@@ -170,7 +179,7 @@ def select(
         else:
             way = _how(t, hf.get(c))
             path = f"{c}.bytes" if way == "image" else c
-        fields.append(Field(renamed.get(c, c), _KIND.get(way, "value")))
+        fields.append(Field(renamed.get(c, c), _KIND.get(way, "value"), _dtype(t, way)))
         paths.append(path)
         how.append(way)
     if not fields:

@@ -94,12 +94,14 @@ def assert_record(got: dict, want: dict) -> None:
 
 def test_every_kind_of_column_of_a_hugging_face_table(tmp_path):
     """Without roles, every column is batch[<its name>]: the image struct an image field (its bytes; a null
-    image b""), numbers as numbers (null None), strings, list<int32> 1-D int32 views, fixed_size_list arrays
+    image b""), numbers as numbers of the column's dtype (null None), strings, list<int32> 1-D int32 views, fixed_size_list arrays
     (nested: 2-D), structs and maps dicts, binary bytes, dictionary-encoded strings str."""
     pq.write_table(hf_table(), tmp_path / "hf.parquet", row_group_size=3)
     cat = raydl.read_parquet(str(tmp_path / "hf.parquet")).catalog
     kinds = {"image": "image", "tokens": "list", "emb": "array", "grid": "array"}
-    assert cat.source.fields == tuple(Field(c, kinds.get(c, "value")) for c in hf_table().column_names)
+    dtypes = {"n": "int64", "score": "float32", "flag": "bool"}  # a number column's batch dtype, empty or not
+    assert cat.source.fields == tuple(Field(c, kinds.get(c, "value"), dtypes.get(c))
+                                      for c in hf_table().column_names)
     assert cat.num_parts == 3
     got = records(cat)
     for i, rec in enumerate(got):
@@ -198,3 +200,41 @@ def test_files_storing_a_column_differently_and_a_null_array_cell(tmp_path):
     with pytest.raises(DataSourceError, match=r"a.parquet#0:1: field 'v' \(column 'v'\) is null") as info:
         cat.source.cut(loc, 0, data)
     assert info.value.uri == str(tmp_path / "a.parquet")
+
+
+def _batch(ds, ids):
+    """One batch of `ids` made by a LoaderWorker in this process (no Ray), with a fresh process's caches."""
+    from raydl.describe.records import compile_pipeline
+    from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+    from raydl.plan.order import augmentation_seeds
+
+    clear_caches()
+    pipe = compile_pipeline(ds.stages)
+    spec = WorkerSpec(program=pipe.program, threads=2, sample_stages=pipe.sample_stages)
+    ids = np.asarray(ids, np.int64)
+    task = BatchTask(rank=0, epoch=0, index=0, ids=ids, seeds=augmentation_seeds(ids, seed=0, epoch=0))
+    return LoaderWorker(spec, ds.catalog, reuse_buffers=False).run_batch(task)
+
+
+def test_a_loader_worker_batches_tokens_and_a_hugging_face_table(tmp_path):
+    """Through a LoaderWorker: a tokens table with no image and no .decode() gives batch["input_ids"] as one
+    (B, 2048) int32 array; the HF table with .decode() gives decoded images beside its other fields (the null
+    image skipped under on_error), embeddings stacked (B, 4) float32, text and dicts as object arrays."""
+    tokens = np.random.default_rng(1).integers(0, 50_000, (12, 2048), dtype=np.int32)
+    pq.write_table(pa.table({"input_ids": pa.array(list(tokens), pa.list_(pa.int32()))}), tmp_path / "t.parquet",
+                   row_group_size=4)
+    ids = np.array([11, 0, 5, 6, 2])
+    batch = _batch(raydl.read_parquet(str(tmp_path / "t.parquet")), ids).batch
+    assert batch["input_ids"].shape == (5, 2048) and batch["input_ids"].dtype == np.int32
+    np.testing.assert_array_equal(batch["input_ids"], tokens[ids])
+    assert batch["id"].tolist() == ids.tolist() and batch["key"][0] == "t.parquet#2:3"
+
+    pq.write_table(hf_table(), tmp_path / "hf.parquet", row_group_size=3)
+    ds = raydl.read_parquet(str(tmp_path / "hf.parquet"), columns=["image", "text", "emb", "meta"]).decode().resize((4, 5))
+    result = _batch(ds, np.arange(N))
+    batch, kept = result.batch, [i for i in range(N) if i != 5]
+    assert [f.uri.rsplit("#", 1)[-1] for f in result.skipped] == ["1:2"]  # row 5: the null image
+    assert batch["image"].shape == (N - 1, 4, 5, 3) and batch["image"][:, 0, 0, 0].tolist() == kept
+    assert batch["emb"].shape == (N - 1, 4) and batch["emb"].dtype == np.float32
+    assert batch["text"].dtype == object and batch["text"].tolist() == [expected(i)["text"] for i in kept]
+    assert batch["meta"].tolist() == [expected(i)["meta"] for i in kept]
