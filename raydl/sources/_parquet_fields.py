@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +48,10 @@ class Selection:
     def key(self) -> tuple:
         """What the worker's caches tell selections apart by."""
         return (self.paths, self.how)
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
 
     @property
     def read_paths(self) -> list[str]:
@@ -216,7 +221,7 @@ class _Cells:
         elif how == "list":
             if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
                 raise ValueError(f"is {col.type} in this file, not a list")
-            self._offsets = col.offsets.to_numpy()
+            self._offsets = col.offsets.to_numpy().tolist()  # Python ints index a row's slice fastest
             values = _numpy(col.values)
         elif how == "array":
             if not pa.types.is_fixed_size_list(col.type):

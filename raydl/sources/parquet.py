@@ -453,6 +453,8 @@ class _RowGroupRead:
     start: int  # the range's first byte in the file
     end: int
     far: tuple[tuple[int, int], ...]  # (start, end) of each other run
+    cache_key: str  # its decoded values' key: the file as listed, the row group, the selection (a str, whose
+    # hash is computed once, not once per row cut)
 
 
 @dataclass(frozen=True)
@@ -622,6 +624,7 @@ class ParquetSource:
             start=main[0],
             end=main[1],
             far=tuple(r for r in runs if r != main),
+            cache_key=repr((catalog.fingerprint, info.uri, info.etag, info.size, rg, self.selection.key)),
         )
         return read
 
@@ -632,22 +635,26 @@ class ParquetSource:
     def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
         part: _Part = located.extra[i]
         read, row = part.read, int(located.row[i])
-        values = _row_groups.get(
-            (read.version, read.rg, self.selection.key), lambda: self._decode(part, data)
-        )
+        values = _row_groups.get(read.cache_key, lambda: self._decode(part, data))
         if row >= values.rows:  # the footer said more rows than the chunks hold
             raise DataSourceError(
                 f"{read.uri}: row group {read.rg} holds {values.rows} rows, not row {row}", uri=read.uri
             )
-        record = dict(zip((f.name for f in self.fields), values.row(row)))
+        cells = values.row(row)
+        record = dict(zip(self.selection.names, cells))
+        if any(c is MISSING for c in cells):
+            self._missing(read, located.key[i], record)
+        return record
+
+    def _missing(self, read: _RowGroupRead, key: str, record: dict) -> None:
+        """The DataSourceError of a row whose array field is null."""
         for f, column in zip(self.fields, self.selection.columns):
             if record[f.name] is MISSING:
                 raise DataSourceError(
-                    f"{self.sample_uri(read.uri, located.key[i])}: field {f.name!r} (column {column!r}) is "
+                    f"{self.sample_uri(read.uri, key)}: field {f.name!r} (column {column!r}) is "
                     "null; an array field needs a value",
                     uri=read.uri,
                 )
-        return record
 
     def _decode(self, part: _Part, data: bytes) -> RowGroupValues:
         """The row group's selected columns, decoded by pyarrow in one call over the sample's range `data`
