@@ -134,9 +134,41 @@ def select(
     column, in schema order), then the roles' columns where not among them; image_column's values are
     batch["image"], label_column's batch["label"]. A ValueError names the column and the file when a column
     is missing, collides with "id"/"key", or takes a role's name."""
-    names = list(schema.names)
+    wanted = _wanted(list(schema.names), uri, columns, image_column, label_column)
+    _check_names(wanted, uri, image_column, label_column)
+    hf = _hf_types(schema)
+    fields, paths, how = [], [], []
+    for c in wanted:
+        t = schema.field(c).type
+        if c == image_column:
+            way, path = "image", _image_path(t, c, uri)
+        elif c == label_column:
+            way, path = "label", c  # its type is checked from each file's footer (parquet._label_leaf)
+        else:
+            way = _how(t, hf.get(c))
+            path = f"{c}.bytes" if way == "image" else c
+        name = "image" if c == image_column else "label" if c == label_column else c
+        fields.append(Field(name, _KIND.get(way, "value"), _dtype(t, way)))
+        paths.append(path)
+        how.append(way)
+    if image_column is not None and set(wanted) <= {image_column, label_column}:  # the legacy record
+        image = paths[wanted.index(image_column)]
+        return Selection(
+            IMAGE_AND_LABEL, (image_column, label_column), (image, label_column), ("image", "label")
+        )
+    return Selection(tuple(fields), tuple(wanted), tuple(paths), tuple(how))
+
+
+def _wanted(
+    names: list[str],
+    uri: str,
+    columns: Sequence[str] | None,
+    image_column: str | None,
+    label_column: str | None,
+) -> list[str]:
+    """The columns that come through, in order: `columns` (None: `names`), then the roles' not among them."""
     if columns is None:
-        wanted = names
+        wanted = list(names)
     else:
         if isinstance(columns, str) or not all(isinstance(c, str) and c for c in columns):
             raise ValueError(f"columns must be a list of column names, got {columns!r}")
@@ -146,53 +178,41 @@ def select(
             raise ValueError(f"columns names {twice} more than once")
     if image_column is not None and image_column == label_column:
         raise ValueError(f"image_column and label_column are both {image_column!r}")
-    for role in (image_column, label_column):
-        if role is not None and role not in wanted:
-            wanted = [*wanted, role]
+    wanted += [r for r in (image_column, label_column) if r is not None and r not in wanted]
     for c in wanted:
         if c not in names:
             raise ValueError(f"{uri} has no column {c!r}; its columns are {sorted(names)}")
-    renamed = {image_column: "image", label_column: "label"}
+    if not wanted:
+        raise ValueError(f"no column of {uri} is selected (columns={columns!r}, no image or label column)")
+    return wanted
+
+
+def _check_names(wanted: list[str], uri: str, image_column: str | None, label_column: str | None) -> None:
+    """No column may be batch["id"] or batch["key"] (raydl's own), nor take a role's name from its column."""
     for c in wanted:
         if c in _OWN:
             raise ValueError(
                 f"{uri}: column {c!r} would be batch[{c!r}], which raydl fills itself (the sample's "
                 f"{'id' if c == 'id' else 'key'}); leave it out with columns=[...]"
             )
-        for role, name in (("image_column", "image"), ("label_column", "label")):
-            pointed = image_column if name == "image" else label_column
+        for role, name, pointed in (
+            ("image_column", "image", image_column),
+            ("label_column", "label", label_column),
+        ):
             if c == name and pointed is not None and pointed != c:
                 raise ValueError(
                     f"{uri}: column {c!r} and {role}={pointed!r} would both be batch[{name!r}]; leave "
                     f"{c!r} out with columns=[...], or make it the {role}"
                 )
-    hf = _hf_types(schema)
-    fields, paths, how = [], [], []
-    for c in wanted:
-        t = schema.field(c).type
-        if c == image_column:
-            way, path = "image", c
-            if pa.types.is_struct(t):
-                bytes_type = t.field("bytes").type if t.get_field_index("bytes") >= 0 else None
-                if bytes_type is None or not _is_binary(bytes_type):
-                    raise ValueError(f"{uri}: image column {c!r} is {t}, not binary or a struct of bytes")
-                path = f"{c}.bytes"
-            elif not _is_binary(t):
-                raise ValueError(f"{uri}: image column {c!r} is {t}, not binary or a struct of bytes")
-        elif c == label_column:
-            way, path = "label", c  # its type is checked from each file's footer (parquet._label_leaf)
-        else:
-            way = _how(t, hf.get(c))
-            path = f"{c}.bytes" if way == "image" else c
-        fields.append(Field(renamed.get(c, c), _KIND.get(way, "value"), _dtype(t, way)))
-        paths.append(path)
-        how.append(way)
-    if not fields:
-        raise ValueError(f"no column of {uri} is selected (columns={columns!r}, no image or label column)")
-    if image_column is not None and set(wanted) <= {image_column, label_column}:  # the legacy record
-        cols = (image_column, label_column)
-        return Selection(IMAGE_AND_LABEL, cols, (paths[0], label_column), ("image", "label"))
-    return Selection(tuple(fields), tuple(wanted), tuple(paths), tuple(how))
+
+
+def _image_path(t: pa.DataType, column: str, uri: str) -> str:
+    """What pyarrow reads of the image column: itself (binary), or a struct's "bytes" (never its path)."""
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0 and _is_binary(t.field("bytes").type):
+        return f"{column}.bytes"
+    if not _is_binary(t):
+        raise ValueError(f"{uri}: image column {column!r} is {t}, not binary or a struct of bytes")
+    return column
 
 
 # -- a decoded row group's rows ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from PIL import Image
 import raydl
 import raydl.sources.parquet as parquet
 from raydl.errors import DataSourceError
-from raydl.sources.base import Field
+from raydl.sources.base import IMAGE_AND_LABEL, Field
 from raydl.sources.parquet import clear_caches
 from raydl.storage import LocalStorage, ObjectInfo
 from raydl.storage.fetch import coalesce
@@ -132,7 +132,8 @@ def test_a_table_of_tokens_with_no_image(tmp_path):
 
 def test_columns_select_and_order_the_fields_and_only_their_chunks_are_read(tmp_path):
     """columns= gives the fields in its order, then the roles' columns where not listed (image_column's as
-    "image", label_column's as "label", integers with null -1); the columns left out are never fetched."""
+    "image", label_column's as "label", integers with null -1); the columns left out are never fetched; the
+    roles alone are the legacy image-and-label record, in whatever order listed."""
     rng = np.random.default_rng(0)
     t = pa.table({"img": [png(i) for i in range(6)], "caption": [rng.bytes(100_000) for _ in range(6)],
                   "text": [f"t{i}" for i in range(6)], "y": pa.array([1, None, 3, 4, 5, 6], pa.int32()),
@@ -148,6 +149,10 @@ def test_columns_select_and_order_the_fields_and_only_their_chunks_are_read(tmp_
     only = raydl.read_parquet(str(tmp_path / "c.parquet"), columns=["text"]).catalog
     assert [r["text"] for r in records(only)] == [f"t{i}" for i in range(6)] and list(got[0])[0] == "n"
     assert only.samples_fingerprint == cat.samples_fingerprint  # the columns do not change the order
+    legacy = raydl.read_parquet(str(tmp_path / "c.parquet"), columns=["y", "img"], image_column="img",
+                                label_column="y").catalog  # only the roles: today's image-and-label record
+    assert legacy.source.fields == IMAGE_AND_LABEL
+    assert [(r["image"], r["label"]) for r in records(legacy)] == [(png(i), -1 if i == 1 else i + 1) for i in range(6)]
 
 
 def test_an_audio_struct_is_a_dict_where_hugging_face_says_audio(tmp_path):
