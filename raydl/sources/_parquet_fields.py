@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
-from raydl.sources.base import IMAGE_AND_LABEL, Field
+from raydl.describe.fields import IMAGE_AND_LABEL, Field
 
 __all__ = ["MISSING", "RowGroupValues", "Selection", "legacy_selection", "select"]
 

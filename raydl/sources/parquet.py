@@ -45,10 +45,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydl.describe.catalog import Catalog, make_catalog
+from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.sources._footer import Footer, read_footer_meta
 from raydl.sources._parquet_fields import MISSING, RowGroupValues, Selection, legacy_selection, select
-from raydl.sources.base import Field, Located
+from raydl.sources.base import Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import StringColumn, int_column
 

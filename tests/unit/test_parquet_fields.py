@@ -13,8 +13,8 @@ from PIL import Image
 
 import raydl
 import raydl.sources.parquet as parquet
+from raydl.describe.fields import IMAGE_AND_LABEL, Field
 from raydl.errors import DataSourceError
-from raydl.sources.base import IMAGE_AND_LABEL, Field
 from raydl.sources.parquet import clear_caches
 from raydl.storage import LocalStorage, ObjectInfo
 from raydl.storage.fetch import coalesce
