@@ -19,8 +19,9 @@ bounded by bytes. The selected columns' chunks of a row group are grouped
 into runs where at most `CHUNK_GAP` bytes lie between neighbours (the usual
 layout puts a row's columns side by side, so one run); a sample's range is
 the largest run, which every row of the row group shares, so equal ranges
-coalesce and a batch fetches it once. The other runs are read, one request
-each, when the row group is decoded. pyarrow decodes the selected columns
+coalesce and a batch fetches it once, and a row group this process holds
+decoded already is located as an empty range (nothing fetched). The other
+runs are read, one request each, when the row group is decoded. pyarrow decodes the selected columns
 over just those bytes and the footer, once per process: the decoded row
 groups are kept by an LRU bounded by bytes, and each row is cut out of them
 as numpy views (`_parquet_fields.RowGroupValues`).
@@ -535,6 +536,8 @@ class ParquetSource:
                 errors.update((i, exc) for i in idx.tolist())
                 continue
             offset[idx], length[idx] = read.read.start, read.read.end - read.read.start
+            if _row_groups.peek(read.read.cache_key) is not None:  # decoded already: nothing to fetch
+                offset[idx], length[idx] = 0, 0  # all at one place, so they coalesce into one empty block
             for i in idx.tolist():
                 extra[i] = read
         return Located(
@@ -631,6 +634,8 @@ class ParquetSource:
 
     # -- read and cut -----------------------------------------------------------------------------------
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
+        if length == 0:  # rows of row groups this process holds decoded (locate says so): no request
+            return b""
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
     def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
@@ -661,6 +666,10 @@ class ParquetSource:
         """The row group's selected columns, decoded by pyarrow in one call over the sample's range `data`
         and the far runs (read here, one request each)."""
         read = part.read
+        if len(data) != read.end - read.start:  # located as decoded, and dropped since: read it after all
+            data = part.storage.read_range(
+                read.uri, read.start, read.end - read.start, etag=read.version[2] or None
+            )
         pieces = {read.start: data}
         for start, end in read.far:
             pieces[start] = part.storage.read_range(

@@ -243,3 +243,33 @@ def test_a_loader_worker_batches_tokens_and_a_hugging_face_table(tmp_path):
     assert batch["emb"].shape == (N - 1, 4) and batch["emb"].dtype == np.float32
     assert batch["text"].dtype == object and batch["text"].tolist() == [expected(i)["text"] for i in kept]
     assert batch["meta"].tolist() == [expected(i)["meta"] for i in kept]
+
+
+def test_row_groups_held_decoded_are_not_fetched_again(tmp_path):
+    """A worker that holds a row group decoded locates its rows as an empty range: a second batch over the same
+    row groups makes no request; were the row group dropped between locate and cut, cut reads it itself."""
+    import dataclasses
+
+    tokens = np.arange(12 * 16, dtype=np.int32).reshape(12, 16)
+    pq.write_table(pa.table({"input_ids": pa.array(list(tokens), pa.list_(pa.int32()))}), tmp_path / "t.parquet",
+                   row_group_size=4)
+    ds = raydl.read_parquet(str(tmp_path / "t.parquet"))
+    storage = CountingStorage()
+    ds = dataclasses.replace(ds, catalog=dataclasses.replace(ds.catalog, storage=storage))
+    first = _batch(ds, [0, 4, 8]).batch
+    before = len(storage.reads)
+    from raydl.describe.records import compile_pipeline
+    from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+
+    worker = LoaderWorker(WorkerSpec(program=compile_pipeline(ds.stages).program, threads=2), ds.catalog,
+                          reuse_buffers=False)
+    ids = np.array([9, 1, 5])
+    again = worker.run_batch(BatchTask(rank=0, epoch=0, index=1, ids=ids, seeds=ids)).batch
+    assert len(storage.reads) == before  # footers and row groups all held: no request
+    np.testing.assert_array_equal(again["input_ids"], tokens[ids])
+    np.testing.assert_array_equal(first["input_ids"], tokens[[0, 4, 8]])
+    loc = ds.catalog.samples([2])
+    assert loc.length[0] == 0
+    parquet._row_groups.clear()
+    np.testing.assert_array_equal(ds.catalog.source.cut(loc, 0, b"")["input_ids"], tokens[2])
+    assert len(storage.reads) == before + 1
