@@ -103,11 +103,13 @@ class WebDatasetSource:
 
 @dataclass(frozen=True)
 class ParquetSource:
-    """`source: {kind: parquet, paths: ..., image_column: ...}` -> raydl.read_parquet(...), local or s3://."""
+    """`source: {kind: parquet, paths: ..., columns: [...], image_column: ...}` -> raydl.read_parquet(...),
+    local or s3://."""
 
     kind: ClassVar[str] = "parquet"
     paths: str | tuple[str, ...]
-    image_column: str
+    columns: tuple[str, ...] | None = None
+    image_column: str | None = None
     label_column: str | None = None
     s3: S3Options | None = None
 
@@ -115,7 +117,10 @@ class ParquetSource:
         from raydl.dataset import read_parquet
 
         paths = self.paths if isinstance(self.paths, str) else list(self.paths)
-        return read_parquet(paths, image_column=self.image_column, label_column=self.label_column, s3=self.s3)
+        columns = None if self.columns is None else list(self.columns)
+        return read_parquet(
+            paths, columns=columns, image_column=self.image_column, label_column=self.label_column, s3=self.s3
+        )
 
 
 def _generate_images(path: str, n: int, seed: int) -> None:
@@ -347,7 +352,12 @@ def _stage_methods(cls) -> dict[str, tuple[str, ...]]:
     """Dataset methods that add a stage (those returning a Dataset), with their argument names."""
     out = {}
     for name, fn in vars(cls).items():
-        if name.startswith("_") or not callable(fn) or name in ("loader", "loader_from_config"):
+        # map and map_batches take a Python function, which a YAML file cannot hold
+        if (
+            name.startswith("_")
+            or not callable(fn)
+            or name in ("loader", "loader_from_config", "map", "map_batches")
+        ):
             continue
         sig = inspect.signature(fn)
         if sig.return_annotation not in ("Dataset", cls):

@@ -188,8 +188,10 @@ def test_config_sources_map_to_the_read_functions(tmp_path):
                                        s3=S3Options(region="eu-west-1"))
     wds = load_config(ROOT / "configs" / "webdataset-s3.yaml").source
     assert isinstance(wds, WebDatasetSource) and wds.s3.max_concurrency == 64
-    with pytest.raises(ValueError, match="source.image_column"):
-        path.write_text("source: {kind: parquet, paths: x.parquet}\nloader: {batch_size: 8}\n")
+    path.write_text("source: {kind: parquet, paths: x.parquet, columns: [input_ids]}\nloader: {batch_size: 8}\n")
+    assert load_config(path).source == ParquetSource(paths="x.parquet", columns=("input_ids",))  # no image needed
+    with pytest.raises(ValueError, match="source.colums"):
+        path.write_text("source: {kind: parquet, paths: x.parquet, colums: [a]}\nloader: {batch_size: 8}\n")
         load_config(path)
 
 
