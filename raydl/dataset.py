@@ -48,21 +48,40 @@ def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | Non
 def read_webdataset(
     urls: str | list[str],
     *,
+    fields: str | dict[str, str] | list[str] | tuple[str, ...] | None = None,
     s3: S3Options | None = None,
     image_fields: tuple[str, ...] = ("jpg", "jpeg", "png", "webp"),
     label_field: str | None = "cls",
     index: str = "auto",
+    allow_pickle: bool = False,
 ) -> Dataset:
     """WebDataset tar shards, local or s3://, listed by shard (a part each: its sample count, from its index).
 
     `urls`: a brace pattern ("shards/train-{000000..000127}.tar"), a glob, or a
     list of them. Members group into samples exactly as the webdataset library
-    groups them; the image is the first of `image_fields` a sample has (samples
-    with none are left out), the label the integer in its `label_field` member
-    (-1 without one), and batch["key"] the webdataset key. Compressed shards
+    groups them, and batch["key"] is the webdataset key. Compressed shards
     (.tar.gz/.tgz) are read whole. A pattern that matches nothing, a malformed
     brace pattern or an unknown scheme is a ValueError naming it; a corrupt or
     truncated shard a DataSourceError naming the shard and the offset.
+
+    `fields`: which members reach the batch, and under which names.
+    None: batch["image"] is the first of `image_fields` a sample has (samples
+    with none are left out) and batch["label"] the integer in its
+    `label_field` member (-1 without one). "all": every member, named by its
+    extension as webdataset names them ("jpg", "txt", "txt.gz"), the fields
+    of all the shards' samples. A dict {"image": "jpg;png", "caption": "txt"}
+    selects members and renames them ("jpg;png": the first a sample has); a
+    list ["jpg", "txt"] selects them under their own names. With fields given
+    every sample counts, a sample lacking a selected field fails under
+    on_error (naming the sample, the field and the shard), and a field no
+    sample has is a ValueError. Values are decoded by extension as
+    webdataset's default decoder does: txt -> str, json -> parsed, cls/id/
+    index -> int, npy -> ndarray, .gz decompressed first, image extensions
+    and everything else -> bytes (docs/data.md lists them).
+
+    `allow_pickle`: unpickle .pyd/.pickle/.pkl/.pth members (and object .npy
+    arrays). Off by default: unpickling runs code from the shard, so turn it
+    on only for shards you trust as you trust your own code.
 
     `index`: "auto" uses an index beside each shard (DALI's NAME.idx or
     NAME.tar.idx) or raydl's node cache, else reads each shard once (one
@@ -74,6 +93,14 @@ def read_webdataset(
     """
     from raydl.sources.webdataset import list_webdataset
 
+    defaults = tuple(image_fields) == ("jpg", "jpeg", "png", "webp") and label_field == "cls"
+    if fields is not None and not defaults:
+        raise ValueError(
+            "read_webdataset: image_fields and label_field apply only with fields=None; with fields= name "
+            "the members there, e.g. fields={'image': 'jpg;png', 'label': 'cls'}"
+        )
+    if not isinstance(allow_pickle, bool):
+        raise ValueError(f"allow_pickle must be True or False, got {allow_pickle!r}")
     patterns = [urls] if isinstance(urls, str) else list(urls)
     schemes = {split_scheme(str(u))[0] for u in patterns}
     if len(schemes) > 1:
@@ -84,13 +111,19 @@ def read_webdataset(
         storage_for(url, s3)  # a ValueError naming an unknown scheme
         return storage
 
-    fields = (image_fields,) if isinstance(image_fields, str) else tuple(image_fields)
-    if not fields or not all(isinstance(f, str) and f for f in fields):
+    names = (image_fields,) if isinstance(image_fields, str) else tuple(image_fields)
+    if not names or not all(isinstance(f, str) and f for f in names):
         raise ValueError(f"image_fields must be a non-empty tuple of field names, got {image_fields!r}")
     patterns = [p[len("file://") :] if p.startswith("file://") else p for p in map(str, patterns)]
     return Dataset(
         list_webdataset(
-            patterns, storage_of=storage_of, image_fields=fields, label_field=label_field, index=str(index)
+            patterns,
+            storage_of=storage_of,
+            image_fields=names,
+            label_field=label_field,
+            index=str(index),
+            fields=fields,
+            allow_pickle=allow_pickle,
         )
     )
 

@@ -60,6 +60,7 @@ __all__ = [
     "parse_wids",
     "read_header",
     "samples_of",
+    "select_samples",
     "signatures",
     "write_index",
 ]
@@ -216,18 +217,18 @@ def decode_block(data: bytes, shard: ObjectInfo, where: str) -> MemberBlock:
 class SampleBlock:
     """The samples of one shard as a worker reads them: position p is the p-th counted sample.
 
-    A sample's range spans its image member and its label member; `image_at`/`label_at` are offsets
-    inside that range (label_at -1: no label). `missing[p]`: the sample has none of the image fields
-    (only where every sample is counted, as a wids shard list counts them)."""
+    A sample's range [start, start + length) spans the members of its selected fields (they lie next to
+    each other: a sample is a run of consecutive members). Column f of `at`, `size` and `choice` is
+    selected field f: where its member lies inside the range (-1: the sample has none of the field's
+    extensions), its size, and which of its extensions it is (-1: none). The legacy selection
+    (`samples_of`) is the image (its alternatives) then the label."""
 
     keys: list[str]
-    start: np.ndarray
-    length: np.ndarray
-    image_at: np.ndarray
-    image_len: np.ndarray
-    label_at: np.ndarray
-    label_len: np.ndarray
-    missing: np.ndarray
+    start: np.ndarray  # int64 (n,)
+    length: np.ndarray  # int64 (n,)
+    at: np.ndarray  # int64 (n, fields)
+    size: np.ndarray  # int64 (n, fields)
+    choice: np.ndarray  # int16 (n, fields)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -235,13 +236,72 @@ class SampleBlock:
     @property
     def nbytes(self) -> int:
         """About what the block holds in memory: its arrays, and its keys as Python strings."""
-        arrays = (self.start, self.length, self.image_at, self.image_len, self.label_at, self.label_len)
-        return sum(a.nbytes for a in arrays) + self.missing.nbytes + sum(len(k) + 56 for k in self.keys)
+        arrays = (self.start, self.length, self.at, self.size, self.choice)
+        return sum(a.nbytes for a in arrays) + sum(len(k) + 56 for k in self.keys)
+
+    # the legacy selection's columns: field 0 the image, field 1 the label (where there is a label_field)
+    @property
+    def image_at(self) -> np.ndarray:
+        return self.at[:, 0]
+
+    @property
+    def image_len(self) -> np.ndarray:
+        return self.size[:, 0]
+
+    @property
+    def label_at(self) -> np.ndarray:
+        return self.at[:, 1] if self.at.shape[1] > 1 else np.full(len(self), -1, np.int64)
+
+    @property
+    def label_len(self) -> np.ndarray:
+        return self.size[:, 1] if self.size.shape[1] > 1 else np.zeros(len(self), np.int64)
+
+    @property
+    def missing(self) -> np.ndarray:
+        """The samples without the first field (no image, in the legacy selection)."""
+        return self.at[:, 0] < 0
 
 
 def _shown(key: str) -> str:
     # a name that is not UTF-8 (kept as tarfile keeps it, in surrogates) is shown with \x escapes
     return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def select_samples(
+    block: MemberBlock, uri: str, select: Sequence[Sequence[str]], *, needs_first: bool = False
+) -> SampleBlock:
+    """The samples of a shard's block with, for each selected field (its extensions, the first one present
+    wins), where its member lies; every sample, or only those with the first field (`needs_first`)."""
+    width = len(select)
+    keys, rows, firsts = [], [], []
+    for s in group_samples(block.names, uri):
+        row = []
+        for exts in select:
+            found = next(((s.fields[e], k) for k, e in enumerate(exts) if e in s.fields), (-1, -1))
+            row.append(found)
+        if needs_first and row[0][0] < 0:
+            continue
+        keys.append(_shown(s.key))
+        rows.append(row)
+        firsts.append(min(s.fields.values()))
+    idx = np.array(rows, np.int64).reshape(-1, width, 2)
+    member, choice = idx[..., 0], idx[..., 1]
+    present = member >= 0
+    off = np.where(present, block.offsets[np.maximum(member, 0)], 0)
+    size = np.where(present, block.sizes[np.maximum(member, 0)], 0)
+    first = block.offsets[np.array(firsts, np.int64)]
+    none = ~present.any(axis=1)  # no selected member: an empty range at the sample's first member
+    far = np.iinfo(np.int64).max
+    start = np.where(none, first, np.where(present, off, far).min(axis=1, initial=far))
+    end = np.where(none, first, np.where(present, off + size, 0).max(axis=1, initial=0))
+    return SampleBlock(
+        keys=keys,
+        start=start,
+        length=end - start,
+        at=np.where(present, off - start[:, None], -1),
+        size=size,
+        choice=choice.astype(np.int16),
+    )
 
 
 def samples_of(
@@ -252,35 +312,10 @@ def samples_of(
     *,
     every: bool = False,
 ) -> SampleBlock:
-    """The samples with one of `image_fields` (all samples with `every`) of a shard's block, in order."""
-    keys, rows = [], []
-    for s in group_samples(block.names, uri):
-        image = next((s.fields[f] for f in image_fields if f in s.fields), -1)
-        if image < 0 and not every:
-            continue
-        label = s.fields.get(label_field, -1) if label_field is not None else -1
-        keys.append(_shown(s.key))
-        rows.append((image, label))
-    idx = np.array(rows, np.int64).reshape(-1, 2)
-    image, label = idx[:, 0], idx[:, 1]
-    has_image, has_label = image >= 0, label >= 0
-    io = np.where(has_image, block.offsets[np.maximum(image, 0)], 0) if len(block) else image * 0
-    isz = np.where(has_image, block.sizes[np.maximum(image, 0)], 0) if len(block) else image * 0
-    lo = np.where(has_label, block.offsets[np.maximum(label, 0)], io) if len(block) else image * 0
-    lsz = np.where(has_label, block.sizes[np.maximum(label, 0)], 0) if len(block) else image * 0
-    io = np.where(has_image, io, lo)  # no image: the range is the label's (or empty)
-    start = np.minimum(io, lo)
-    end = np.maximum(io + isz, lo + lsz)
-    return SampleBlock(
-        keys=keys,
-        start=start,
-        length=end - start,
-        image_at=io - start,
-        image_len=isz,
-        label_at=np.where(has_label, lo - start, -1),
-        label_len=np.where(has_label, lsz, 0),
-        missing=~has_image,
-    )
+    """The samples with one of `image_fields` (all samples with `every`) of a shard's block, in order: field
+    0 the image, field 1 the label member (where `label_field` is given)."""
+    select = (tuple(image_fields),) + (((label_field,),) if label_field is not None else ())
+    return select_samples(block, uri, select, needs_first=not every)
 
 
 def signatures(block: MemberBlock, uri: str) -> dict[str, int]:
@@ -294,6 +329,11 @@ def signatures(block: MemberBlock, uri: str) -> dict[str, int]:
 def count_from_signatures(sigs: dict[str, int], image_fields: tuple[str, ...], every: bool) -> int:
     wanted = set(image_fields)
     return sum(n for sig, n in sigs.items() if every or wanted & set(sig.split(",")))
+
+
+def fields_of_signatures(sigs: dict[str, int]) -> set[str]:
+    """Every field some sample of the signatures has."""
+    return {f for sig in sigs for f in sig.split(",") if f}
 
 
 # -- building a block: one streamed read of the shard -----------------------------------------------

@@ -39,11 +39,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from raydl.describe.catalog import Catalog, make_catalog
-from raydl.errors import DataSourceError
+from raydl.errors import DataSourceError, DecodeError
 from raydl.sources import _wds_index as wi
 from raydl.sources._braces import expand_braces
 from raydl.sources._inflate import inflated
 from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
+from raydl.sources._values import decode_value, kind_of
 from raydl.sources._wds_index import WdsSample, base_plus_ext, group_samples
 from raydl.sources.base import IMAGE_AND_LABEL, Field, Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
@@ -182,6 +183,7 @@ class _Shard:
     count: int | None = None
     block: wi.MemberBlock | None = None
     mtime_ns: int = 0
+    sigs: dict[str, int] | None = None  # its samples' field sets, where its index header or block says them
 
 
 def _mtime_ns(info: ObjectInfo) -> int:
@@ -377,15 +379,18 @@ def _resolve(
     label_field: str | None,
     *,
     wids: dict[str, wi.WidsShard] | None,
+    every_sample: bool = False,
 ) -> None:
-    """Fill in each shard's count and index source (see the module docstring for the order)."""
+    """Fill in each shard's count and index source (see the module docstring for the order): the samples
+    with one of the image `fields`, or every sample where `every_sample` (fields= given) or a wids list
+    counts them all."""
     explicit: dict[str, wi.IndexEntry] = {}
     explicit_path = None
     if index not in ("auto", "none") and not index.lower().endswith(".json"):
         explicit_path = index
         if listing.exists(index) or (split_scheme(index)[0] != "file" and _exists_remote(storage, index)):
             explicit = _explicit_entries(storage, index)
-    every = wids is not None
+    every = wids is not None or every_sample
     to_build, to_dali = [], []
     for s in shards:
         info = s.info
@@ -405,7 +410,7 @@ def _resolve(
         if e is not None:
             s.kind, s.index_uri, s.index_offset, s.index_length = EXPLICIT, explicit_path, e.offset, e.length
             if e.sigs is not None:
-                s.count = wi.count_from_signatures(e.sigs, fields, every)
+                s.count, s.sigs = wi.count_from_signatures(e.sigs, fields, every), e.sigs
             else:
                 s.block = wi.decode_block(
                     storage.read_range(explicit_path, e.offset, e.length), info, explicit_path
@@ -433,7 +438,7 @@ def _resolve(
             if block is not None:
                 s.block = block
             else:
-                s.count = wi.count_from_signatures(entry.sigs, fields, every)
+                s.count, s.sigs = wi.count_from_signatures(entry.sigs, fields, every), entry.sigs
         elif s.kind == DALI:
             to_dali.append(s)
         else:
@@ -498,6 +503,101 @@ def _wids_shards(json_uri: str, storage: Storage, listing: _Listing) -> tuple[li
     return shards, {e.url: e for e in entries}
 
 
+# -- fields= : which members, under which names -------------------------------------------------------
+
+#: fields= as listing resolves it: (field name, its extensions: the first a sample has is its member)
+Select = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def parse_fields(fields) -> Select | str | None:
+    """fields= checked and normalised: None (the image and label), "all", or the selection of a dict
+    {name: "ext;ext"} or a list of extensions (each its own name); a ValueError naming what is wrong."""
+    if fields is None or fields == "all":
+        return fields
+    if isinstance(fields, dict):
+        items = list(fields.items())
+    elif isinstance(fields, (list, tuple)) and all(isinstance(e, str) for e in fields):
+        items = [(e.split(";")[0].strip().lower().lstrip("."), e) for e in fields]
+    else:
+        raise ValueError(
+            f"fields must be None, 'all', a dict {{name: 'ext;ext'}} or a list of extensions, got {fields!r}"
+        )
+    if not items:
+        raise ValueError("fields= selects no field; pass None for the image and label, or 'all'")
+    out = []
+    for name, exts in items:
+        alts = exts.split(";") if isinstance(exts, str) else exts
+        if not isinstance(name, str) or not name or not isinstance(alts, (list, tuple)):
+            raise ValueError(
+                f"fields: {name!r}: {exts!r} is not an extension, or extensions separated by ';'"
+            )
+        alts = tuple(a.strip().lower().lstrip(".") if isinstance(a, str) else "" for a in alts)
+        if not alts or not all(alts):
+            raise ValueError(
+                f"fields: {name!r}: {exts!r} is not an extension, or extensions separated by ';'"
+            )
+        kinds = {kind_of(a) for a in alts}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"fields: {name!r}: its extensions {list(alts)} are of different kinds {sorted(kinds)}"
+            )
+        Field(name, kinds.pop())  # a ValueError for "id" and "key"
+        out.append((name, alts))
+    names = [n for n, _ in out]
+    if len(set(names)) < len(names):
+        raise ValueError(f"fields: a name given twice in {names}")
+    return tuple(out)
+
+
+def fields_of(select: Select) -> tuple[Field, ...]:
+    """The base.Field of each selected field: its kind from its (first) extension."""
+    return tuple(Field(name, kind_of(exts[0])) for name, exts in select)
+
+
+def _learn_signatures(storage: Storage, shards: list[_Shard]) -> None:
+    """Each shard's field sets where its block is known; where no shard's are (a wids list's counts), the
+    first shard is indexed (one streamed read, then cached) to learn them."""
+    for s in shards:
+        if s.sigs is None and s.block is not None:
+            s.sigs = wi.signatures(s.block, s.info.uri)
+    if shards and all(s.sigs is None for s in shards):
+        first = shards[0]
+        first.block = wi.build_block(storage, first.info)
+        wi.cache_put(first.info, first.block)
+        first.sigs = wi.signatures(first.block, first.info.uri)
+
+
+def _select(wanted: Select | str, shards: list[_Shard], urls) -> Select:
+    """fields= against what the shards' samples have: "all" becomes every field some sample has (sorted);
+    a selected field that no sample has is a ValueError naming it and the shards."""
+    known = [s for s in shards if s.sigs is not None]
+    have: set[str] = set()
+    for s in known:
+        have |= wi.fields_of_signatures(s.sigs)
+    where = (
+        f"the {len(shards)} shard(s) of {urls!r}"
+        if len(known) == len(shards)
+        else (f"the {len(known)} of {len(shards)} shard(s) of {urls!r} whose index raydl has")
+    )
+    where += f" (the first {known[0].info.uri})" if known else ""
+    if wanted == "all":
+        for clash in ("id", "key"):
+            if clash in have:
+                raise ValueError(
+                    f"fields='all': the samples of {where} have a .{clash} member, which would be "
+                    f"batch[{clash!r}], raydl's own column; rename it with fields={{'sample_{clash}': "
+                    f"'{clash}', ...}}"
+                )
+        return tuple((f, (f,)) for f in sorted(have))
+    for name, exts in wanted:
+        if not any(e in have for e in exts):
+            raise ValueError(
+                f"fields: no sample of {where} has the field {name!r} (a .{' or .'.join(exts)} member); "
+                f"their fields are {sorted(have)}"
+            )
+    return wanted
+
+
 def list_webdataset(
     urls,
     *,
@@ -505,10 +605,14 @@ def list_webdataset(
     image_fields: tuple[str, ...],
     label_field: str | None,
     index: str = "auto",
+    fields=None,
+    allow_pickle: bool = False,
 ) -> Catalog:
-    """List the shards into a Catalog of one part per shard (see the module docstring)."""
+    """List the shards into a Catalog of one part per shard (see the module docstring). `fields` is
+    read_webdataset's (None: the image and label; "all"; a dict or list: parse_fields)."""
     if not isinstance(index, str) or not index:
         raise ValueError(f"index must be 'auto', 'none' or a path, got {index!r}")
+    wanted = parse_fields(fields)
     fields = tuple(f.lower().lstrip(".") for f in image_fields)
     listing = _Listing(storage_of)
     wids = None
@@ -531,20 +635,24 @@ def list_webdataset(
         infos = [ObjectInfo(os.path.abspath(o.uri), o.size, o.etag) for o in infos]
     shards = [_Shard(o) for o in infos]
     started = time.monotonic()
-    _resolve(storage, shards, listing, index, fields, label_field, wids=wids)
+    _resolve(storage, shards, listing, index, fields, label_field, wids=wids, every_sample=wanted is not None)
     counts = np.array([s.count for s in shards], np.int64)
     if counts.sum() == 0:
-        raise DataSourceError(
-            f"no samples with an image field {list(fields)} in {len(shards)} shard(s) of {urls!r}",
-            uri=infos[0].uri,
-        )
+        what = "" if wanted is not None else f" with an image field {list(fields)}"
+        raise DataSourceError(f"no samples{what} in {len(shards)} shard(s) of {urls!r}", uri=infos[0].uri)
+    if wanted is None:
+        source = WebDatasetSource(fields, label_field, allow_pickle=allow_pickle)
+    else:
+        _learn_signatures(storage, shards)
+        select = _select(wanted, shards, urls)
+        source = WebDatasetSource(select=select, fields=fields_of(select), allow_pickle=allow_pickle)
     logger.debug("raydl: listed %d shards in %.2f s", len(shards), time.monotonic() - started)
     keep = counts > 0  # a shard with no sample is no part (parts hold samples)
     kept = [s for s, k in zip(shards, keep) if k]
     return make_catalog(
         root=_root(infos),
         storage=storage,
-        source=WebDatasetSource(fields, label_field),
+        source=source,
         shards=[s.info for s in kept],
         parts={
             "shard": np.arange(len(kept), dtype=np.int64),
@@ -591,21 +699,27 @@ def clear_blocks() -> None:
 
 @dataclass(frozen=True)
 class WebDatasetSource:
-    """Samples of tar shards: `locate` finds a sample's range (its image and label members) in its shard's
-    index block, `cut` splits it."""
+    """Samples of tar shards: `locate` finds a sample's range (the members of its fields) in its shard's
+    index block, `cut` splits it and decodes each field by its extension.
+
+    `select` None is the legacy record: the first of `image_fields` a sample has, and the integer in its
+    `label_field` member (samples without an image are not counted, but where a wids list counts them).
+    Otherwise it is fields='s selection, every sample counted, and `fields` its kinds."""
 
     image_fields: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     label_field: str | None = "cls"
     name: str = "webdataset"
     range_is_sample: bool = True
     fields: tuple[Field, ...] = IMAGE_AND_LABEL
-    cut_views: bool = True  # cut gets a memoryview of the block and copies the image out once
+    cut_views: bool = True  # cut gets a memoryview of the block and copies out each value once
+    select: Select | None = None
+    allow_pickle: bool = False
 
     def _samples(self, catalog: Catalog, part: int) -> tuple[ObjectInfo, wi.SampleBlock]:
         row = {c: catalog.parts.column(c)[part].as_py() for c in ("shard", "count", "every", *_LOCATORS)}
         info = catalog.shard_info(row["shard"])
         every = bool(row["every"])
-        key = (info.uri, info.etag, info.size, self.image_fields, self.label_field, every)
+        key = (info.uri, info.etag, info.size, self.image_fields, self.label_field, every, self.select)
         hit = _BLOCKS.get(key)
         if hit is not None:
             return info, hit
@@ -615,7 +729,10 @@ class WebDatasetSource:
             hit = _BLOCKS.get(key)
             if hit is None:
                 block = self._block(catalog.storage, info, row)
-                hit = wi.samples_of(block, info.uri, self.image_fields, self.label_field, every=every)
+                if self.select is None:
+                    hit = wi.samples_of(block, info.uri, self.image_fields, self.label_field, every=every)
+                else:
+                    hit = wi.select_samples(block, info.uri, [exts for _, exts in self.select])
                 wi.check_count(hit, row["count"], info, f"index from {row['index_uri'] or 'the shard'}")
                 _BLOCKS.put(key, hit)
         with _flight_lock:
@@ -651,7 +768,7 @@ class WebDatasetSource:
         length = np.zeros(n, np.int64)
         size = np.zeros(n, np.int64)
         keys = [""] * n
-        extra: list = [None] * n
+        extra: list = [None] * n  # (shard uri, each field's offset in the range, its size, which extension)
         errors: dict[int, DataSourceError] = {}
         for p in np.unique(part).tolist():
             rows = np.flatnonzero(part == p)
@@ -665,30 +782,15 @@ class WebDatasetSource:
             at = pos[rows]
             offset[rows] = blk.start[at]
             length[rows] = blk.length[at]
-            size[rows] = blk.image_len[at]
-            for i, j in zip(rows.tolist(), at.tolist()):
+            # a sample's own bytes (for max_sample_bytes): its image (legacy), or its fields' members
+            size[rows] = blk.image_len[at] if self.select is None else blk.size[at].sum(axis=1)
+            spans = zip(blk.at[at].tolist(), blk.size[at].tolist(), blk.choice[at].tolist())
+            for i, j, (where, sizes, choice) in zip(rows.tolist(), at.tolist(), spans):
                 keys[i] = blk.keys[j]
-                extra[i] = (
-                    int(blk.image_at[j]),
-                    int(blk.image_len[j]),
-                    int(blk.label_at[j]),
-                    int(blk.label_len[j]),
-                    bool(blk.missing[j]),
-                    info.uri,
-                )
-                if blk.label_len[j] > MAX_LABEL_BYTES:
-                    errors[i] = DataSourceError(
-                        f"{info.uri}: sample {blk.keys[j]!r} has a {int(blk.label_len[j])}-byte "
-                        f"{self.label_field!r} member at offset {int(blk.start[j] + blk.label_at[j])}, "
-                        f"not an integer label (at most {MAX_LABEL_BYTES} bytes)",
-                        uri=info.uri,
-                    )
-                elif blk.missing[j]:
-                    errors[i] = DataSourceError(
-                        f"{info.uri}: sample {blk.keys[j]!r} has none of the image fields "
-                        f"{list(self.image_fields)}",
-                        uri=info.uri,
-                    )
+                extra[i] = (info.uri, where, sizes, choice)
+                error = self._unfit(info.uri, blk.keys[j], int(blk.start[j]), where, sizes)
+                if error is not None:
+                    errors[i] = error
         return Located(
             shard=shard,
             offset=offset,
@@ -700,6 +802,26 @@ class WebDatasetSource:
             size=size,
             errors=errors,
         )
+
+    def _unfit(self, uri: str, key: str, start: int, where: list, sizes: list) -> DataSourceError | None:
+        """Why a sample cannot be had, known before it is read: a selected field missing, no image, a
+        label member too large to be one."""
+        if self.select is not None:
+            for (name, exts), at in zip(self.select, where):
+                if at < 0:
+                    return _lacks(uri, key, name, exts)
+            return None
+        if len(sizes) > 1 and sizes[1] > MAX_LABEL_BYTES:
+            return DataSourceError(
+                f"{uri}: sample {key!r} has a {sizes[1]}-byte {self.label_field!r} member at offset "
+                f"{start + where[1]}, not an integer label (at most {MAX_LABEL_BYTES} bytes)",
+                uri=uri,
+            )
+        if where[0] < 0:
+            return DataSourceError(
+                f"{uri}: sample {key!r} has none of the image fields {list(self.image_fields)}", uri=uri
+            )
+        return None
 
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         if wi.is_compressed(shard.uri):
@@ -716,19 +838,41 @@ class WebDatasetSource:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
     def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
-        image_at, image_len, label_at, label_len, _missing, uri = located.extra[i]
-        image = bytes(data[image_at : image_at + image_len])
-        if label_at < 0:
+        uri, where, sizes, choice = located.extra[i]
+        if self.select is None:
+            return self._cut_legacy(located.key[i], uri, where, sizes, data)
+        record: dict[str, object] = {}
+        for (name, exts), at, size, k in zip(self.select, where, sizes, choice):
+            if at < 0:
+                raise _lacks(uri, located.key[i], name, exts)
+            try:
+                record[name] = decode_value(exts[k], data[at : at + size], allow_pickle=self.allow_pickle)
+            except DecodeError as exc:
+                raise DecodeError(
+                    f"{uri}: sample {located.key[i]!r}: field {name!r} (its .{exts[k]} member at offset "
+                    f"{int(located.offset[i]) + at}): {exc}"
+                ) from exc
+        return record
+
+    def _cut_legacy(self, key: str, uri: str, where: list, sizes: list, data) -> dict[str, object]:
+        image = bytes(data[where[0] : where[0] + sizes[0]])
+        if len(where) < 2 or where[1] < 0:
             return {"image": image, "label": -1}
-        payload = bytes(data[label_at : label_at + label_len])
+        payload = bytes(data[where[1] : where[1] + sizes[1]])
         try:
             return {"image": image, "label": int(payload.decode("utf-8").strip())}
         except (UnicodeDecodeError, ValueError) as exc:
             raise DataSourceError(
-                f"{uri}: sample {located.key[i]!r} has a {self.label_field!r} member {payload[:40]!r} that "
+                f"{uri}: sample {key!r} has a {self.label_field!r} member {payload[:40]!r} that "
                 "is not an integer label",
                 uri=uri,
             ) from exc
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
         return f"{shard_uri}#{key}"
+
+
+def _lacks(uri: str, key: str, name: str, exts: tuple[str, ...]) -> DataSourceError:
+    return DataSourceError(
+        f"{uri}: sample {key!r} lacks the field {name!r} (no .{' or .'.join(exts)} member)", uri=uri
+    )

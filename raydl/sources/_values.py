@@ -1,0 +1,229 @@
+"""A WebDataset member's bytes to a value, by its field's extension, as webdataset's default decoder does.
+
+The webdataset library decodes a sample with `gzfilter` then `basichandlers`
+(webdataset/autodecode.py): a `.gz` field is decompressed once and loses
+that suffix, then the extension, the field's last dot-part, chooses:
+
+- txt, text, transcript: `str` (UTF-8);
+- json, jsn: parsed JSON;
+- cls, cls2, class, count, index, inx, id: `int`;
+- npy: an ndarray; npz: a dict of them;
+- pyd, pickle, pkl, pth: unpickled by the library; here `bytes`, unless the
+  source was opened with allow_pickle=True, because unpickling runs code from
+  the shard;
+- image extensions: `bytes`, for the image stages to decode;
+- anything else: `bytes` (msgpack, tenbin and cbor too, which the library
+  decodes and raydl does not).
+
+The bytes are untrusted, so every decoder is bounded: a gzip member inflates
+to at most `inflate_limit(len(member))` bytes (a bomb is refused as soon as
+it passes that), a .npy header must describe exactly the bytes that follow it
+(nothing is allocated from what the header claims), an .npz holds at most
+`MAX_NPZ_MEMBERS` arrays whose declared sizes are checked before any is read,
+JSON nested too deep to parse is refused, and object arrays are never loaded
+unless allow_pickle. Malformed bytes are a DecodeError saying what is wrong;
+the caller (WebDatasetSource.cut) adds the shard, sample and field.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import zlib
+
+import numpy as np
+
+from raydl.errors import DecodeError
+
+__all__ = ["IMAGE_EXTENSIONS", "decode_value", "extension_of", "inflate_limit", "kind_of"]
+
+IMAGE_EXTENSIONS = frozenset("jpg jpeg png webp bmp ppm pgm pbm tif tiff gif".split())
+TEXT = frozenset(("txt", "text", "transcript"))
+JSON = frozenset(("json", "jsn"))
+INTS = frozenset(("cls", "cls2", "class", "count", "index", "inx", "id"))
+PICKLES = frozenset(("pyd", "pickle", "pkl"))
+MAX_INT_BYTES = 4096  # an int member is a number in text (a label): never parse a longer one
+INFLATE_RATIO = 64
+INFLATE_FLOOR = 64 << 20
+INFLATE_STEP = 1 << 20
+MAX_NPZ_MEMBERS = 4096
+_NPY_MAGIC = b"\x93NUMPY"
+_EXT = re.compile(r".*[.]")
+
+
+def extension_of(field: str) -> tuple[bool, str]:
+    """(gzipped, extension) of a field as webdataset decodes it: one ".gz" suffix is taken off first, then
+    the extension is the last dot-part ("b.c.txt.gz" -> (True, "txt"))."""
+    key = "." + field
+    gz = key.endswith(".gz")
+    if gz:
+        key = key[:-3]
+    return gz, _EXT.sub("", key)
+
+
+def kind_of(field: str) -> str:
+    """The base.Field kind of a field, from its extension (a .gz field takes the kind of what it holds)."""
+    _, ext = extension_of(field)
+    if ext in IMAGE_EXTENSIONS:
+        return "image"
+    return "array" if ext == "npy" else "value"
+
+
+def inflate_limit(size: int) -> int:
+    """The most bytes a `size`-byte gzip member may inflate to."""
+    return max(INFLATE_FLOOR, INFLATE_RATIO * size)
+
+
+def decode_value(field: str, data, *, allow_pickle: bool = False):
+    """The value of a member of field `field` (its bytes, or a view of them); a DecodeError when they are
+    malformed. Bytes come back as a copy of `data`, never a view of it."""
+    gz, ext = extension_of(field)
+    if gz:
+        data = gunzip(data)
+    if ext in TEXT:
+        try:
+            return str(data, "utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"not UTF-8 text ({exc})") from exc
+    if ext in JSON:
+        return _json(data)
+    if ext in INTS:
+        return _int(data)
+    if ext == "npy":
+        return load_npy(data, allow_pickle=allow_pickle)
+    if ext == "npz":
+        return _npz(data, allow_pickle=allow_pickle)
+    if allow_pickle and ext in PICKLES:
+        import pickle
+
+        return pickle.loads(data)
+    if allow_pickle and ext == "pth":
+        import torch
+
+        return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    return bytes(data)
+
+
+def gunzip(data) -> bytes:
+    """The inflated bytes of gzip member(s) `data` (concatenated members are one stream, as gzip reads
+    them), at most `inflate_limit(len(data))` of them."""
+    limit = inflate_limit(len(data))
+    out = bytearray()
+    rest = memoryview(data)
+    if not len(rest):
+        raise DecodeError("not gzip data (empty)")
+    while len(rest):
+        if rest[:2] != b"\x1f\x8b":
+            if not out or bytes(rest).strip(b"\0"):  # zero padding after the last member is allowed
+                raise DecodeError(
+                    f"not gzip data (the bytes at offset {len(data) - len(rest)} are no member)"
+                )
+            break
+        d = zlib.decompressobj(wbits=31)
+        tail = rest
+        while not d.eof:
+            try:
+                piece = d.decompress(tail, INFLATE_STEP)
+            except zlib.error as exc:
+                raise DecodeError(f"corrupt gzip data ({exc})") from exc
+            out += piece
+            if len(out) > limit:
+                raise DecodeError(
+                    f"gzip data of {len(data)} bytes inflates to more than {limit} bytes "
+                    f"({INFLATE_RATIO}x, at least {INFLATE_FLOOR}): a gzip bomb"
+                )
+            left = d.unconsumed_tail
+            if not piece and not d.eof and len(left) == len(tail):  # no progress: never loop on it
+                raise DecodeError("truncated gzip data: a member does not end before the data does")
+            tail = left
+        rest = memoryview(d.unused_data)
+    return bytes(out)
+
+
+def _json(data):
+    try:
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    except RecursionError as exc:
+        raise DecodeError("JSON nested too deep to parse") from exc
+    except (
+        ValueError
+    ) as exc:  # JSONDecodeError, not UTF-8 (UnicodeDecodeError), a number over the digit limit
+        raise DecodeError(f"not valid JSON ({exc})") from exc
+
+
+def _int(data) -> int:
+    if len(data) > MAX_INT_BYTES:
+        raise DecodeError(f"a {len(data)}-byte member is not an integer (at most {MAX_INT_BYTES} bytes)")
+    text = bytes(data)
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise DecodeError(f"not an integer: {text[:40]!r}") from exc
+
+
+def load_npy(data, *, allow_pickle: bool = False) -> np.ndarray:
+    """The array of .npy bytes `data`, whose header must describe exactly the bytes after it; a copy."""
+    from numpy.lib import format as npformat
+
+    view = memoryview(data)
+    f = io.BytesIO(view[: 1 << 16])  # the header: numpy caps it well below this
+    try:
+        major, minor = npformat.read_magic(f)
+        if (major, minor) == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(f)
+        elif (major, minor) == (2, 0):
+            shape, fortran, dtype = npformat.read_array_header_2_0(f)
+        else:
+            shape, fortran, dtype = npformat._read_array_header(f, (major, minor))
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError, OverflowError) as exc:
+        raise DecodeError(f"not a valid .npy ({exc})") from exc
+    if dtype.hasobject:
+        if not allow_pickle:
+            raise DecodeError(
+                f"a .npy of dtype {dtype} holds Python objects, which load only with allow_pickle"
+            )
+        return npformat.read_array(io.BytesIO(view), allow_pickle=True)
+    if any(n < 0 for n in shape):
+        raise DecodeError(f"not a valid .npy (shape {shape})")
+    count = math.prod(shape)
+    body = len(view) - f.tell()
+    if count * dtype.itemsize != body or (count and not dtype.itemsize):
+        raise DecodeError(
+            f"not a valid .npy: its header says {shape} of {dtype} ({count * dtype.itemsize} bytes), "
+            f"{body} bytes follow it"
+        )
+    flat = np.frombuffer(view, dtype=dtype, count=count, offset=f.tell()).copy()
+    return flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
+
+
+def _npz(data, *, allow_pickle: bool) -> dict:
+    """The arrays of .npz bytes, by name, as numpy.load gives them (a member that is no .npy: its bytes)."""
+    import zipfile
+
+    try:
+        z = zipfile.ZipFile(io.BytesIO(bytes(data)))
+        infos = z.infolist()
+        if len(infos) > MAX_NPZ_MEMBERS:
+            raise DecodeError(f"an .npz of {len(infos)} members, more than {MAX_NPZ_MEMBERS}")
+        total, limit = sum(i.file_size for i in infos), inflate_limit(len(data))
+        if total > limit:
+            raise DecodeError(f"an .npz whose members inflate to {total} bytes, more than {limit}")
+        out = {}
+        for i in infos:
+            blob = z.read(i)  # stops at the declared size, and checks the CRC
+            name = i.filename[:-4] if i.filename.endswith(".npy") else i.filename
+            out[name] = load_npy(blob, allow_pickle=allow_pickle) if blob.startswith(_NPY_MAGIC) else blob
+        return out
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        OSError,
+        EOFError,
+        ValueError,
+    ) as exc:
+        if isinstance(exc, DecodeError):
+            raise
+        raise DecodeError(f"not a valid .npz ({exc})") from exc
