@@ -37,7 +37,7 @@ import numpy as np
 
 from raydl.errors import DecodeError
 
-__all__ = ["IMAGE_EXTENSIONS", "decode_value", "extension_of", "inflate_limit", "kind_of"]
+__all__ = ["IMAGE_EXTENSIONS", "decode_value", "dtype_of", "extension_of", "inflate_limit", "kind_of"]
 
 IMAGE_EXTENSIONS = frozenset("jpg jpeg png webp bmp ppm pgm pbm tif tiff gif".split())
 TEXT = frozenset(("txt", "text", "transcript"))
@@ -69,6 +69,11 @@ def kind_of(field: str) -> str:
     if ext in IMAGE_EXTENSIONS:
         return "image"
     return "array" if ext == "npy" else "value"
+
+
+def dtype_of(field: str) -> str | None:
+    """The numpy dtype of a field's batch column where its extension fixes it (int members: int64)."""
+    return "int64" if extension_of(field)[1] in INTS else None
 
 
 def inflate_limit(size: int) -> int:

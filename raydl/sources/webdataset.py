@@ -39,14 +39,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from raydl.describe.catalog import Catalog, make_catalog
+from raydl.describe.fields import IMAGE_AND_LABEL, Field
 from raydl.errors import DataSourceError, DecodeError
 from raydl.sources import _wds_index as wi
 from raydl.sources._braces import expand_braces
 from raydl.sources._inflate import inflated
 from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
-from raydl.sources._values import decode_value, kind_of
+from raydl.sources._values import decode_value, dtype_of, kind_of
 from raydl.sources._wds_index import WdsSample, base_plus_ext, group_samples
-from raydl.sources.base import IMAGE_AND_LABEL, Field, Located
+from raydl.sources.base import Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import string_array
 
@@ -550,8 +551,8 @@ def parse_fields(fields) -> Select | str | None:
 
 
 def fields_of(select: Select) -> tuple[Field, ...]:
-    """The base.Field of each selected field: its kind from its (first) extension."""
-    return tuple(Field(name, kind_of(exts[0])) for name, exts in select)
+    """The Field of each selected field: its kind from its (first) extension; int members are int64."""
+    return tuple(Field(name, kind_of(exts[0]), dtype_of(exts[0])) for name, exts in select)
 
 
 def _learn_signatures(storage: Storage, shards: list[_Shard]) -> None:

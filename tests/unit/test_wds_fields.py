@@ -429,3 +429,61 @@ def test_fields_that_cannot_be_are_value_errors_at_listing(tmp_path):
     for bad in ("everything", {}, {"a": ""}, {"a": "jpg;txt"}, 3):
         with pytest.raises(ValueError):
             raydl.read_webdataset(path, fields=bad)
+
+
+def _jpeg(i: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16 + i, 12), (10 * i, 100, 200)).save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+def test_a_loader_worker_batches_images_captions_and_json(tmp_path):
+    """Through a LoaderWorker (no Ray): the decoded images beside the captions as str, the json as dicts and
+    the labels as int64; a sample lacking its json is left out under on_error, named with its field; a bad
+    json member is a decode failure naming the field; without .decode() the images are their bytes."""
+    import webdataset as wds
+
+    from raydl.describe.records import compile_pipeline
+    from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+
+    path = str(tmp_path / "clip.tar")
+    with wds.TarWriter(path, encoder=False) as sink:
+        for i in range(8):
+            sample = {
+                "__key__": f"k{i}",
+                "jpg": _jpeg(i),
+                "txt": f"a photo of {i}".encode(),
+                "cls": b"%d" % i,
+                "json": json.dumps({"i": i, "tags": ["x"] * i}).encode(),
+            }
+            if i == 3:
+                del sample["json"]
+            if i == 6:
+                sample["json"] = b"{broken"
+            sink.write(sample)
+
+    def batch(ds, ids):
+        pipe = compile_pipeline(ds.stages)
+        spec = WorkerSpec(program=pipe.program, threads=2, sample_stages=pipe.sample_stages)
+        task = BatchTask(rank=0, epoch=0, index=0, ids=np.asarray(ids), seeds=np.asarray(ids))
+        return LoaderWorker(spec, ds.catalog, reuse_buffers=False).run_batch(task)
+
+    fields = {"image": "jpg", "caption": "txt", "meta": "json", "label": "cls"}
+    result = batch(raydl.read_webdataset(path, fields=fields).decode().resize((8, 8)), range(8))
+    b, kept = result.batch, [0, 1, 2, 4, 5, 7]
+    assert b["key"] == [f"k{i}" for i in kept] and b["image"].shape == (6, 8, 8, 3)
+    assert b["caption"].dtype == object and b["caption"].tolist() == [f"a photo of {i}" for i in kept]
+    assert b["meta"].tolist() == [{"i": i, "tags": ["x"] * i} for i in kept]
+    assert b["label"].dtype == np.int64 and b["label"].tolist() == kept
+    assert [f.reason for f in result.unreadable] == [
+        f"{path}: sample 'k3' lacks the field 'meta' (no .json member)"
+    ]
+    (bad,) = result.skipped
+    assert bad.uri == f"{path}#k6" and f"{path}: sample 'k6': field 'meta' (its .json member" in bad.reason
+    raw = batch(raydl.read_webdataset(path, fields=["jpg", "txt"]), [0, 5]).batch
+    assert raw["jpg"].tolist() == [_jpeg(0), _jpeg(5)] and raw["txt"].tolist() == [
+        "a photo of 0",
+        "a photo of 5",
+    ]
