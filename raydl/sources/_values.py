@@ -152,9 +152,7 @@ def _json(data):
         return json.loads(bytes(data) if isinstance(data, memoryview) else data)
     except RecursionError as exc:
         raise DecodeError("JSON nested too deep to parse") from exc
-    except (
-        ValueError
-    ) as exc:  # JSONDecodeError, not UTF-8 (UnicodeDecodeError), a number over the digit limit
+    except ValueError as exc:  # malformed, not UTF-8, or a number past Python's digit limit
         raise DecodeError(f"not valid JSON ({exc})") from exc
 
 
@@ -175,15 +173,18 @@ def load_npy(data, *, allow_pickle: bool = False) -> np.ndarray:
     view = memoryview(data)
     f = io.BytesIO(view[: 1 << 16])  # the header: numpy caps it well below this
     try:
-        major, minor = npformat.read_magic(f)
-        if (major, minor) == (1, 0):
+        version = npformat.read_magic(f)
+        if version == (1, 0):
             shape, fortran, dtype = npformat.read_array_header_1_0(f)
-        elif (major, minor) == (2, 0):
+        elif version == (2, 0):
             shape, fortran, dtype = npformat.read_array_header_2_0(f)
+        elif version == (3, 0):  # 2.0's layout, a UTF-8 header: numpy reads it with its private reader only
+            shape, fortran, dtype = _read_header_3_0(f)
         else:
-            shape, fortran, dtype = npformat._read_array_header(f, (major, minor))
-    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError, OverflowError) as exc:
-        raise DecodeError(f"not a valid .npy ({exc})") from exc
+            raise ValueError(f"unsupported .npy version {version}")
+    except Exception as exc:  # noqa: BLE001 - numpy parses a header of at most 10,000 characters, and may
+        # raise anything on a crafted one (tokenize.TokenError from its Python 2 filter): all malformed
+        raise DecodeError(f"not a valid .npy ({type(exc).__name__}: {exc})") from exc
     if dtype.hasobject:
         if not allow_pickle:
             raise DecodeError(
@@ -201,6 +202,17 @@ def load_npy(data, *, allow_pickle: bool = False) -> np.ndarray:
         )
     flat = np.frombuffer(view, dtype=dtype, count=count, offset=f.tell()).copy()
     return flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
+
+
+def _read_header_3_0(f):
+    from numpy.lib import format as npformat
+
+    reader = getattr(npformat, "_read_array_header", None)
+    if reader is None:
+        from numpy.lib import _format_impl
+
+        reader = _format_impl._read_array_header
+    return reader(f, (3, 0))
 
 
 def _npz(data, *, allow_pickle: bool) -> dict:
@@ -221,14 +233,8 @@ def _npz(data, *, allow_pickle: bool) -> dict:
             name = i.filename[:-4] if i.filename.endswith(".npy") else i.filename
             out[name] = load_npy(blob, allow_pickle=allow_pickle) if blob.startswith(_NPY_MAGIC) else blob
         return out
-    except (
-        zipfile.BadZipFile,
-        zipfile.LargeZipFile,
-        NotImplementedError,
-        OSError,
-        EOFError,
-        ValueError,
-    ) as exc:
-        if isinstance(exc, DecodeError):
-            raise
-        raise DecodeError(f"not a valid .npz ({exc})") from exc
+    except DecodeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zipfile raises many kinds on a crafted archive (BadZipFile,
+        # zlib.error, RuntimeError for an encrypted member, struct.error): all malformed
+        raise DecodeError(f"not a valid .npz ({type(exc).__name__}: {exc})") from exc
