@@ -27,6 +27,7 @@ the caller (WebDatasetSource.cut) adds the shard, sample and field.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -53,6 +54,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 _EXT = re.compile(r".*[.]")
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of field names, asked once per value
 def extension_of(field: str) -> tuple[bool, str]:
     """(gzipped, extension) of a field as webdataset decodes it: one ".gz" suffix is taken off first, then
     the extension is the last dot-part ("b.c.txt.gz" -> (True, "txt"))."""
