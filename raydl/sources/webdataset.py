@@ -15,8 +15,11 @@ beside the shard (one GET), a wids JSON shard list (its counts: no read at
 all), else the shard itself read once in one streamed GET (then cached). The
 catalog holds one part per shard (its count); the per-sample offsets and
 keys stay in the shards' index blocks, which `WebDatasetSource.locate`
-loads on the worker. A sample's range spans its image and label members;
-`cut` splits them and parses the label there.
+loads on the worker. A sample's range spans the members of its fields (its
+image and label by default; what `fields=` selects otherwise,
+raydl/sources/_wds_fields.py), which lie next to each other in the tar, so
+one ranged read covers them; `cut` splits them and decodes each by its
+extension (raydl/sources/_values.py).
 
 Compressed shards (.tar.gz, .tgz) cannot be read by range: they are inflated
 whole (one GET), in bounded steps and to a bounded size, once per process
@@ -45,7 +48,8 @@ from raydl.sources import _wds_index as wi
 from raydl.sources._braces import expand_braces
 from raydl.sources._inflate import inflated
 from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
-from raydl.sources._values import decode_value, dtype_of, kind_of
+from raydl.sources._values import decode_value
+from raydl.sources._wds_fields import Select, fields_of, lacks, parse_fields, resolve_fields
 from raydl.sources._wds_index import WdsSample, base_plus_ext, group_samples
 from raydl.sources.base import Located
 from raydl.storage import ObjectInfo, Storage, split_scheme
@@ -504,57 +508,6 @@ def _wids_shards(json_uri: str, storage: Storage, listing: _Listing) -> tuple[li
     return shards, {e.url: e for e in entries}
 
 
-# -- fields= : which members, under which names -------------------------------------------------------
-
-#: fields= as listing resolves it: (field name, its extensions: the first a sample has is its member)
-Select = tuple[tuple[str, tuple[str, ...]], ...]
-
-
-def parse_fields(fields) -> Select | str | None:
-    """fields= checked and normalised: None (the image and label), "all", or the selection of a dict
-    {name: "ext;ext"} or a list of extensions (each its own name); a ValueError naming what is wrong."""
-    if fields is None or fields == "all":
-        return fields
-    if isinstance(fields, dict):
-        items = list(fields.items())
-    elif isinstance(fields, (list, tuple)) and all(isinstance(e, str) for e in fields):
-        items = [(e.split(";")[0].strip().lower().lstrip("."), e) for e in fields]
-    else:
-        raise ValueError(
-            f"fields must be None, 'all', a dict {{name: 'ext;ext'}} or a list of extensions, got {fields!r}"
-        )
-    if not items:
-        raise ValueError("fields= selects no field; pass None for the image and label, or 'all'")
-    out = []
-    for name, exts in items:
-        alts = exts.split(";") if isinstance(exts, str) else exts
-        if not isinstance(name, str) or not name or not isinstance(alts, (list, tuple)):
-            raise ValueError(
-                f"fields: {name!r}: {exts!r} is not an extension, or extensions separated by ';'"
-            )
-        alts = tuple(a.strip().lower().lstrip(".") if isinstance(a, str) else "" for a in alts)
-        if not alts or not all(alts):
-            raise ValueError(
-                f"fields: {name!r}: {exts!r} is not an extension, or extensions separated by ';'"
-            )
-        kinds = {kind_of(a) for a in alts}
-        if len(kinds) > 1:
-            raise ValueError(
-                f"fields: {name!r}: its extensions {list(alts)} are of different kinds {sorted(kinds)}"
-            )
-        Field(name, kinds.pop())  # a ValueError for "id" and "key"
-        out.append((name, alts))
-    names = [n for n, _ in out]
-    if len(set(names)) < len(names):
-        raise ValueError(f"fields: a name given twice in {names}")
-    return tuple(out)
-
-
-def fields_of(select: Select) -> tuple[Field, ...]:
-    """The Field of each selected field: its kind from its (first) extension; int members are int64."""
-    return tuple(Field(name, kind_of(exts[0]), dtype_of(exts[0])) for name, exts in select)
-
-
 def _learn_signatures(storage: Storage, shards: list[_Shard]) -> None:
     """Each shard's field sets where its block is known; where no shard's are (a wids list's counts), the
     first shard is indexed (one streamed read, then cached) to learn them."""
@@ -566,37 +519,6 @@ def _learn_signatures(storage: Storage, shards: list[_Shard]) -> None:
         first.block = wi.build_block(storage, first.info)
         wi.cache_put(first.info, first.block)
         first.sigs = wi.signatures(first.block, first.info.uri)
-
-
-def _select(wanted: Select | str, shards: list[_Shard], urls) -> Select:
-    """fields= against what the shards' samples have: "all" becomes every field some sample has (sorted);
-    a selected field that no sample has is a ValueError naming it and the shards."""
-    known = [s for s in shards if s.sigs is not None]
-    have: set[str] = set()
-    for s in known:
-        have |= wi.fields_of_signatures(s.sigs)
-    where = (
-        f"the {len(shards)} shard(s) of {urls!r}"
-        if len(known) == len(shards)
-        else (f"the {len(known)} of {len(shards)} shard(s) of {urls!r} whose index raydl has")
-    )
-    where += f" (the first {known[0].info.uri})" if known else ""
-    if wanted == "all":
-        for clash in ("id", "key"):
-            if clash in have:
-                raise ValueError(
-                    f"fields='all': the samples of {where} have a .{clash} member, which would be "
-                    f"batch[{clash!r}], raydl's own column; rename it with fields={{'sample_{clash}': "
-                    f"'{clash}', ...}}"
-                )
-        return tuple((f, (f,)) for f in sorted(have))
-    for name, exts in wanted:
-        if not any(e in have for e in exts):
-            raise ValueError(
-                f"fields: no sample of {where} has the field {name!r} (a .{' or .'.join(exts)} member); "
-                f"their fields are {sorted(have)}"
-            )
-    return wanted
 
 
 def list_webdataset(
@@ -645,7 +567,7 @@ def list_webdataset(
         source = WebDatasetSource(fields, label_field, allow_pickle=allow_pickle)
     else:
         _learn_signatures(storage, shards)
-        select = _select(wanted, shards, urls)
+        select = resolve_fields(wanted, [(s.info.uri, s.sigs) for s in shards], urls)
         source = WebDatasetSource(select=select, fields=fields_of(select), allow_pickle=allow_pickle)
     logger.debug("raydl: listed %d shards in %.2f s", len(shards), time.monotonic() - started)
     keep = counts > 0  # a shard with no sample is no part (parts hold samples)
@@ -810,7 +732,7 @@ class WebDatasetSource:
         if self.select is not None:
             for (name, exts), at in zip(self.select, where):
                 if at < 0:
-                    return _lacks(uri, key, name, exts)
+                    return lacks(uri, key, name, exts)
             return None
         if len(sizes) > 1 and sizes[1] > MAX_LABEL_BYTES:
             return DataSourceError(
@@ -845,7 +767,7 @@ class WebDatasetSource:
         record: dict[str, object] = {}
         for (name, exts), at, size, k in zip(self.select, where, sizes, choice):
             if at < 0:
-                raise _lacks(uri, located.key[i], name, exts)
+                raise lacks(uri, located.key[i], name, exts)
             try:
                 record[name] = decode_value(exts[k], data[at : at + size], allow_pickle=self.allow_pickle)
             except DecodeError as exc:
@@ -871,9 +793,3 @@ class WebDatasetSource:
 
     def sample_uri(self, shard_uri: str, key: str) -> str:
         return f"{shard_uri}#{key}"
-
-
-def _lacks(uri: str, key: str, name: str, exts: tuple[str, ...]) -> DataSourceError:
-    return DataSourceError(
-        f"{uri}: sample {key!r} lacks the field {name!r} (no .{' or .'.join(exts)} member)", uri=uri
-    )
