@@ -113,7 +113,7 @@ def decode_value(field: str, data, *, allow_pickle: bool = False):
     return bytes(data)
 
 
-def gunzip(data) -> bytes:
+def gunzip(data) -> bytearray:
     """The inflated bytes of gzip member(s) `data` (concatenated members are one stream, as gzip reads
     them), at most `inflate_limit(len(data))` of them."""
     limit = inflate_limit(len(data))
@@ -146,7 +146,7 @@ def gunzip(data) -> bytes:
                 raise DecodeError("truncated gzip data: a member does not end before the data does")
             tail = left
         rest = memoryview(d.unused_data)
-    return bytes(out)
+    return out  # not copied again: decode_value makes bytes of it only where the value is bytes
 
 
 def _json(data):
