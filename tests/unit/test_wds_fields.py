@@ -222,6 +222,9 @@ def test_dict_fields_pick_the_first_alternative_and_rename(tmp_path):
         got["s1"], DataSourceError
     ) and "lacks the field 'image' (no .png or .jpg or .jpeg member)" in str(got["s1"])
     assert len(ds) == 6 and len(raydl.read_webdataset(path)) == 5  # fields=None leaves s1 out
+    loc = ds.catalog.samples([1])  # cut itself refuses it too, were it asked
+    with pytest.raises(DataSourceError, match=f"{path}: sample 's1' lacks the field 'image'"):
+        ds.catalog.source.cut(loc, 0, b"")
 
     texts = raw_tar(
         tmp_path / "text.tar",
