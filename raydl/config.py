@@ -90,14 +90,22 @@ class WebDatasetSource:
     urls: str | tuple[str, ...]
     image_fields: tuple[str, ...] = ("jpg", "jpeg", "png", "webp")
     label_field: str | None = "cls"
+    fields: Any = None  # None, "all", a list of extensions or a mapping name -> "ext;ext"
+    allow_pickle: bool = False
     s3: S3Options | None = None
 
     def read(self):
         from raydl.dataset import read_webdataset
 
         urls = self.urls if isinstance(self.urls, str) else list(self.urls)
+        fields = list(self.fields) if isinstance(self.fields, tuple) else self.fields
         return read_webdataset(
-            urls, s3=self.s3, image_fields=tuple(self.image_fields), label_field=self.label_field
+            urls,
+            s3=self.s3,
+            fields=fields,
+            image_fields=tuple(self.image_fields),
+            label_field=self.label_field,
+            allow_pickle=self.allow_pickle,
         )
 
 

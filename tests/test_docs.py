@@ -186,6 +186,9 @@ def test_config_sources_map_to_the_read_functions(tmp_path):
     cfg = load_config(path)
     assert cfg.source == ParquetSource(paths=("s3://b/t.parquet",), image_column="jpg",
                                        s3=S3Options(region="eu-west-1"))
+    path.write_text("source: {kind: webdataset, urls: a.tar, fields: {image: 'jpg;png', caption: txt}}\n"
+                    "loader: {batch_size: 8}\n")
+    assert load_config(path).source.fields == {"image": "jpg;png", "caption": "txt"}
     wds = load_config(ROOT / "configs" / "webdataset-s3.yaml").source
     assert isinstance(wds, WebDatasetSource) and wds.s3.max_concurrency == 64
     path.write_text("source: {kind: parquet, paths: x.parquet, columns: [input_ids]}\nloader: {batch_size: 8}\n")

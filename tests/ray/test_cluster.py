@@ -353,7 +353,8 @@ def test_a_replaced_workers_warning_reaches_the_driver(cluster, image_folder, ca
 
 
 def _indexed_webdataset(tmp_path):
-    """4 TarWriter shards of 12 small JPEGs, listed once (indexed and cached), then listed from the cache."""
+    """4 TarWriter shards of 12 small JPEGs with a caption and a JSON each, listed once (indexed and cached),
+    then listed from the cache, with those fields."""
     import io
 
     import webdataset as wds
@@ -364,17 +365,20 @@ def _indexed_webdataset(tmp_path):
             for i in range(12):
                 b = io.BytesIO()
                 Image.fromarray(np.full((8, 8, 3), 20 * s + i, np.uint8)).save(b, "JPEG")
-                sink.write({"__key__": f"s{s}-{i:02d}", "jpg": b.getvalue(), "cls": str(s)})
+                sink.write({"__key__": f"s{s}-{i:02d}", "jpg": b.getvalue(), "cls": str(s),
+                            "txt": f"sample {12 * s + i}", "json": {"n": 12 * s + i}})
     url = str(tmp_path / "shard-{0..3}.tar")
-    raydl.read_webdataset(url)
-    ds = raydl.read_webdataset(url)  # from the node cache: no shard read
+    fields = {"image": "jpg", "caption": "txt", "meta": "json", "label": "cls"}
+    raydl.read_webdataset(url, fields=fields)
+    ds = raydl.read_webdataset(url, fields=fields)  # from the node cache: no shard read
     assert len(ds) == 48 and len(ds.catalog.parts) == 4
     return ds.decode().random_resized_crop(128).normalize("imagenet")
 
 
 def test_an_indexed_webdataset_resumes_exactly_and_survives_a_removed_node(cluster, tmp_path):
-    """On a WebDataset listed by shard (index blocks loaded by the workers): a mid-epoch state resumes the exact
-    batches (ids, pixels, labels), and an epoch whose node is killed still delivers every planned sample."""
+    """On a WebDataset listed by shard (index blocks loaded by the workers), with captions and JSON: a mid-epoch
+    state resumes the exact batches (ids, pixels, labels, captions), and an epoch whose node is killed still
+    delivers every planned sample, each with its own fields."""
     import json
 
     ds = _indexed_webdataset(tmp_path)
@@ -384,6 +388,8 @@ def test_an_indexed_webdataset_resumes_exactly_and_survives_a_removed_node(clust
         assert sorted(np.concatenate([b["id"] for r in ref for b in r]).tolist()) == list(range(48))
         for b in ref[0]:
             np.testing.assert_array_equal(b["label"], b["id"] // 12)
+            assert b["caption"].tolist() == [f"sample {i}" for i in b["id"]]
+            assert [m["n"] for m in b["meta"]] == b["id"].tolist()
         its = [loader.iterator(r) for r in range(2)]
         first_batch_ids(its, 2)
         state = json.loads(json.dumps(its[0].state_dict()))
@@ -400,5 +406,5 @@ def test_an_indexed_webdataset_resumes_exactly_and_survives_a_removed_node(clust
             rest = list(it.iter_batches())
             assert len(rest) == len(ref[r]) - 2
             for a, b in zip(rest, ref[r][2:]):
-                for col in ("id", "image", "label"):
+                for col in ("id", "image", "label", "caption", "meta"):
                     np.testing.assert_array_equal(a[col], b[col])
