@@ -33,7 +33,8 @@ import time
 import psutil
 
 from raydl.bench._clock import EpochClock, PeerSpec
-from raydl.bench.peers import PEERS
+from raydl.bench._tokens import SEQ_LEN
+from raydl.bench.peers import PEERS, WORKLOADS, peer_function
 
 _MIB = 1024 * 1024
 
@@ -287,6 +288,11 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
     # A peer that returns the wrong tensors is not doing the workload; say so loudly.
     if peer in ("ceiling", "floor"):
         pass
+    elif spec.workload == "tokens":
+        if m.batch_shape[1:] != (SEQ_LEN,) or m.batch_dtype not in ("int32", "int64"):
+            row.update(
+                ok=False, error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, not int [B, {SEQ_LEN}]"
+            )
     elif spec.workload == "buckets":
         if m.batch_shape[-1:] != (3,) or len(m.batch_shape) != 4 or m.batch_dtype != "uint8":
             row.update(
@@ -303,13 +309,13 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m raydl.bench._runner")
-    p.add_argument("--peer", required=True, choices=sorted(PEERS))
+    p.add_argument("--peer", required=True, choices=sorted(set(PEERS) | set(WORKLOADS)))
     p.add_argument("--data", required=True)
     p.add_argument("--cpus", type=int, required=True)
     p.add_argument("--expected", type=int, required=True, help="images in --data")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workload", default="train", choices=["train", "buckets"])
+    p.add_argument("--workload", default="train", choices=["train", "buckets", "clip", "tokens"])
     p.add_argument("--no-pin", action="store_true", help="do not set CPU affinity")
     p.add_argument("--source", default="images", choices=["images", "webdataset", "parquet"])
     p.add_argument("--endpoint-url")
@@ -351,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     t0 = time.perf_counter()
     try:
-        PEERS[args.peer](spec, clock)
+        peer_function(args.peer, args.workload)(spec, clock)
         row = _row(args.peer, spec, sampler, clock, time.perf_counter() - t0)
     except BaseException as exc:  # noqa: BLE001 - any failure becomes a row, not a lost run
         row = {"peer": args.peer, "ok": False, "error": f"{type(exc).__name__}: {exc}"}

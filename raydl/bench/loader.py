@@ -6,6 +6,10 @@
     raydl bench loader --data /data/in1k --compare dataio --nodes 3    # raydl on a local 3-node Cluster
     raydl bench loader --source webdataset --data 's3://bucket/in1k/shard-{000..009}.tar' \\
         --endpoint-url http://127.0.0.1:9000 --baseline-data '/data/in1k-wds/shard-{000..009}.tar'
+    python -m raydl.bench.shards /data/in1k /data/bench --clip       # LAION-style jpg + txt + json shards
+    raydl bench loader --workload clip --data /data/bench/clip --compare torch,raydata,dataio
+    python -m raydl.bench.shards --tokens /data/bench                 # 102,400 rows x 2,048 int32 tokens
+    raydl bench loader --workload tokens --data /data/bench/tokens --compare torch,raydata
 
 Object stores and sharded formats (`--source webdataset|parquet`, `--data s3://...`)
 are read by raydl only (the other peers read local image folders); `--baseline-data`
@@ -15,7 +19,11 @@ same interleaved rounds, e.g. the same shards on local disk.
 Workloads: "train" (decode, RandomResizedCrop 224, flip, ImageNet normalize,
 float32 NCHW) and "buckets" (decode, crop and resize into the nearest of
 datago's aspect-ratio buckets for size 512, multiple 32, ratios 0.5-2.0, uint8
-NHWC, bucket-pure batches). Every run is one epoch of the workload in a fresh subprocess
+NHWC, bucket-pure batches), and two that read other data: "clip" (WebDataset shards
+with a caption and metadata per image, the train pipeline, captions as str;
+raydl/bench/_clip.py) and "tokens" (Parquet rows of 2,048 int32 tokens as (B, 2048)
+int tensors, rate in rows/s and tokens/s; raydl/bench/_tokens.py). Every run is one
+epoch of the workload in a fresh subprocess
 (`python -m raydl.bench._runner`), and the peers take turns, A B C A B C ..., so
 that a noisy neighbour or a warming page cache hits them all alike (Ray's workers
 run at niceness 0 here, as every other peer's threads, not Ray's default 15). Each figure
@@ -55,13 +63,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from raydl.bench._tokens import SEQ_LEN
 from raydl.bench._transform import list_images
-from raydl.bench.peers import BUCKET_NOTES, MULTI_EPOCH, NOTES, PEERS, REQUIRES, WORKLOADS
+from raydl.bench.peers import (
+    BUCKET_NOTES,
+    MULTI_EPOCH,
+    NOTES,
+    PEERS,
+    REQUIRES,
+    WORKLOAD_NOTES,
+    WORKLOAD_REQUIRES,
+    WORKLOADS,
+)
 from raydl.bench.report import format_table, peer_versions, summarize, write_plot
 
 __all__ = ["add_parser", "main"]
 
 _COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")]
+_OWN_DATA = ("clip", "tokens")  # workloads whose --data is their own (shards, Parquet), not an image folder
 DEFAULT_BATCH = 256
 MIN_BATCHES = 8  # images/s counts from the first batch to the last: a few batches give a noisy figure
 
@@ -109,9 +128,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--workload",
         default="train",
-        choices=["train", "buckets"],
+        choices=["train", "buckets", *_OWN_DATA],
         help="train: decode, RandomResizedCrop(224), flip, normalize, float32 NCHW; "
-        "buckets: decode, crop+resize into datago's 512 aspect buckets, uint8 NHWC",
+        "buckets: decode, crop+resize into datago's 512 aspect buckets, uint8 NHWC; "
+        "clip: train on WebDataset shards with captions and metadata (python -m raydl.bench.shards --clip); "
+        "tokens: Parquet rows of 2,048 int32 tokens (python -m raydl.bench.shards --tokens)",
     )
     p.add_argument(
         "--compare",
@@ -164,9 +185,9 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _missing(peer: str) -> str | None:
+def _missing(peer: str, workload: str = "train") -> str | None:
     """Why a peer cannot run here, with the install line, or None."""
-    modules, hint = REQUIRES[peer]
+    modules, hint = WORKLOAD_REQUIRES.get(workload, {}).get(peer, REQUIRES[peer])
     absent = [m for m in modules if importlib.util.find_spec(m) is None]
     return f"{peer} skipped: {', '.join(absent)} not installed ({hint})" if absent else None
 
@@ -273,6 +294,17 @@ def _count(args, data: str) -> int:
     return len(raydl_source(spec))
 
 
+def _own_count(workload: str, data: str) -> int:
+    """Samples (clip) or rows (tokens) in the data of a workload with its own data."""
+    if workload == "clip":
+        from raydl.bench._clip import clip_count
+
+        return clip_count(data)
+    from raydl.bench._tokens import token_rows
+
+    return token_rows(data)
+
+
 def _kill_tree(pid: int) -> None:
     import psutil
 
@@ -348,13 +380,15 @@ def main(args: argparse.Namespace) -> int:
     runs = _rounds(args, peers, files)
     summary = summarize(peers, runs)
     notes = _notes(args, peers, skipped, runs, len(files))
+    unit = "rows" if args.workload == "tokens" else "images"
     print(
         format_table(
             summary,
             header=(
-                f"raydl bench loader: workload {args.workload}, {len(files)} images from {args.data}, "
+                f"raydl bench loader: workload {args.workload}, {len(files)} {unit} from {args.data}, "
                 f"batch {args.batch_size}, {args.cpus} CPUs, median of {args.rounds} round(s)"
             ),
+            rate=f"{unit}/s",
         )
     )
     print()
@@ -402,7 +436,9 @@ def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     unknown = [p for p in wanted if p not in _COMPARABLE]
     if unknown:
         raise _Refused(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
-    skipped = {p: why for p in ["raydl", *wanted] if (why := _missing(p))}
+    # clip: raydl on the same shards with the image alone, to show what the caption and metadata cost
+    ours = ["raydl", "raydl-image"] if args.workload == "clip" else ["raydl"]
+    skipped = {p: why for p in [*ours, *wanted] if (why := _missing(p, args.workload))}
     skipped.update(
         {
             p: f"{p} skipped: it has no {args.workload} workload"
@@ -412,8 +448,9 @@ def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     )
     for why in skipped.values():
         _log(why)
-    peers = [p for p in dict.fromkeys(["raydl", *wanted]) if p not in skipped]
-    if not args.no_ceiling and not _missing("ceiling"):
+    peers = [p for p in dict.fromkeys([*ours, *wanted]) if p not in skipped]
+    ceiling = args.workload in WORKLOADS["ceiling"] and not _missing("ceiling", args.workload)
+    if not args.no_ceiling and ceiling:
         peers.append("ceiling")
     return peers, skipped
 
@@ -422,7 +459,16 @@ def _inputs(args: argparse.Namespace, peers: list[str], skipped: dict[str, str])
     """The samples to read (image paths, or sample numbers of a remote or sharded source), with
     args.batch_size settled; `peers` loses those that cannot read this source (said in `skipped`)."""
     folder = args.source == "images" and "://" not in args.data
-    if not folder:
+    if args.workload in _OWN_DATA:
+        if args.limit or args.baseline_data or args.source != "images":
+            raise _Refused(
+                f"--limit, --baseline-data and --source do not apply to --workload {args.workload}"
+            )
+        try:
+            files = list(range(_own_count(args.workload, args.data)))
+        except ValueError as exc:
+            raise _Refused(str(exc)) from None
+    elif not folder:
         others = [p for p in peers if p not in ("raydl", "raydl-base")]
         for p in others:
             skipped[p] = (
@@ -435,7 +481,7 @@ def _inputs(args: argparse.Namespace, peers: list[str], skipped: dict[str, str])
         files = list(range(_count(args, args.data)))
     else:
         files = list_images(args.data)[: args.limit]
-    if args.baseline_data:
+    if args.baseline_data and args.workload not in _OWN_DATA:
         base_n = _count(args, args.baseline_data)
         if base_n != len(files):
             raise _Refused(f"--baseline-data has {base_n} samples, --data {len(files)}")
@@ -482,7 +528,9 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
 def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], runs: list[dict], n: int):
     """The notes under the table: what each peer does, why some were skipped, and raydl's breakdowns."""
     notes_of = {**NOTES, **BUCKET_NOTES} if args.workload == "buckets" else NOTES
+    notes_of = WORKLOAD_NOTES.get(args.workload, notes_of)
     notes = [notes_of[p] for p in peers if p in notes_of] + list(skipped.values())
+    notes += _workload_notes(args.workload, summarize(peers, runs))
     notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
     mem = next((r["memory"] for r in runs if r["peer"] == "raydl" and r.get("memory")), None)
     if mem:
@@ -545,6 +593,34 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
             f"only {-(-n // args.batch_size)} batches per epoch: images/s is "
             f"noisy and flattered by prefetch; use >= {MIN_BATCHES * args.batch_size} images"
         )
+    return notes
+
+
+def _workload_notes(workload: str, summary: list[dict]) -> list[str]:
+    """clip: what the caption and metadata cost raydl; tokens: every row's tokens/s, and raydl's ratios."""
+    rate = {r["peer"]: r["images_per_s"] for r in summary if r["images_per_s"] and not r["short_window"]}
+    raydl = rate.get("raydl")
+    notes = []
+    if workload == "clip" and raydl:
+        if rate.get("raydl-image"):
+            cost = 100 * (1 - raydl / rate["raydl-image"])
+            notes.append(
+                f"carrying caption + metadata costs raydl {cost:.1f}% of its image-only images/s "
+                f"({raydl:.1f} against {rate['raydl-image']:.1f}; goal <= 5%)"
+            )
+        for peer, what, goal in (("torch", "webdataset + DataLoader", 2), ("raydata", "Ray Data", 5)):
+            if rate.get(peer):
+                notes.append(f"raydl / {what}: {raydl / rate[peer]:.2f} (goal >= {goal})")
+    if workload != "tokens" or not rate:
+        return notes
+    notes.append(
+        f"rows/s is {SEQ_LEN}-token rows per second; CPU ms/img is per row. tokens/s: "
+        + ", ".join(f"{peer} {SEQ_LEN * r / 1e6:.1f} M" for peer, r in rate.items())
+    )
+    if raydl and rate.get("ceiling"):
+        notes.append(f"raydl / pyarrow ceiling: {raydl / rate['ceiling']:.2f} (goal >= 0.7)")
+    if raydl and rate.get("raydata"):
+        notes.append(f"raydl / Ray Data: {raydl / rate['raydata']:.2f} (goal >= 3)")
     return notes
 
 

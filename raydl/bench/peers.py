@@ -10,7 +10,6 @@ runner's business (`_runner.py`); this module only says what each peer does.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import random
@@ -21,8 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from raydl.bench._clip import CLIP_NOTES, CLIP_PEERS
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
 from raydl.bench._native_peers import run_dali, run_floor, run_spdl
+from raydl.bench._setup import ray_init, raydl_ray, torch_worker_init
+from raydl.bench._tokens import TOKEN_NOTES, TOKEN_PEERS
 from raydl.bench._transform import (
     BUCKET_CONFIG,
     CROP,
@@ -33,52 +35,17 @@ from raydl.bench._transform import (
 )
 from raydl.options import LoaderConfig
 
-__all__ = ["BUCKET_NOTES", "MULTI_EPOCH", "NOTES", "PEERS", "REQUIRES", "WORKLOADS"]
-
-
-def _ray_init(cpus: int, tries: int = 3) -> None:
-    """A fresh local Ray (never a `ray start` cluster), without the dashboard, whose processes would eat the
-    CPU budget. Retried: on an overloaded machine the raylet can miss Ray's fixed 30 s start-up deadline."""
-    import ray
-
-    for attempt in range(tries):
-        try:
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
-            return
-        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(exc) or attempt + 1 == tries:
-                raise
-            ray.shutdown()
-
-
-@contextlib.contextmanager
-def _raydl_ray(spec: PeerSpec):
-    """Ray for the raydl rows: a local instance, or with spec.nodes > 1 a local `ray.cluster_utils.Cluster`
-    of that many nodes sharing the CPU budget (each max(1, cpus // nodes) CPUs; the driver on the head)."""
-    import ray
-
-    if spec.nodes <= 1:
-        _ray_init(spec.cpus)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-        return
-    from ray.cluster_utils import Cluster
-
-    per_node = max(1, spec.cpus // spec.nodes)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": per_node, "include_dashboard": False})
-    try:
-        for _ in range(spec.nodes - 1):
-            cluster.add_node(num_cpus=per_node)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="ERROR")
-        try:
-            yield
-        finally:
-            ray.shutdown()
-    finally:
-        cluster.shutdown()
+__all__ = [
+    "BUCKET_NOTES",
+    "MULTI_EPOCH",
+    "NOTES",
+    "PEERS",
+    "REQUIRES",
+    "WORKLOADS",
+    "WORKLOAD_NOTES",
+    "WORKLOAD_REQUIRES",
+    "peer_function",
+]
 
 
 def raydl_source(spec: PeerSpec):
@@ -96,7 +63,7 @@ def raydl_source(spec: PeerSpec):
 
 
 def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
-    with _raydl_ray(spec):
+    with raydl_ray(spec):
         clock.start()
         t0 = time.perf_counter()
         ds = raydl_source(spec).decode(fast=fast)
@@ -162,12 +129,6 @@ class _FolderDataset:
         return torch.from_numpy(out)
 
 
-def _torch_worker_init(_worker_id: int) -> None:
-    import torch
-
-    torch.set_num_threads(1)  # one process per CPU already; intra-op threads would oversubscribe
-
-
 def run_torch(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import torch
 
@@ -178,7 +139,7 @@ def run_torch(spec: PeerSpec, clock: EpochClock) -> Measurement:
         batch_size=spec.batch_size,
         shuffle=True,
         num_workers=spec.cpus,
-        worker_init_fn=_torch_worker_init,
+        worker_init_fn=torch_worker_init,
         generator=torch.Generator().manual_seed(spec.seed),
         collate_fn=_bucket_collate if buckets else None,
     )
@@ -212,7 +173,7 @@ def run_raydata(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import ray
     import ray.data
 
-    _ray_init(spec.cpus)
+    ray_init(spec.cpus)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         clock.start()
@@ -367,21 +328,37 @@ PEERS: dict[str, Callable[[PeerSpec, EpochClock], Measurement]] = {
     "floor": run_floor,
 }
 
+# The workloads whose data is not an image folder, and whose peers are their own functions
+# (_clip.py: WebDataset shards with captions; _tokens.py: Parquet token sequences).
+_WORKLOAD_PEERS: dict[str, dict[str, Callable[[PeerSpec, EpochClock], Measurement]]] = {
+    "clip": CLIP_PEERS,
+    "tokens": TOKEN_PEERS,
+}
+
+
+def peer_function(peer: str, workload: str) -> Callable[[PeerSpec, EpochClock], Measurement]:
+    """The function that runs `peer` on `workload` (a KeyError when it has none)."""
+    return _WORKLOAD_PEERS.get(workload, PEERS)[peer]
+
+
 # The peers that run `--epochs N` epochs of one loader; the others run one and have no later-epoch figures.
-MULTI_EPOCH = frozenset({"raydl", "raydl-base", "raydl-fast", "torch", "dataio", "ceiling", "floor"})
+MULTI_EPOCH = frozenset(
+    {"raydl", "raydl-base", "raydl-fast", "raydl-image", "torch", "dataio", "ceiling", "floor"}
+)
 
 # The workloads each peer can run (the others are skipped with a note).
 WORKLOADS: dict[str, tuple[str, ...]] = {
-    "raydl": ("train", "buckets"),
+    "raydl": ("train", "buckets", "clip", "tokens"),
     "raydl-base": ("train", "buckets"),
     "raydl-fast": ("train", "buckets"),
-    "torch": ("train", "buckets"),
-    "raydata": ("train",),
-    "dataio": ("train",),
+    "raydl-image": ("clip",),
+    "torch": ("train", "buckets", "clip", "tokens"),
+    "raydata": ("train", "clip", "tokens"),
+    "dataio": ("train", "clip"),
     "datago": ("train", "buckets"),
     "dali": ("train", "buckets"),
     "spdl": ("train", "buckets"),
-    "ceiling": ("train", "buckets"),
+    "ceiling": ("train", "buckets", "tokens"),
     "floor": ("train",),
 }
 
@@ -390,6 +367,7 @@ REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
     "raydl": (("ray",), "pip install raydl"),
     "raydl-base": (("ray",), "pip install raydl"),
     "raydl-fast": (("ray",), "pip install raydl"),
+    "raydl-image": (("ray",), "pip install raydl"),
     "dali": (("nvidia.dali",), "pip install 'raydl[bench]'  (or: pip install nvidia-dali-cuda120)"),
     "spdl": (
         ("spdl.io",),
@@ -403,6 +381,12 @@ REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
     "dataio": (("dataio",), "pip install 'raydl[bench]'  (or: pip install dataio-rs)"),
     "datago": (("datago",), "pip install 'raydl[bench]'  (or: pip install datago)"),
     "ceiling": (("simplejpeg",), "pip install simplejpeg"),
+}
+
+# Where a workload's peer needs other modules than REQUIRES says.
+WORKLOAD_REQUIRES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
+    "clip": {"torch": (("torch", "webdataset"), "pip install torch webdataset")},
+    "tokens": {"ceiling": (("pyarrow",), "pip install pyarrow")},
 }
 
 # What each peer does differently from the workload; printed under the table.
@@ -431,6 +415,9 @@ NOTES: dict[str, str] = {
     "floor": "floor: the entropy-decoding floor of the train crops: raydl's region decoder at DCT scale 1/8 "
     "(IFAST) on raydl's own boxes, into an 8x8 slot, bytes in memory; no batch.",
 }
+
+# The notes of the workloads with their own peers (what each does there), printed instead of NOTES.
+WORKLOAD_NOTES: dict[str, dict[str, str]] = {"clip": CLIP_NOTES, "tokens": TOKEN_NOTES}
 
 # The same for the "buckets" workload, where it differs.
 BUCKET_NOTES: dict[str, str] = {

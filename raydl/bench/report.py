@@ -59,11 +59,12 @@ def _cell(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def format_table(summary: list[dict], *, header: str) -> str:
+def format_table(summary: list[dict], *, header: str, rate: str = "images/s") -> str:
+    """The summary as a text table; `rate` names the throughput column (the tokens workload's is rows/s)."""
     later = any(row.get("later_images_per_s") is not None for row in summary)  # --epochs N
     cols = (
         "peer",
-        "images/s",
+        rate,
         "x raydl",
         "first batch s",
         "from start s",

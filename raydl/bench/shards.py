@@ -2,11 +2,19 @@
 
     python -m raydl.bench.shards IMAGE_DIR OUT_DIR [--per-shard 256] [--row-group 64]
         [--upload s3://bucket/prefix --endpoint-url URL]
+    python -m raydl.bench.shards IMAGE_DIR OUT_DIR --clip [--per-shard 256] [--seed 0]
+    python -m raydl.bench.shards --tokens OUT_DIR [--rows 102400] [--files 8] [--row-group 512] [--seed 0]
 
 OUT_DIR/wds/shard-000000.tar ... hold the images in sorted key order, each as
 <class>/<name>.<ext> with a <class>/<name>.cls member (the folder's label);
 OUT_DIR/parquet/data.parquet holds columns image (bytes), label (int64), key.
 With --upload both trees are copied to the S3 prefix.
+
+--clip writes OUT_DIR/clip/shard-000000.tar ... instead: LAION-style samples
+(.jpg, a .txt caption, a .json of metadata) written with webdataset's TarWriter,
+for `raydl bench loader --workload clip` (raydl/bench/_clip.py). --tokens needs
+no image folder and writes OUT_DIR/tokens/part-00000.parquet ...: rows of 2,048
+int32 tokens, for `--workload tokens` (raydl/bench/_tokens.py).
 """
 
 from __future__ import annotations
@@ -90,18 +98,57 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("folder")
-    p.add_argument("out")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="IMAGE_DIR OUT_DIR",
+        help="the image folder and the output folder (--tokens: the output folder alone)",
+    )
     p.add_argument("--per-shard", type=int, default=256)
-    p.add_argument("--row-group", type=int, default=64)
+    p.add_argument("--row-group", type=int, help="rows per row group (default: 64; --tokens: 512)")
+    p.add_argument(
+        "--clip", action="store_true", help="write the clip workload's shards (jpg, txt, json) only"
+    )
+    p.add_argument("--tokens", action="store_true", help="write the tokens workload's Parquet files only")
+    p.add_argument("--rows", type=int, help="--tokens: rows of 2,048 tokens (default: 102,400, 800 MiB)")
+    p.add_argument("--files", type=int, default=8, help="--tokens: Parquet files (default: %(default)s)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="--clip, --tokens: what the captions/tokens are drawn from"
+    )
     p.add_argument("--upload", help="s3://bucket/prefix to copy OUT_DIR's wds/ and parquet/ to")
     p.add_argument("--endpoint-url")
     args = p.parse_args(argv)
-    shards = write_webdataset(args.folder, os.path.join(args.out, "wds"), per_shard=args.per_shard)
-    table = write_parquet(args.folder, os.path.join(args.out, "parquet"), row_group=args.row_group)
-    print(f"{len(shards)} shards in {args.out}/wds, {table}", file=sys.stderr)
+    if args.tokens:
+        from raydl.bench._tokens import DEFAULT_ROWS, write_token_parquet
+
+        if len(args.paths) != 1 or args.clip:
+            p.error("--tokens takes one folder, OUT_DIR, and no --clip")
+        out = os.path.join(args.paths[0], "tokens")
+        files = write_token_parquet(
+            out,
+            rows=args.rows or DEFAULT_ROWS,
+            files=args.files,
+            row_group=args.row_group or 512,
+            seed=args.seed,
+        )
+        print(f"{len(files)} Parquet files in {out}", file=sys.stderr)
+        return 0
+    if len(args.paths) != 2:
+        p.error("give IMAGE_DIR and OUT_DIR")
+    folder, out = args.paths
+    if args.clip:
+        from raydl.bench._clip import write_clip_shards
+
+        shards = write_clip_shards(
+            folder, os.path.join(out, "clip"), per_shard=args.per_shard, seed=args.seed
+        )
+        print(f"{len(shards)} clip shards in {out}/clip", file=sys.stderr)
+        return 0
+    shards = write_webdataset(folder, os.path.join(out, "wds"), per_shard=args.per_shard)
+    table = write_parquet(folder, os.path.join(out, "parquet"), row_group=args.row_group or 64)
+    print(f"{len(shards)} shards in {out}/wds, {table}", file=sys.stderr)
     if args.upload:
-        n = _upload(args.out, args.upload, args.endpoint_url)
+        n = _upload(out, args.upload, args.endpoint_url)
         print(f"uploaded {n} files to {args.upload}", file=sys.stderr)
     return 0
 

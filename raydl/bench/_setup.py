@@ -1,0 +1,61 @@
+"""What several peers set up the same way: a fresh local Ray, raydl's Ray (one node or simulated nodes), and
+torch's workers. A leaf that the workload modules (peers.py, _clip.py, _tokens.py) import."""
+
+from __future__ import annotations
+
+import contextlib
+
+from raydl.bench._clock import PeerSpec
+
+__all__ = ["ray_init", "raydl_ray", "torch_worker_init"]
+
+
+def ray_init(cpus: int, tries: int = 3) -> None:
+    """A fresh local Ray (never a `ray start` cluster), without the dashboard, whose processes would eat the
+    CPU budget. Retried: on an overloaded machine the raylet can miss Ray's fixed 30 s start-up deadline."""
+    import ray
+
+    for attempt in range(tries):
+        try:
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if "timed out during startup" not in str(exc) or attempt + 1 == tries:
+                raise
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def raydl_ray(spec: PeerSpec):
+    """Ray for the raydl rows: a local instance, or with spec.nodes > 1 a local `ray.cluster_utils.Cluster`
+    of that many nodes sharing the CPU budget (each max(1, cpus // nodes) CPUs; the driver on the head)."""
+    import ray
+
+    if spec.nodes <= 1:
+        ray_init(spec.cpus)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    from ray.cluster_utils import Cluster
+
+    per_node = max(1, spec.cpus // spec.nodes)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": per_node, "include_dashboard": False})
+    try:
+        for _ in range(spec.nodes - 1):
+            cluster.add_node(num_cpus=per_node)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, logging_level="ERROR")
+        try:
+            yield
+        finally:
+            ray.shutdown()
+    finally:
+        cluster.shutdown()
+
+
+def torch_worker_init(_worker_id: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one process per CPU already; intra-op threads would oversubscribe
