@@ -257,7 +257,7 @@ def run_raydata_clip(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
 
 def run_dataio_clip(spec: PeerSpec, clock: EpochClock) -> Measurement:
-    """dataio.webdataset: its native image pipeline on the jpg slot; txt and json come as bytes."""
+    """dataio.webdataset: its native image ops on the jpg slot, its text and JSON decoders on the rest."""
     import dataio
 
     from raydl.options import LoaderConfig
@@ -269,13 +269,17 @@ def run_dataio_clip(spec: PeerSpec, clock: EpochClock) -> Measurement:
         .random_resized_crop(h=CROP, w=CROP, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), interp="bilinear")
         .hflip(prob=0.5)
         .normalize("imagenet"),
+        dataio.slot("txt").decode_text(),
+        dataio.slot("json").decode_json(),
         dataio.batch(spec.batch_size, drop_last=False, prefetch=LoaderConfig.prefetch_batches),
     )
     bound = pipe.bind(dataio.webdataset(clip_shards(spec.data)).shuffle(seed=spec.seed))
     for epoch in range(spec.epochs):
         with bound.run("numpy", seed=spec.seed + epoch) as loader:
             for batch in loader:
-                captions = [bytes(c).decode("utf-8") for c in batch["txt"]]
+                captions = batch["txt"]
+                if not isinstance(captions, list) or not all(isinstance(c, str) for c in captions):
+                    captions = [bytes(c).decode("utf-8") for c in captions]
                 _check_captions(captions, batch["jpg"].shape[0])
                 clock.batch(batch["jpg"])
     return clock.result()
@@ -300,6 +304,6 @@ CLIP_NOTES = {
     "raydata": "raydata: ray.data.read_webdataset(decoder: txt -> str, json -> dict, jpg kept as bytes, "
     "shuffle='files') + map_batches (PIL decode, the same PIL+numpy transform) + iter_batches.",
     "dataio": "dataio: dataio.webdataset(shards).shuffle(seed) with its native decode + "
-    "random_resized_crop(bilinear) + hflip + normalize('imagenet') on the jpg slot; captions decoded "
-    "from its txt bytes in Python; DATAIO_CPU_WORKERS=cpus.",
+    "random_resized_crop(bilinear) + hflip + normalize('imagenet') on the jpg slot, decode_text on txt, "
+    "decode_json on json; DATAIO_CPU_WORKERS=cpus.",
 }

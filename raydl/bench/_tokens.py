@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,7 +128,7 @@ def run_raydata_tokens(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
 
 class _RowGroups:
-    """A torch IterableDataset: each worker reads its share of the (file, row group) pairs, in batches."""
+    """Each torch worker reads its share of the (file, row group) pairs, in batches (`RowGroups` below)."""
 
     def __init__(self, files: list[str], batch_size: int, seed: int):
         import pyarrow.parquet as pq
@@ -158,12 +159,24 @@ class _RowGroups:
             yield torch.from_numpy(carry)
 
 
+def __getattr__(name: str):
+    """`RowGroups`: _RowGroups as a torch IterableDataset, made on first use so that importing this module
+    needs no torch; a module attribute all the same, so that a spawned worker can unpickle it."""
+    if name != "RowGroups":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import torch
+
+    cls = type("RowGroups", (_RowGroups, torch.utils.data.IterableDataset), {"__module__": __name__})
+    globals()["RowGroups"] = cls
+    return cls
+
+
 def run_torch_tokens(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import torch
 
     clock.start()
     loader = torch.utils.data.DataLoader(
-        _RowGroups(token_files(spec.data), spec.batch_size, spec.seed),
+        sys.modules[__name__].RowGroups(token_files(spec.data), spec.batch_size, spec.seed),
         batch_size=None,
         num_workers=spec.cpus,
         worker_init_fn=torch_worker_init,
