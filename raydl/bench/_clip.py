@@ -100,7 +100,7 @@ def write_clip_shards(folder: str, out: str, *, per_shard: int = 256, seed: int 
     paths = []
     for s in range(0, len(images), per_shard):
         path = os.path.join(out, f"shard-{s // per_shard:06d}.tar")
-        with wds.TarWriter(path) as sink:
+        with wds.TarWriter(path, mtime=0) as sink:  # a fixed mtime: the same bytes on every write
             for i in range(s, min(s + per_shard, len(images))):
                 data = Path(images[i]).read_bytes()
                 with Image.open(io.BytesIO(data)) as img:  # the header only

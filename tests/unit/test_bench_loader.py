@@ -252,3 +252,142 @@ def test_bench_on_a_small_folder_picks_a_batch_size_that_measures(tmp_path, caps
     report = json.loads(out.read_text())
     assert report["batch_size"] == 5 and report["summary"][0]["images_per_s"] > 0, report
     assert "batch 5: 40 images make 8 batches" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_clip_shards_hold_the_image_a_caption_and_metadata_per_sample(tmp_path):
+    """write_clip_shards: TarWriter shards whose samples, as webdataset decodes them, are the folder's JPEGs in
+    sorted order, a 50-200 character caption and ~300 bytes of JSON, the same on every write."""
+    import webdataset as wds
+
+    from raydl.bench._clip import caption, clip_count, clip_shards, write_clip_shards
+    from raydl.bench._transform import list_images
+
+    data = _tiny_folder(tmp_path / "data", n=6)
+    shards = write_clip_shards(str(data), str(tmp_path / "clip"), per_shard=4)
+    assert [p.rsplit("/", 1)[1] for p in shards] == ["shard-000000.tar", "shard-000001.tar"]
+    assert clip_shards(str(tmp_path / "clip")) == shards and clip_count(str(tmp_path / "clip")) == 6
+    images = list_images(str(data))
+    samples = list(wds.WebDataset(shards, shardshuffle=False, empty_check=False))
+    assert [s["__key__"] for s in samples] == [f"{i:08d}" for i in range(6)]
+    for i, s in enumerate(samples):
+        assert s["jpg"] == open(images[i], "rb").read()
+        text = s["txt"].decode()
+        assert text == caption(0, i) and 50 <= len(text) <= 200
+        assert 250 <= len(s["json"]) <= 400
+        meta = json.loads(s["json"])
+        with Image.open(images[i]) as img:
+            assert (meta["key"], meta["width"], meta["height"]) == (s["__key__"], *img.size)
+    again = write_clip_shards(str(data), str(tmp_path / "again"), per_shard=4)
+    assert [open(p, "rb").read() for p in again] == [open(p, "rb").read() for p in shards]
+
+
+@pytest.mark.timeout(60)
+def test_token_parquet_holds_rows_of_2048_int32_tokens(tmp_path):
+    """write_token_parquet: the rows split over the files in row groups of at most row_group, one list<int32>
+    column of 2,048 ids below the vocabulary each; _to_numpy makes (rows, 2048) of a slice too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raydl.bench._tokens import SEQ_LEN, VOCAB, _to_numpy, token_files, token_rows, write_token_parquet
+
+    paths = write_token_parquet(str(tmp_path / "tok"), rows=10, files=3, row_group=2)
+    assert (
+        token_files(str(tmp_path / "tok")) == paths
+        and len(paths) == 3
+        and token_rows(str(tmp_path / "tok")) == 10
+    )
+    for path in paths:
+        pf = pq.ParquetFile(path)
+        assert pf.schema_arrow.field("input_ids").type == pa.list_(pa.int32())
+        assert all(pf.metadata.row_group(g).num_rows <= 2 for g in range(pf.num_row_groups))
+        column = pf.read()["input_ids"]
+        tokens = _to_numpy(column)
+        assert tokens.shape == (pf.metadata.num_rows, SEQ_LEN) and tokens.dtype == np.int32
+        assert 0 <= tokens.min() and tokens.max() < VOCAB
+        np.testing.assert_array_equal(_to_numpy(column.combine_chunks().slice(1, 2)), tokens[1:3])
+    again = write_token_parquet(str(tmp_path / "again"), rows=10, files=3, row_group=2)
+    for a, b in zip(paths, again):
+        assert pq.read_table(a).equals(pq.read_table(b))
+
+
+@pytest.mark.timeout(120)
+def test_token_and_clip_peers_without_ray_deliver_the_workload(tmp_path):
+    """On a tiny set, the torch DataLoader and pyarrow rows of "tokens" hand over every row as (B, 2048) int32,
+    and webdataset + DataLoader of "clip" every image as float32 (B, 3, 224, 224) with its caption."""
+    from raydl.bench._clip import run_wds_torch, write_clip_shards
+    from raydl.bench._clock import EpochClock, PeerSpec
+    from raydl.bench._tokens import run_pyarrow_ceiling, run_torch_tokens, write_token_parquet
+
+    write_token_parquet(str(tmp_path / "tok"), rows=20, files=2, row_group=4)
+    for run in (run_torch_tokens, run_pyarrow_ceiling):
+        spec = PeerSpec(
+            data=str(tmp_path / "tok"), cpus=1, batch_size=8, seed=0, expected=20, workload="tokens"
+        )
+        m = run(spec, EpochClock(20, on_start=lambda: None, on_finish=lambda: None))
+        assert (m.images, m.batch_shape, m.batch_dtype) == (20, (8, 2048), "int32"), (run.__name__, m)
+    write_clip_shards(str(_tiny_folder(tmp_path / "data", n=8)), str(tmp_path / "clip"), per_shard=4)
+    spec = PeerSpec(data=str(tmp_path / "clip"), cpus=1, batch_size=4, seed=0, expected=8, workload="clip")
+    m = run_wds_torch(spec, EpochClock(8, on_start=lambda: None, on_finish=lambda: None))
+    assert (m.images, m.batch_shape, m.batch_dtype) == (8, (4, 3, 224, 224), "float32"), m
+
+
+@pytest.mark.timeout(10)
+def test_clip_and_tokens_runs_pick_their_rows_and_notes(tmp_path):
+    """clip adds raydl-image and no JPEG ceiling; tokens adds the pyarrow ceiling; the notes give what the caption
+    costs raydl, tokens/s and raydl's ratios against the goals."""
+    peers, _ = loader._peers(_parse(["--data", "x", "--workload", "clip", "--compare", "torch,raydata"]))
+    assert peers == ["raydl", "raydl-image", "torch", "raydata"]
+    peers, _ = loader._peers(_parse(["--data", "x", "--workload", "tokens", "--compare", "torch,dataio"]))
+    assert peers == ["raydl", "torch", "ceiling"]
+    row = lambda peer, ips: {"peer": peer, "images_per_s": ips, "short_window": False}  # noqa: E731
+    notes = loader._workload_notes(
+        "clip", [row("raydl", 96.0), row("raydl-image", 100.0), row("torch", 40.0)]
+    )
+    assert (
+        notes[0].startswith("carrying caption + metadata costs raydl 4.0%") and "2.40 (goal >= 2)" in notes[1]
+    )
+    notes = loader._workload_notes(
+        "tokens", [row("raydl", 1000.0), row("ceiling", 1250.0), row("raydata", 250.0)]
+    )
+    assert "raydl 2.0 M, ceiling 2.6 M" in notes[0] and notes[1:] == [
+        "raydl / pyarrow ceiling: 0.80 (goal >= 0.7)",
+        "raydl / Ray Data: 4.00 (goal >= 3)",
+    ]
+    (tmp_path / "empty").mkdir()
+    assert loader.main(_parse(["--data", str(tmp_path / "empty"), "--workload", "tokens"])) == 2
+
+
+@pytest.mark.timeout(300)
+def test_bench_tokens_runs_raydl_and_the_pyarrow_ceiling(tmp_path):
+    """--workload tokens on 256 rows: raydl (read_parquet with no image column, iter_torch_batches) and pyarrow
+    deliver every row as int [B, 2048], and the notes give their tokens/s and raydl's ratio to the ceiling."""
+    from raydl.bench._tokens import write_token_parquet
+
+    write_token_parquet(str(tmp_path / "tok"), rows=256, files=2, row_group=64)
+    out = tmp_path / "bench.json"
+    args = _parse(
+        [
+            "--data",
+            str(tmp_path / "tok"),
+            "--workload",
+            "tokens",
+            "--compare",
+            "",
+            "--rounds",
+            "1",
+            "--cpus",
+            "1",
+            "--batch-size",
+            "32",
+            "--json",
+            str(out),
+        ]
+    )
+    assert loader.main(args) == 0
+    report = json.loads(out.read_text())
+    assert [(r["peer"], r["ok"], r["images"], r["batch_shape"]) for r in report["runs"]] == [
+        ("raydl", True, 256, [32, 2048]),
+        ("ceiling", True, 256, [32, 2048]),
+    ], report["runs"]
+    assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
