@@ -71,6 +71,7 @@ from raydl.bench.peers import (
     NOTES,
     PEERS,
     REQUIRES,
+    WHY_NOT,
     WORKLOAD_NOTES,
     WORKLOAD_REQUIRES,
     WORKLOADS,
@@ -441,7 +442,7 @@ def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     skipped = {p: why for p in [*ours, *wanted] if (why := _missing(p, args.workload))}
     skipped.update(
         {
-            p: f"{p} skipped: it has no {args.workload} workload"
+            p: f"{p} skipped: " + WHY_NOT.get((p, args.workload), f"it has no {args.workload} workload")
             for p in wanted
             if p not in skipped and args.workload not in WORKLOADS[p]
         }

@@ -44,6 +44,7 @@ __all__ = [
     "WORKLOADS",
     "WORKLOAD_NOTES",
     "WORKLOAD_REQUIRES",
+    "WHY_NOT",
     "peer_function",
 ]
 
@@ -360,6 +361,17 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "spdl": ("train", "buckets"),
     "ceiling": ("train", "buckets", "tokens"),
     "floor": ("train",),
+}
+
+# Why a peer cannot run a workload, where there is more to say than that it has none.
+WHY_NOT: dict[tuple[str, str], str] = {
+    (
+        "datago",
+        "clip",
+    ): "datago's webdataset source fetches http(s) URLs only (a local shard or a file:// URL "
+    "fails with 'builder error for url'), and its file source reads image folders, not tar shards",
+    ("datago", "tokens"): "datago reads images only",
+    ("dataio", "tokens"): "not written yet (dataio.scan_parquet could read the files)",
 }
 
 # Modules a peer needs, and what to install when one is missing.
