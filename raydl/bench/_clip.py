@@ -168,6 +168,7 @@ def run_raydl_clip(spec: PeerSpec, clock: EpochClock, *, image_only: bool = Fals
                     clock.batch(batch["image"])
             result = clock.result()
             clock.extra["memory"] = loader.memory()
+            clock.extra["driver_batches"] = it.stats().driver_batches
             return result
         finally:
             loader.shutdown()

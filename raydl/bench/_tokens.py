@@ -106,6 +106,7 @@ def run_raydl_tokens(spec: PeerSpec, clock: EpochClock) -> Measurement:
                     clock.batch(batch[COLUMN])
             result = clock.result()
             clock.extra["memory"] = loader.memory()
+            clock.extra["driver_batches"] = it.stats().driver_batches
             return result
         finally:
             loader.shutdown()
