@@ -509,7 +509,8 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
     try:
         data = _subset(files, args.data, tmp / "data") if args.limit else args.data
         _log(
-            f"{len(files)} images, batch {args.batch_size}, {args.cpus} CPUs, "
+            f"{len(files)} {'rows' if args.workload == 'tokens' else 'images'}, batch {args.batch_size}, "
+            f"{args.cpus} CPUs, "
             f"{args.rounds} round(s) of: {' '.join(peers)}"
         )
         runs = []
