@@ -8,7 +8,8 @@ Each row holds one `input_ids` column: a list<int32> of SEQ_LEN = 2,048 tokens
 with a Zipf-like law over a 50,257-token vocabulary, so the files compress as
 real tokens do. The default 102,400 rows make 800 MiB of tokens.
 
-Peers: raydl (`read_parquet` with no image column, `iter_torch_batches`), Ray
+Peers: raydl (`read_parquet` with no image column, `iter_torch_batches`; and
+"raydl-ordered", the same without its per-row shuffle), Ray
 Data (`read_parquet` + `iter_torch_batches`), a torch DataLoader whose workers
 read the row groups with pyarrow, and the ceiling: pyarrow's own
 `ParquetFile.iter_batches` to numpy on the same CPU budget, with no loader at all.
@@ -91,13 +92,17 @@ def _to_numpy(column) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).reshape(len(column), SEQ_LEN)
 
 
-def run_raydl_tokens(spec: PeerSpec, clock: EpochClock) -> Measurement:
+def run_raydl_tokens(spec: PeerSpec, clock: EpochClock, *, shuffle: bool = True) -> Measurement:
     import raydl
 
     with raydl_ray(spec):
         clock.start()
         loader = raydl.read_parquet(token_files(spec.data)).loader(
-            batch_size=spec.batch_size, seed=spec.seed, num_workers=1, threads_per_worker=spec.cpus
+            batch_size=spec.batch_size,
+            seed=spec.seed,
+            num_workers=1,
+            threads_per_worker=spec.cpus,
+            shuffle=shuffle,
         )
         try:
             it = loader.iterator(0)
@@ -110,6 +115,10 @@ def run_raydl_tokens(spec: PeerSpec, clock: EpochClock) -> Measurement:
             return result
         finally:
             loader.shutdown()
+
+
+def run_raydl_tokens_ordered(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    return run_raydl_tokens(spec, clock, shuffle=False)
 
 
 def run_raydata_tokens(spec: PeerSpec, clock: EpochClock) -> Measurement:
@@ -207,6 +216,7 @@ def run_pyarrow_ceiling(spec: PeerSpec, clock: EpochClock) -> Measurement:
 
 TOKEN_PEERS = {
     "raydl": run_raydl_tokens,
+    "raydl-ordered": run_raydl_tokens_ordered,
     "torch": run_torch_tokens,
     "raydata": run_raydata_tokens,
     "ceiling": run_pyarrow_ceiling,
@@ -215,6 +225,8 @@ TOKEN_PEERS = {
 TOKEN_NOTES = {
     "raydl": "raydl: read_parquet(files) (no image column) .loader(num_workers=1, threads_per_worker=cpus) "
     "+ iter_torch_batches(): input_ids as a (B, 2048) tensor.",
+    "raydl-ordered": "raydl-ordered: the same with loader(shuffle=False): rows in file order, each row group "
+    "decoded once (raydl's shuffle draws every row of a batch from anywhere in the data).",
     "torch": "torch: DataLoader(num_workers=cpus, batch_size=None) over an IterableDataset whose workers "
     "read their share of the row groups (shuffled) with pyarrow into (B, 2048) tensors.",
     "raydata": "raydata: ray.data.read_parquet(columns=['input_ids'], shuffle='files') + "

@@ -80,7 +80,7 @@ from raydl.bench.report import format_table, peer_versions, summarize, write_plo
 
 __all__ = ["add_parser", "main"]
 
-_COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")]
+_COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")]  # raydl-image/-ordered: own
 _OWN_DATA = ("clip", "tokens")  # workloads whose --data is their own (shards, Parquet), not an image folder
 DEFAULT_BATCH = 256
 MIN_BATCHES = 8  # images/s counts from the first batch to the last: a few batches give a noisy figure
@@ -438,7 +438,10 @@ def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if unknown:
         raise _Refused(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
     # clip: raydl on the same shards with the image alone, to show what the caption and metadata cost
-    ours = ["raydl", "raydl-image"] if args.workload == "clip" else ["raydl"]
+    # tokens: raydl without its per-row shuffle, which reads each row group once, as the peers do
+    ours = {"clip": ["raydl", "raydl-image"], "tokens": ["raydl", "raydl-ordered"]}.get(
+        args.workload, ["raydl"]
+    )
     skipped = {p: why for p in [*ours, *wanted] if (why := _missing(p, args.workload))}
     skipped.update(
         {
@@ -631,10 +634,10 @@ def _workload_notes(workload: str, summary: list[dict]) -> list[str]:
     notes.append(
         f"rows/s is {SEQ_LEN}-token rows per second; CPU ms/img is per row. tokens/s: {', '.join(tokens)}"
     )
-    if raydl and rate.get("ceiling"):
-        notes.append(f"raydl / pyarrow ceiling: {raydl / rate['ceiling']:.2f} (goal >= 0.7)")
-    if raydl and rate.get("raydata"):
-        notes.append(f"raydl / Ray Data: {raydl / rate['raydata']:.2f} (goal >= 3)")
+    for ours in ("raydl", "raydl-ordered"):
+        for peer, what, goal in (("ceiling", "pyarrow ceiling", 0.7), ("raydata", "Ray Data", 3)):
+            if rate.get(ours) and rate.get(peer):
+                notes.append(f"{ours} / {what}: {rate[ours] / rate[peer]:.2f} (goal >= {goal})")
     return notes
 
 

@@ -344,7 +344,17 @@ def peer_function(peer: str, workload: str) -> Callable[[PeerSpec, EpochClock], 
 
 # The peers that run `--epochs N` epochs of one loader; the others run one and have no later-epoch figures.
 MULTI_EPOCH = frozenset(
-    {"raydl", "raydl-base", "raydl-fast", "raydl-image", "torch", "dataio", "ceiling", "floor"}
+    {
+        "raydl",
+        "raydl-base",
+        "raydl-fast",
+        "raydl-image",
+        "raydl-ordered",
+        "torch",
+        "dataio",
+        "ceiling",
+        "floor",
+    }
 )
 
 # The workloads each peer can run (the others are skipped with a note).
@@ -353,6 +363,7 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "raydl-base": ("train", "buckets"),
     "raydl-fast": ("train", "buckets"),
     "raydl-image": ("clip",),
+    "raydl-ordered": ("tokens",),
     "torch": ("train", "buckets", "clip", "tokens"),
     "raydata": ("train", "clip", "tokens"),
     "dataio": ("train", "clip"),
@@ -380,6 +391,7 @@ REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
     "raydl-base": (("ray",), "pip install raydl"),
     "raydl-fast": (("ray",), "pip install raydl"),
     "raydl-image": (("ray",), "pip install raydl"),
+    "raydl-ordered": (("ray",), "pip install raydl"),
     "dali": (("nvidia.dali",), "pip install 'raydl[bench]'  (or: pip install nvidia-dali-cuda120)"),
     "spdl": (
         ("spdl.io",),

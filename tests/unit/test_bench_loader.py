@@ -334,12 +334,12 @@ def test_token_and_clip_peers_without_ray_deliver_the_workload(tmp_path):
 
 @pytest.mark.timeout(10)
 def test_clip_and_tokens_runs_pick_their_rows_and_notes(tmp_path):
-    """clip adds raydl-image and no JPEG ceiling; tokens adds the pyarrow ceiling; the notes give what the caption
+    """clip adds raydl-image and no JPEG ceiling; tokens adds raydl-ordered and the pyarrow ceiling; the notes give what the caption
     costs raydl, tokens/s and raydl's ratios against the goals."""
     peers, _ = loader._peers(_parse(["--data", "x", "--workload", "clip", "--compare", "torch,raydata"]))
     assert peers == ["raydl", "raydl-image", "torch", "raydata"]
     peers, _ = loader._peers(_parse(["--data", "x", "--workload", "tokens", "--compare", "torch,dataio"]))
-    assert peers == ["raydl", "torch", "ceiling"]
+    assert peers == ["raydl", "raydl-ordered", "torch", "ceiling"]
     row = lambda peer, ips: {"peer": peer, "images_per_s": ips, "short_window": False}  # noqa: E731
     notes = loader._workload_notes(
         "clip", [row("raydl", 96.0), row("raydl-image", 100.0), row("torch", 40.0)]
@@ -360,8 +360,8 @@ def test_clip_and_tokens_runs_pick_their_rows_and_notes(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_bench_tokens_runs_raydl_and_the_pyarrow_ceiling(tmp_path):
-    """--workload tokens on 256 rows: raydl (read_parquet with no image column, iter_torch_batches) and pyarrow
-    deliver every row as int [B, 2048], and the notes give their tokens/s and raydl's ratio to the ceiling."""
+    """--workload tokens on 256 rows: raydl (read_parquet with no image column, iter_torch_batches), raydl
+    without its shuffle and pyarrow deliver every row as int [B, 2048], and the notes give their tokens/s."""
     from raydl.bench._tokens import write_token_parquet
 
     write_token_parquet(str(tmp_path / "tok"), rows=256, files=2, row_group=64)
@@ -388,6 +388,7 @@ def test_bench_tokens_runs_raydl_and_the_pyarrow_ceiling(tmp_path):
     report = json.loads(out.read_text())
     assert [(r["peer"], r["ok"], r["images"], r["batch_shape"]) for r in report["runs"]] == [
         ("raydl", True, 256, [32, 2048]),
+        ("raydl-ordered", True, 256, [32, 2048]),
         ("ceiling", True, 256, [32, 2048]),
     ], report["runs"]
     assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
