@@ -132,7 +132,7 @@ def main() -> None:
             )
             print(ds)
             model = TinyClip()
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
             loader = ds.loader(batch_size=args.batch_size, num_workers=1, seed=0)
             try:
                 it = loader.iterator(0)
