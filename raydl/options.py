@@ -170,11 +170,18 @@ class LoaderConfig:
     read's retries at the default S3Options (30 s × 5), so a stalled store is reported as itself first.
     `float("inf")` waits forever (raydl/plan/timeouts.py)."""
 
+    shuffle_window: int | None = None
+    """With shuffle: 0 shuffles the samples of the whole epoch together; k > 0 shuffles the parts (Parquet
+    row groups, tar shards, files) and then the samples within each run of k consecutive parts, so that a
+    batch reads a few parts, not all of them. None (the default): 16 for a source that decodes a whole part
+    to cut one sample out (Parquet row groups), else 0. A pure function of the seed and epoch either way."""
+
     def __post_init__(self) -> None:
         for name in ("batch_size", "world_size", "prefetch_batches", "num_workers", "max_sample_bytes"):
             positive_int(name, getattr(self, name))
         for name in ("threads_per_worker", "io_concurrency", "object_store_budget"):
             check_number(name, getattr(self, name), integer=True, above=0, optional=True)
+        check_number("shuffle_window", self.shuffle_window, integer=True, at_least=0, optional=True)
         check_number("seed", self.seed, integer=True, at_least=0, below=2**63)
         check_number("cpus_per_worker", self.cpus_per_worker, at_least=0)
         check_number("batch_timeout_s", self.batch_timeout_s, above=0)

@@ -30,7 +30,14 @@ from raydl.consume.formats import check_batch_format, format_batches
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
 from raydl.plan.failures import ErrorPolicy, Failure
-from raydl.plan.order import BucketBatches, EpochOrder, EpochPlan, augmentation_seeds, bucket_batches
+from raydl.plan.order import (
+    BucketBatches,
+    EpochOrder,
+    EpochPlan,
+    WindowedOrder,
+    augmentation_seeds,
+    bucket_batches,
+)
 from raydl.plan.scheduling import choose_worker, prefetch_depth
 from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
 from raydl.plan.timeouts import batch_timeout
@@ -124,10 +131,18 @@ class DataIterator:
         """Batches per epoch for this rank (the same on every rank)."""
         return self._plan().batches_per_rank
 
-    def _order(self) -> EpochOrder | BucketBatches:
+    def _order(self) -> EpochOrder | WindowedOrder | BucketBatches:
         """The epoch's global order: sample ids (lazy: only this rank's positions are computed), or the
         bucket-pure batches."""
         c = self._config
+        if self._buckets is None and c.shuffle and self._loader.shuffle_window:
+            return WindowedOrder(
+                self._loader.part_counts,
+                self._loader.shuffle_window,
+                seed=c.seed,
+                epoch=self._epoch,
+                fingerprint=self._loader.samples_fingerprint,
+            )
         if self._buckets is None:
             return EpochOrder(
                 self._n,
@@ -411,6 +426,7 @@ class DataIterator:
             "num_samples": self._n,
             "fingerprint": self._loader.fingerprint,
             "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
+            "shuffle_window": self._loader.shuffle_window,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -426,8 +442,10 @@ class DataIterator:
             "drop_last": c.drop_last,
             "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
         }
+        mine["shuffle_window"] = self._loader.shuffle_window
         for key, value in mine.items():
-            if state.get(key) != value:
+            # states written before shuffle_window existed shuffled the whole epoch together (window 0)
+            if state.get(key, 0 if key == "shuffle_window" else None) != value:
                 raise ValueError(
                     f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
                     f"{value!r}; build the loader over the same data with the same settings"

@@ -71,6 +71,7 @@ _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no wor
 LAUNCH_DELAY_S = 1.0  # how long the launch waits for a first batch to be asked of this process
 # With cpus_per_worker > 0: how long to wait for CPUs to free up (e.g. a loader shutting down).
 ROOM_WAIT_S = 10.0
+DEFAULT_PART_WINDOW = 16  # LoaderConfig.shuffle_window's default for Parquet: row groups shuffled together
 
 
 class Loader:
@@ -95,6 +96,13 @@ class Loader:
         # Seeds the shuffle: same files, same order anywhere
         self.samples_fingerprint = catalog.samples_fingerprint
         self.buckets, self.bucket_of, self.unlisted, self.plan_units = _plan_units(catalog, program, config)
+        # A source that decodes a whole part to cut a sample out (Parquet row groups) is shuffled a window
+        # of parts at a time by default: a batch drawn from every row group would decode them all.
+        window = config.shuffle_window
+        if window is None:
+            window = 0 if catalog.source.range_is_sample else DEFAULT_PART_WINDOW
+        self.shuffle_window = window if catalog.num_parts < len(catalog) else 0  # one sample a part: global
+        self.part_counts = catalog.column("count") if self.shuffle_window else None
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True

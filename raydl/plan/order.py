@@ -46,6 +46,7 @@ from raydl.util.splitmix import GAMMA, MASK64, mix64, mix64_array
 __all__ = [
     "BucketBatches",
     "EpochOrder",
+    "WindowedOrder",
     "EpochPlan",
     "augmentation_seeds",
     "bucket_batch_count",
@@ -105,6 +106,71 @@ class EpochOrder:
             left, right = right, left ^ (mix64_array(right ^ key) & np.uint64((1 << a) - 1))
             a, b = b, a
         return (left << np.uint64(b)) | right
+
+
+class WindowedOrder:
+    """An epoch's order that reads a few parts at a time: the parts (Parquet row groups, shards) in a seeded
+    order, cut into windows of `window` consecutive parts, and the samples of each window in a keyed order
+    (an EpochOrder of its own). A pure function of (part counts, window, seed, epoch, fingerprint), a
+    bijection of [0, n) evaluated at the positions asked for, like EpochOrder, so the plan, resume and the
+    re-deal at another world size work unchanged.
+
+    A batch of consecutive positions then draws from about one window's parts, not from all of them: a
+    source that must decode a whole part to cut one sample out (a Parquet row group) decodes each part
+    about once an epoch, instead of once per batch that touches it.
+    """
+
+    def __init__(self, counts: np.ndarray, window: int, *, seed: int, epoch: int, fingerprint: str) -> None:
+        counts = np.asarray(counts, np.int64)
+        self.window = positive_int("window", window)
+        self.num_samples = positive_int("num_samples", int(counts.sum()))
+        part_starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self._perm = _rng(seed, epoch, fingerprint, 0x57).permutation(len(counts))  # the parts' order
+        shuffled = counts[self._perm]
+        self._starts = np.concatenate([[0], np.cumsum(shuffled)])  # positions where each shuffled part starts
+        self._part_starts = part_starts[self._perm]  # sample id of each shuffled part's first sample
+        self._windows = self._starts[:: self.window]  # positions where each window starts
+        if self._windows[-1] != self.num_samples:
+            self._windows = np.append(self._windows, self.num_samples)
+        self._args = (seed, epoch, fingerprint)
+        self._orders: dict[int, EpochOrder] = {}
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, positions) -> np.ndarray:
+        pos = np.asarray(positions, dtype=np.int64)
+        if pos.size and (pos.min() < 0 or pos.max() >= self.num_samples):
+            raise IndexError(f"positions must be in [0, {self.num_samples})")
+        win = np.searchsorted(self._windows, pos, side="right") - 1
+        out = np.empty_like(pos)
+        for w in np.unique(win).tolist():
+            rows = np.flatnonzero(win == w)
+            lo = int(self._windows[w])
+            out[rows] = lo + self._order(w, int(self._windows[w + 1]) - lo)[pos[rows] - lo]
+        part = np.searchsorted(self._starts, out, side="right") - 1  # the shuffled part each position is in
+        return self._part_starts[part] + (out - self._starts[part])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        order = self[np.arange(self.num_samples)]
+        return order if dtype is None else order.astype(dtype)
+
+    def _order(self, w: int, size: int) -> EpochOrder:
+        order = self._orders.get(w)
+        if order is None:
+            seed, epoch, fingerprint = self._args
+            if len(self._orders) > 64:  # a rank walks the windows in order: keep a few
+                self._orders.clear()
+            # the window's own key: its index mixed into the seed (the same window of another epoch differs)
+            order = EpochOrder(
+                size,
+                seed=int(mix64(seed ^ (w * GAMMA & MASK64))),
+                epoch=epoch,
+                shuffle=True,
+                fingerprint=fingerprint,
+            )
+            self._orders[w] = order
+        return order
 
 
 def epoch_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool, fingerprint: str) -> np.ndarray:

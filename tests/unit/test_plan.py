@@ -313,3 +313,25 @@ def test_substitutes_are_a_pure_function_of_the_slot_seed():
     assert len({substitute_id(12345, a, 1000) for a in range(8)}) == 8
     with pytest.raises(ValueError, match="num_samples"):
         substitute_id(1, 0, 0)
+
+
+def test_a_windowed_order_is_a_permutation_that_reads_a_few_parts_a_batch():
+    """WindowedOrder (Parquet's default shuffle): a bijection of [0, n), the same for the same seed and epoch
+    and another in another epoch; a batch of 256 draws from about one window of parts, not from all of
+    them, and over an epoch every part's samples are spread (not left in catalog order)."""
+    from raydl.plan.order import WindowedOrder
+
+    counts = np.random.default_rng(1).integers(1, 400, size=300)
+    n = int(counts.sum())
+    a = np.asarray(WindowedOrder(counts, 8, seed=3, epoch=0, fingerprint=FP))
+    assert np.array_equal(np.sort(a), np.arange(n))
+    assert np.array_equal(a, np.asarray(WindowedOrder(counts, 8, seed=3, epoch=0, fingerprint=FP)))
+    assert not np.array_equal(a, np.asarray(WindowedOrder(counts, 8, seed=3, epoch=1, fingerprint=FP)))
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    part = np.searchsorted(starts, a, side="right") - 1
+    touched = [len(set(part[i : i + 256].tolist())) for i in range(0, n, 256)]
+    assert max(touched) <= 2 * 8 + 2, max(touched)
+    assert np.mean(np.abs(np.diff(a)) == 1) < 0.05  # shuffled within windows, not runs of the catalog
+    o = WindowedOrder(counts, 8, seed=3, epoch=0, fingerprint=FP)
+    pos = np.array([5, n - 1, 17, 1000])
+    assert np.array_equal(o[pos], a[pos])  # evaluated at the positions asked for
