@@ -61,12 +61,14 @@ def _folder_as_shards(root, out_dir, per_shard=20):
     for s in range(0, len(keys), per_shard):
         with tarfile.open(out_dir / f"shard-{s // per_shard:03d}.tar", "w") as tar:
             for key, label in zip(keys[s:s + per_shard], labels[s:s + per_shard]):
-                for name, data in ((key, (root / key).read_bytes()), (key.rsplit(".", 1)[0] + ".cls",
-                                                                       str(label).encode())):
+                stem = key.rsplit(".", 1)[0]
+                for name, data in ((key, (root / key).read_bytes()), (stem + ".cls", str(label).encode()),
+                                   (stem + ".txt", f"caption of {key}".encode())):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-    table = pa.table({"img": [(root / k).read_bytes() for k in keys], "label": labels})
+    table = pa.table({"img": [(root / k).read_bytes() for k in keys], "label": labels,
+                      "caption": [f"caption of {k}" for k in keys]})
     pq.write_table(table, out_dir / "all.parquet", row_group_size=16)
     return (len(keys) + per_shard - 1) // per_shard
 
@@ -78,14 +80,15 @@ def _epoch(ds, **kw):
 
 def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_server, bucket, image_folder, tmp_path):
     """The same images as WebDataset shards (local and on S3) and as Parquet give the folder's labels and pixels;
-    the S3 shards and Parquet file give batch for batch what the local ones give."""
+    the S3 shards and Parquet file give batch for batch what the local ones give, captions (a field) too."""
     n_shards = _folder_as_shards(image_folder, tmp_path / "wds")
     upload_folder(bucket, tmp_path / "wds", "wds")
     s3 = raydl.S3Options(endpoint_url=moto_server, max_concurrency=8)
     pattern = f"shard-{{000..{n_shards - 1:03d}}}.tar"
     folder = raydl.read_images(str(image_folder))
     local = raydl.read_webdataset(str(tmp_path / "wds" / pattern))
-    remote = raydl.read_webdataset(f"s3://{bucket}/wds/{pattern}", s3=s3)
+    fields = {"image": "jpg;jpeg;png", "label": "cls", "caption": "txt"}
+    remote = raydl.read_webdataset(f"s3://{bucket}/wds/{pattern}", s3=s3, fields=fields)
     table = raydl.read_parquet(str(tmp_path / "wds" / "all.parquet"), image_column="img", label_column="label")
     assert local.catalog.samples().key == [
         k.rsplit(".", 1)[0] for k in folder.catalog.samples().key]
@@ -98,12 +101,15 @@ def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_serv
             np.testing.assert_array_equal(x["image"], y["image"])
     remote_table = raydl.read_parquet(f"s3://{bucket}/wds/all.parquet", image_column="img", label_column="label",
                                       s3=s3)
-    for a, b in ((remote, local), (remote_table, table)):  # shuffled: same order from S3 as from disk
+    local_fields = raydl.read_webdataset(str(tmp_path / "wds" / pattern), fields=fields)
+    for a, b in ((remote, local_fields), (remote_table, table)):  # shuffled: same order from S3 as from disk
         for x, y in zip(_epoch(a, seed=9), _epoch(b, seed=9), strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
             np.testing.assert_array_equal(x["label"], y["label"])
             np.testing.assert_array_equal(x["image"], y["image"])
             assert x["key"] == y["key"]
+            assert x["caption"].tolist() == y["caption"].tolist()
+            assert all(c.startswith("caption of ") for c in x["caption"])
 
 
 def test_object_changed_after_listing_fails_even_under_replace(ray_s3, moto_server, s3_client, bucket, image_folder):
