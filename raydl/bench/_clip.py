@@ -17,7 +17,6 @@ cost raydl shows as a ratio of one run.
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import os
@@ -28,7 +27,7 @@ import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
 from raydl.bench._setup import ray_init, raydl_ray, torch_worker_init
-from raydl.bench._transform import CROP, open_rgb, train_transform
+from raydl.bench._transform import CROP, data_files, open_rgb, train_transform
 
 __all__ = [
     "CLIP_FIELDS",
@@ -120,11 +119,7 @@ def write_clip_shards(folder: str, out: str, *, per_shard: int = 256, seed: int 
 
 def clip_shards(data: str) -> list[str]:
     """The shards a clip --data names: a folder (its *.tar, sorted) or one glob pattern."""
-    pattern = os.path.join(data, "*.tar") if os.path.isdir(data) else data
-    shards = sorted(glob.glob(pattern))
-    if not shards:
-        raise ValueError(f"no .tar shards at {data}")
-    return shards
+    return data_files(data, ".tar")
 
 
 def clip_count(data: str) -> int:

@@ -18,7 +18,6 @@ The table's rate is rows/s; tokens/s is SEQ_LEN times it (the notes give it).
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
 from raydl.bench._setup import ray_init, raydl_ray, torch_worker_init
+from raydl.bench._transform import data_files
 
 __all__ = ["SEQ_LEN", "TOKEN_NOTES", "TOKEN_PEERS", "token_files", "write_token_parquet"]
 
@@ -66,11 +66,7 @@ def write_token_parquet(
 
 def token_files(data: str) -> list[str]:
     """The Parquet files a tokens --data names: a folder (its *.parquet, sorted) or one glob pattern."""
-    pattern = os.path.join(data, "*.parquet") if os.path.isdir(data) else data
-    files = sorted(glob.glob(pattern))
-    if not files:
-        raise ValueError(f"no .parquet files at {data}")
-    return files
+    return data_files(data, ".parquet")
 
 
 def token_rows(data: str) -> int:

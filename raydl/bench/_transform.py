@@ -53,6 +53,18 @@ _MUL = (1.0 / (255.0 * _STD)).reshape(3, 1, 1)
 _SUB = (_MEAN / _STD).reshape(3, 1, 1)
 
 
+def data_files(data: str, suffix: str) -> list[str]:
+    """The files a --data names: a folder (its *<suffix> files, sorted) or one glob pattern; a ValueError
+    when there are none."""
+    import glob
+
+    pattern = os.path.join(data, "*" + suffix) if os.path.isdir(data) else data
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise ValueError(f"no {suffix} files at {data}")
+    return files
+
+
 def list_images(root: str) -> list[str]:
     """Every image file under `root` (image-folder layout), sorted, so all peers see one list."""
     found = []
