@@ -1,10 +1,13 @@
 """Catalog bytes per sample for 1 M samples (synthetic catalogs as the listings build them), and a real
 LAION-style listing with fields=None, a dict, and "all" (catalog bytes must be equal)."""
 
-import io, tempfile
+import io
+import tempfile
+
 import numpy as np
 import webdataset as wds
 from PIL import Image
+
 import raydl
 from raydl.bench._listing_synthetic import parquet_catalog, webdataset_catalog
 
@@ -33,5 +36,6 @@ url = f"{tmp}/s-{{0..7}}.tar"
 for fields in (None, {"image": "jpg", "caption": "txt", "meta": "json", "label": "cls"}, "all"):
     cat = raydl.read_webdataset(url, fields=fields).catalog
     print(
-        f"real listing, fields={fields!r}: {cat.nbytes} B for {len(cat)} samples, {cat.nbytes / len(cat):.3f} B/sample"
+        f"real listing, fields={fields!r}: {cat.nbytes} B for {len(cat)} samples, "
+        f"{cat.nbytes / len(cat):.3f} B/sample"
     )
