@@ -299,11 +299,15 @@ class S3Storage:
 
         def attempt(time_left_s: float):
             tries[0] += 1
+            started = time.monotonic()
             with deadline.deadline(time_left_s) as watch:
                 try:
                     return fn()
                 except Exception as exc:
-                    if watch.expired:  # whatever the shut-down connection raised: the deadline did it
+                    # whatever the shut-down connection raised: the deadline did it; or botocore's own read
+                    # timeout (also timeout_s) fired first, on a store that sent nothing in that time
+                    timed_out = type(exc).__name__ in ("ReadTimeoutError", "ConnectTimeoutError")
+                    if watch.expired or (timed_out and time.monotonic() - started >= 0.9 * time_left_s):
                         raise StalledError(
                             f"the store stalled: no complete response within {time_left_s:.3g} s "
                             f"(S3Options.timeout_s={self.options.timeout_s:g}); the connection was closed"
