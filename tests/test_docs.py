@@ -326,6 +326,7 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
             lambda: raydl.read_webdataset(str(tmp / "junk.tar"))],
         "DataSourceError: …: truncated tar shard: …": [lambda: raydl.read_webdataset(str(tmp / "cut.tar"))],
         **_hostile_shard_triggers(tmp),
+        **_record_triggers(tmp),
         **_batch_format_triggers(),
         "DataSourceError: … is not a Parquet file (…)": [
             lambda: raydl.read_parquet(str(tmp / "junk.parquet"), image_column="img")],
@@ -452,6 +453,35 @@ def test_every_documented_error_is_worded_as_in_the_code(tmp_path):
             piece = piece.strip(" '\"()[].,;:")
             if len(piece) > 3:
                 assert any(piece in s for s in strings), f"docs/errors.md: {piece!r} of {message!r} is not in the code"
+
+
+def _record_triggers(tmp: Path) -> dict[str, list]:
+    """The Python stages' and the batching's errors (issue 19), from the calls that raise them."""
+    import numpy as np
+
+    import raydl
+    from raydl.bench.shards import write_parquet
+    from raydl.demo import make_images
+    from raydl.describe.fields import Field
+    from raydl.describe.records import Map, MapBatches, check_pipeline_order
+    from raydl.describe.transforms import CenterCrop, Decode
+    from raydl.execute.collate import collate
+
+    make_images(str(tmp / "rec"), 4, classes=2, seed=0, corrupt=0)
+    rows = raydl.read_parquet(write_parquet(str(tmp / "rec"), str(tmp / "rec-pq")), columns=["label"])
+    return {
+        "ValueError: .decode() has no image field to decode: the … source's fields are […], none of them an "
+        "image; drop .decode() and the image stages": [lambda: rows.decode().center_crop(8).loader(batch_size=2)],
+        "ValueError: .pad('…', ...): the source has no field '…'; its fields are […]": [
+            lambda: rows.pad("tokens", 8)],
+        "ValueError: .… cannot follow .…(): the native stages (decode, crops, normalize) come first, then map, pad "
+        "and map_batches": [lambda: check_pipeline_order((Decode(), Map(dict), CenterCrop(8)))],
+        "ValueError: .… cannot follow .map_batches(): per-sample stages come first": [
+            lambda: check_pipeline_order((MapBatches(dict), Map(dict)))],
+        "LoaderError: field '…' has shape … in … and … in …, in one batch: a batch needs one shape per field; make "
+        "one with .pad('…', length) or a map": [
+            lambda: collate(Field("emb", "array"), [np.zeros(2), np.zeros(3)], lambda r: f"s{r}")],
+    }
 
 
 def _batch_format_triggers() -> dict[str, list]:
