@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
-from raydl.bench._setup import ray_init, raydl_ray, torch_worker_init
+from raydl.bench._setup import ray_init, raydl_epochs, raydl_ray, torch_worker_init
 from raydl.bench._transform import CROP, data_files, open_rgb, train_transform
 
 __all__ = [
@@ -154,19 +154,13 @@ def run_raydl_clip(spec: PeerSpec, clock: EpochClock, *, image_only: bool = Fals
         loader = ds.loader(
             batch_size=spec.batch_size, seed=spec.seed, num_workers=1, threads_per_worker=spec.cpus
         )
-        try:
-            it = loader.iterator(0)
-            for _epoch in range(spec.epochs):
-                for batch in it.iter_batches():
-                    if not image_only:
-                        _check_captions(batch["caption"], batch["image"].shape[0])
-                    clock.batch(batch["image"])
-            result = clock.result()
-            clock.extra["memory"] = loader.memory()
-            clock.extra["driver_batches"] = it.stats().driver_batches
-            return result
-        finally:
-            loader.shutdown()
+
+        def timed(batch):
+            if not image_only:
+                _check_captions(batch["caption"], batch["image"].shape[0])
+            return batch["image"]
+
+        return raydl_epochs(loader, spec, clock, timed)
 
 
 def run_raydl_clip_image(spec: PeerSpec, clock: EpochClock) -> Measurement:

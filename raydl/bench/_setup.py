@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 
-from raydl.bench._clock import PeerSpec
+from raydl.bench._clock import EpochClock, Measurement, PeerSpec
 
-__all__ = ["ray_init", "raydl_ray", "torch_worker_init"]
+__all__ = ["ray_init", "raydl_epochs", "raydl_ray", "torch_worker_init"]
 
 
 def ray_init(cpus: int, tries: int = 3) -> None:
@@ -59,3 +59,20 @@ def torch_worker_init(_worker_id: int) -> None:
     import torch
 
     torch.set_num_threads(1)  # one process per CPU already; intra-op threads would oversubscribe
+
+
+def raydl_epochs(loader, spec: PeerSpec, clock: EpochClock, timed, *, torch: bool = False) -> Measurement:
+    """Rank 0 of `loader` for spec.epochs epochs, each batch timed by `clock` on `timed(batch)` (which may
+    check the batch first); then the loader's memory and the batches the driver made. Shuts the loader down.
+    torch: batches from iter_torch_batches, else iter_batches."""
+    try:
+        it = loader.iterator(0)
+        for _epoch in range(spec.epochs):
+            for batch in it.iter_torch_batches() if torch else it.iter_batches():
+                clock.batch(timed(batch))
+        result = clock.result()
+        clock.extra["memory"] = loader.memory()
+        clock.extra["driver_batches"] = it.stats().driver_batches
+        return result
+    finally:
+        loader.shutdown()

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
-from raydl.bench._setup import ray_init, raydl_ray, torch_worker_init
+from raydl.bench._setup import ray_init, raydl_epochs, raydl_ray, torch_worker_init
 from raydl.bench._transform import data_files
 
 __all__ = ["SEQ_LEN", "TOKEN_NOTES", "TOKEN_PEERS", "token_files", "write_token_parquet"]
@@ -100,17 +100,7 @@ def run_raydl_tokens(spec: PeerSpec, clock: EpochClock, *, shuffle: bool = True)
             threads_per_worker=spec.cpus,
             shuffle=shuffle,
         )
-        try:
-            it = loader.iterator(0)
-            for _epoch in range(spec.epochs):
-                for batch in it.iter_torch_batches():
-                    clock.batch(batch[COLUMN])
-            result = clock.result()
-            clock.extra["memory"] = loader.memory()
-            clock.extra["driver_batches"] = it.stats().driver_batches
-            return result
-        finally:
-            loader.shutdown()
+        return raydl_epochs(loader, spec, clock, lambda batch: batch[COLUMN], torch=True)
 
 
 def run_raydl_tokens_ordered(spec: PeerSpec, clock: EpochClock) -> Measurement:

@@ -23,7 +23,7 @@ import numpy as np
 from raydl.bench._clip import CLIP_NOTES, CLIP_PEERS
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
 from raydl.bench._native_peers import run_dali, run_floor, run_spdl
-from raydl.bench._setup import ray_init, raydl_ray, torch_worker_init
+from raydl.bench._setup import ray_init, raydl_epochs, raydl_ray, torch_worker_init
 from raydl.bench._tokens import TOKEN_NOTES, TOKEN_PEERS
 from raydl.bench._transform import (
     BUCKET_CONFIG,
@@ -81,25 +81,19 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
             threads_per_worker=spec.cpus if spec.nodes <= 1 else None,
         )
         t2 = time.perf_counter()
-        try:
-            it = loader.iterator(0)
-            for _epoch in range(spec.epochs):
-                for batch in it.iter_batches():
-                    if len(batch["id"]) != batch["image"].shape[0]:
-                        raise RuntimeError("raydl batch: len(id) != len(image)")
-                    if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
-                        clock.extra["first_batch_phases_s"] = {
-                            "listing": t1 - t0,
-                            "loader()": t2 - t1,
-                            "batch": time.perf_counter() - t2,
-                        }
-                    clock.batch(batch["image"])
-            result = clock.result()
-            clock.extra["memory"] = loader.memory()
-            clock.extra["driver_batches"] = it.stats().driver_batches
-            return result
-        finally:
-            loader.shutdown()
+
+        def timed(batch):
+            if len(batch["id"]) != batch["image"].shape[0]:
+                raise RuntimeError("raydl batch: len(id) != len(image)")
+            if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
+                clock.extra["first_batch_phases_s"] = {
+                    "listing": t1 - t0,
+                    "loader()": t2 - t1,
+                    "batch": time.perf_counter() - t2,
+                }
+            return batch["image"]
+
+        return raydl_epochs(loader, spec, clock, timed)
 
 
 def run_raydl_fast(spec: PeerSpec, clock: EpochClock) -> Measurement:

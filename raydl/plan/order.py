@@ -58,6 +58,14 @@ __all__ = [
 _ROUNDS = 6  # Feistel rounds (even); 4 already make a pseudorandom permutation (Luby-Rackoff)
 
 
+def _positions(positions, n: int) -> np.ndarray:
+    """`positions` as int64, each in [0, n) (an IndexError otherwise)."""
+    pos = np.asarray(positions, dtype=np.int64)
+    if pos.size and (pos.min() < 0 or pos.max() >= n):
+        raise IndexError(f"positions must be in [0, {n})")
+    return pos
+
+
 class EpochOrder:
     """An epoch's global sample order, a pure function of (n, seed, epoch, shuffle, fingerprint).
 
@@ -82,9 +90,7 @@ class EpochOrder:
         return self.num_samples
 
     def __getitem__(self, positions) -> np.ndarray:
-        pos = np.asarray(positions, dtype=np.int64)
-        if pos.size and (pos.min() < 0 or pos.max() >= self.num_samples):
-            raise IndexError(f"positions must be in [0, {self.num_samples})")
+        pos = _positions(positions, self.num_samples)
         if not self.shuffle:
             return pos.copy()
         out = self._permute(pos.astype(np.uint64))
@@ -139,9 +145,7 @@ class WindowedOrder:
         return self.num_samples
 
     def __getitem__(self, positions) -> np.ndarray:
-        pos = np.asarray(positions, dtype=np.int64)
-        if pos.size and (pos.min() < 0 or pos.max() >= self.num_samples):
-            raise IndexError(f"positions must be in [0, {self.num_samples})")
+        pos = _positions(positions, self.num_samples)
         win = np.searchsorted(self._windows, pos, side="right") - 1
         out = np.empty_like(pos)
         for w in np.unique(win).tolist():
