@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from raydl import errors
     from raydl.consume.iterator import DataIterator, IteratorStats
-    from raydl.dataset import Dataset, read_images, read_parquet, read_webdataset
+    from raydl.dataset import Dataset, mix, read_images, read_parquet, read_webdataset
     from raydl.execute.loader import Loader
     from raydl.options import S3Options
 
@@ -32,6 +32,7 @@ __all__ = [
     "Loader",
     "S3Options",
     "errors",
+    "mix",
     "read_images",
     "read_parquet",
     "read_webdataset",
@@ -44,6 +45,7 @@ _HOME = {
     "IteratorStats": "raydl.consume.iterator",
     "Loader": "raydl.execute.loader",
     "S3Options": "raydl.options",
+    "mix": "raydl.dataset",
     "read_images": "raydl.dataset",
     "read_parquet": "raydl.dataset",
     "read_webdataset": "raydl.dataset",

@@ -7,12 +7,13 @@ declarative stages, and printing it shows every stage.
 from __future__ import annotations
 
 import inspect
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from raydl.describe.catalog import Catalog
+from raydl.describe.mixing import Member, Mixture
 from raydl.describe.records import Map, MapBatches, Pad, check_pipeline_order, compile_pipeline
 from raydl.describe.transforms import (
     AspectBuckets,
@@ -29,7 +30,7 @@ from raydl.options import LoaderConfig, S3Options
 from raydl.sources.images import list_image_folder
 from raydl.storage import resolve, split_scheme, storage_for
 
-__all__ = ["Dataset", "read_images", "read_parquet", "read_webdataset"]
+__all__ = ["Dataset", "mix", "read_images", "read_parquet", "read_webdataset"]
 
 
 def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | None = None) -> Dataset:
@@ -191,12 +192,42 @@ class Dataset:
 
     catalog: Catalog
     stages: tuple[Stage, ...] = ()
+    #: per-sample weights (with_weights), one float64 per sample, and the epoch they draw; None: none
+    weights: np.ndarray | None = field(default=None, compare=False, repr=False)
+    epoch_size: int | None = None
 
     def _with(self, stage: Stage) -> Dataset:
         """This dataset with `stage` added; a ValueError naming the stage when it is out of order."""
         stages = self.stages + (stage,)
         check_pipeline_order(stages)  # here, at the call that makes the mistake, not at loader()
-        return Dataset(self.catalog, stages)
+        return replace(self, stages=stages)
+
+    def with_weights(self, weights, *, epoch_size: int | None = None) -> Dataset:
+        """Draw each epoch's samples with replacement, with probability proportional to their weight.
+
+        `weights`: one number per sample (an array or a list, in sample-id order), or the name of a numeric
+        column (Parquet), read once here. They must be finite and >= 0, not all 0, and as many as the
+        samples: a ValueError names the first bad one. An epoch draws `epoch_size` samples (default: as
+        many as there are), a pure function of (catalog, weights, seed, epoch): the same draws in every
+        run, exact and elastic resume as for any dataset; a resume state records a digest of the weights
+        and refuses a loader with other ones. Composes with `raydl.mix` (the mix's weight gives the source
+        its share; its samples are drawn by these weights).
+        """
+        from raydl.plan.mix import check_sample_weights
+
+        what = f"with_weights() on {self.catalog.source.name} {self.catalog.root!r}"
+        if isinstance(weights, str):
+            from raydl.sources.parquet import ParquetSource, read_column
+
+            if not isinstance(self.catalog.source, ParquetSource):
+                raise ValueError(f"{what}: a column name ({weights!r}) works for Parquet only; pass an array")
+            weights = read_column(self.catalog, weights)
+        w = check_sample_weights(weights, len(self.catalog), what)
+        if epoch_size is not None and (
+            not isinstance(epoch_size, int) or isinstance(epoch_size, bool) or epoch_size < 1
+        ):
+            raise ValueError(f"{what}: epoch_size must be a positive int, got {epoch_size!r}")
+        return replace(self, weights=w, epoch_size=epoch_size or len(self.catalog))
 
     def decode(
         self,
@@ -265,7 +296,7 @@ class Dataset:
         """
         stage = AspectBuckets(size, multiple, min_ratio, max_ratio, crop)
         added = self._with(stage)  # the order is checked before any size is read
-        return Dataset(self.catalog.with_sizes(), added.stages)
+        return replace(added, catalog=self.catalog.with_sizes())
 
     def bucket_counts(self) -> dict[tuple[int, int], int]:
         """How many images go to each bucket (H, W), from the images' sizes, in bucket order."""
@@ -326,10 +357,19 @@ class Dataset:
 
     def loader_from_config(self, config: LoaderConfig) -> Loader:
         """As `loader(...)`, with the settings in a LoaderConfig (e.g. from `load_loader_config`)."""
+        if self.weights is not None:  # a weighted draw is a mix of one source
+            return Loader(self._mixture(), None, config)
         return Loader(self.catalog, compile_pipeline(self.stages), config)
 
+    def _member(self, name: str) -> Member:
+        return Member(name, self.catalog, compile_pipeline(self.stages), self.weights)
+
+    def _mixture(self) -> Mixture:
+        return Mixture((self._member("0"),), (1.0,), self.epoch_size, labelled=False)
+
     def __len__(self) -> int:
-        return len(self.catalog)
+        """Samples in an epoch: the catalog's, or with_weights' epoch_size."""
+        return len(self.catalog) if self.epoch_size is None else self.epoch_size
 
     def __repr__(self) -> str:
         c = self.catalog
@@ -344,6 +384,105 @@ class Dataset:
             classes = "?"
         lines = [f"Dataset(source={c.source.name}, root={c.root!r}, samples={len(c)}, classes={classes})"]
         lines += [f"  -> {st!r}" for st in self.stages]
+        return "\n".join(lines)
+
+
+def mix(
+    datasets: dict[str, Dataset],
+    weights: dict[str, float] | None = None,
+    *,
+    epoch_size: int | None = None,
+    batching: str = "stratified",
+) -> Dataset:
+    """Several datasets mixed by weight into one, each keeping its own stages; batch["source"] names each
+    row's dataset.
+
+    `weights`: {name: weight} for every dataset (any non-negative scale; None: by size). An epoch has
+    `epoch_size` samples (default: the datasets' sizes summed); a dataset's share is weight x epoch_size,
+    rounded so that the shares sum to epoch_size. A dataset smaller than its share repeats (each sample
+    floor(share/size) or ceil(share/size) times an epoch); a larger one is subsampled without replacement,
+    another subset each epoch, so that over epochs every sample is seen. One with `with_weights` draws its
+    share by its per-sample weights.
+
+    `batching`: "stratified" (every batch holds each dataset's share of the batch, within one sample; the
+    datasets must give the same fields, dtypes and shapes) or "per_source" (each batch from one dataset,
+    the datasets' batches in proportion to their weights; the same field names, any shapes).
+
+    The plan stays a pure function of (datasets, weights, seed, epoch): the same batches and pixels in every
+    run, exact resume, resume at another world size (with the same batch_size), node loss and equal batches
+    per rank, as for one dataset. A resume state records the mix and refuses a loader whose weights,
+    datasets or epoch differ, naming what changed. A ValueError names the dataset and field that do not fit,
+    before any actor starts. Aspect buckets cannot be mixed yet.
+    """
+    if not isinstance(datasets, dict) or not datasets:
+        raise ValueError(f"mix() takes a non-empty dict {{name: dataset}}, got {type(datasets).__name__}")
+    for name, ds in datasets.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"mix(): dataset names must be non-empty strings, got {name!r}")
+        if isinstance(ds, MixedDataset):
+            raise ValueError(f"mix(): {name!r} is a mix itself; mix its datasets in one raydl.mix() call")
+        if not isinstance(ds, Dataset):
+            raise ValueError(f"mix(): {name!r} is a {type(ds).__name__}, not a raydl Dataset")
+        if any(isinstance(st, AspectBuckets) for st in ds.stages):
+            raise ValueError(
+                f"mix(): {name!r} has aspect_buckets(); mixing bucketed datasets is not supported yet"
+            )
+    if weights is None:
+        weights = {name: float(len(ds)) for name, ds in datasets.items()}
+    if not isinstance(weights, dict):
+        raise ValueError(f"mix(): weights must be a dict {{name: weight}}, got {type(weights).__name__}")
+    missing, extra = sorted(set(datasets) - set(weights)), sorted(set(weights) - set(datasets))
+    if missing or extra:
+        raise ValueError(
+            f"mix(): weights must name every dataset and no other: missing {missing}, unknown {extra} "
+            f"(datasets: {list(datasets)})"
+        )
+    size = sum(len(ds) for ds in datasets.values()) if epoch_size is None else epoch_size
+    mixture = Mixture(
+        tuple(ds._member(name) for name, ds in datasets.items()),
+        tuple(weights[name] for name in datasets),
+        size,
+        batching,
+    )
+    first = next(iter(datasets.values()))
+    return MixedDataset(first.catalog, (), mixture=mixture)
+
+
+@dataclass(frozen=True)
+class MixedDataset(Dataset):
+    """What `raydl.mix` returns: a Dataset whose loader mixes its datasets (stages go on each one before)."""
+
+    mixture: Mixture | None = None
+
+    def _with(self, stage: Stage) -> Dataset:
+        raise ValueError(
+            f".{stage.method}() on a mix: give each dataset its stages before raydl.mix(...) "
+            "(each keeps its own)"
+        )
+
+    def with_weights(self, weights, *, epoch_size: int | None = None) -> Dataset:
+        raise ValueError("with_weights() on a mix: weight the datasets inside it, then mix them")
+
+    def bucket_counts(self) -> dict[tuple[int, int], int]:
+        raise ValueError("bucket_counts() on a mix: mixing bucketed datasets is not supported yet")
+
+    def loader_from_config(self, config: LoaderConfig) -> Loader:
+        return Loader(self.mixture, None, config)
+
+    def __len__(self) -> int:
+        return self.mixture.epoch_size
+
+    def __repr__(self) -> str:
+        m = self.mixture
+        total = sum(m.weights)
+        lines = [f"Mix(samples={m.epoch_size}, batching={m.batching!r})"]
+        for member, w in zip(m.members, m.weights):
+            c = member.catalog
+            weighted = ", per-sample weights" if member.weights is not None else ""
+            lines.append(
+                f"  {member.name!r} weight={w / total:.4g}{weighted}: {c.source.name} {c.root!r}, "
+                f"samples={len(c)}"
+            )
         return "\n".join(lines)
 
 

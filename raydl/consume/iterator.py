@@ -30,6 +30,7 @@ from raydl.consume.formats import check_batch_format, format_batches
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
 from raydl.plan.failures import ErrorPolicy, Failure
+from raydl.plan.mix import MixEpoch
 from raydl.plan.order import (
     BucketBatches,
     EpochOrder,
@@ -108,7 +109,10 @@ class DataIterator:
         # The plan's unit: a sample, or with aspect buckets a whole (bucket-pure) batch.
         self._buckets = loader.buckets
         self._units = loader.plan_units
-        self._unit = 1 if self._buckets is not None else loader.config.batch_size
+        self._mix = loader.mix  # a mix's plan (raydl/plan/mix.py), or None
+        # Whole batches are the plan's unit with aspect buckets and with per_source mixing.
+        self._batch_units = self._buckets is not None or (self._mix is not None and self._mix.per_source)
+        self._unit = 1 if self._batch_units else loader.config.batch_size
         self._epoch = 0
         self._next = 0  # next batch index of the current epoch
         self._start = 0  # position in the epoch order where this epoch's plan starts (elastic resume)
@@ -131,10 +135,12 @@ class DataIterator:
         """Batches per epoch for this rank (the same on every rank)."""
         return self._plan().batches_per_rank
 
-    def _order(self) -> EpochOrder | WindowedOrder | BucketBatches:
-        """The epoch's global order: sample ids (lazy: only this rank's positions are computed), or the
-        bucket-pure batches."""
+    def _order(self) -> EpochOrder | WindowedOrder | BucketBatches | MixEpoch:
+        """The epoch's global order: sample ids (lazy: only this rank's positions are computed), the
+        bucket-pure batches, or a mix's epoch."""
         c = self._config
+        if self._mix is not None:
+            return self._mix.epoch(seed=c.seed, epoch=self._epoch, shuffle=c.shuffle)
         if self._buckets is None and c.shuffle and self._loader.shuffle_window:
             return WindowedOrder(
                 self._loader.part_counts,
@@ -162,8 +168,15 @@ class DataIterator:
             fingerprint=self._loader.samples_fingerprint,
         )
 
-    def _task(self, order: EpochOrder | BucketBatches, plan: EpochPlan, k: int) -> BatchTask:
+    def _task(self, order, plan: EpochPlan, k: int) -> BatchTask:
         bucket = None
+        if isinstance(order, MixEpoch):  # seeded by slot: a sample repeated in an epoch differs each time
+            if order.per_source:
+                ids, slots = order.batch(int(plan.positions(self._rank, k)[0]))
+            else:
+                ids, slots = order.rows(plan.positions(self._rank, k))
+            seeds = augmentation_seeds(slots, seed=self._config.seed, epoch=self._epoch)
+            return BatchTask(rank=self._rank, epoch=self._epoch, index=k, ids=ids, seeds=seeds)
         if isinstance(order, BucketBatches):
             j = int(plan.positions(self._rank, k)[0])
             ids, bucket = order.batch(j), self._buckets[int(order.bucket[j])]  # type: ignore[index]
@@ -427,6 +440,7 @@ class DataIterator:
             "fingerprint": self._loader.fingerprint,
             "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
             "shuffle_window": self._loader.shuffle_window,
+            "mix": None if self._loader.mixture is None else self._loader.mixture.state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -443,6 +457,9 @@ class DataIterator:
             "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
         }
         mine["shuffle_window"] = self._loader.shuffle_window
+        _check_mix_state(
+            state.get("mix"), None if self._loader.mixture is None else self._loader.mixture.state()
+        )
         for key, value in mine.items():
             # states written before shuffle_window existed shuffled the whole epoch together (window 0)
             if state.get(key, 0 if key == "shuffle_window" else None) != value:
@@ -450,12 +467,13 @@ class DataIterator:
                     f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
                     f"{value!r}; build the loader over the same data with the same settings"
                 )
-        if self._buckets is not None and int(state["batch_size"]) != c.batch_size:
+        if (self._buckets is not None or self._mix is not None) and int(state["batch_size"]) != c.batch_size:
+            what = "aspect buckets" if self._buckets is not None else "a mix"
             raise ValueError(
                 f"cannot resume: the state's batch_size is {state['batch_size']!r}, this loader's is "
-                f"{c.batch_size!r}; with aspect buckets the batches themselves depend on it"
+                f"{c.batch_size!r}; with {what} the batches themselves depend on it"
             )
-        old_unit = 1 if self._buckets is not None else int(state["batch_size"])
+        old_unit = 1 if self._batch_units else int(state["batch_size"])
         old = EpochPlan(
             self._units, int(state["world_size"]), old_unit, c.drop_last, start=int(state["start"])
         )
@@ -486,3 +504,33 @@ class DataIterator:
     def __repr__(self) -> str:
         where = f"rank={self._rank}, epoch={self._epoch}, next_batch={self._next}"
         return f"DataIterator({where}, batches={len(self)})"
+
+
+def _check_mix_state(theirs: dict | None, mine: dict | None) -> None:
+    """A state of a mix loads only into the same mix: a ValueError naming what changed (the sources, their
+    weights, the epoch size, the batching, the per-sample weights or a source's data)."""
+    if theirs is None and mine is None:
+        return
+    if theirs is None or mine is None:
+        was, now = ("one dataset", "a mix") if theirs is None else ("a mix", "one dataset")
+        raise ValueError(f"cannot resume: the state is of {was}, this loader is of {now}")
+    for key, value in mine.items():
+        if theirs.get(key) != value:
+            if key in ("sample_weights", "fingerprints"):
+                changed = [n for n, a, b in zip(mine["sources"], theirs.get(key) or [], value) if a != b]
+                what = "per-sample weights" if key == "sample_weights" else "data"
+                raise ValueError(
+                    f"cannot resume: the {what} of source(s) {changed or mine['sources']} changed since the "
+                    "state was saved; load it into a loader of the same mix"
+                )
+            if key == "weights":
+                was = dict(zip(theirs.get("sources", []), theirs.get("weights", [])))
+                now = dict(zip(mine["sources"], value))
+                raise ValueError(
+                    f"cannot resume: the mix's weights changed: the state has {was}, this loader {now}; "
+                    "resume with the same weights (or start a new epoch plan without the state)"
+                )
+            raise ValueError(
+                f"cannot resume: the mix's {key} is {theirs.get(key)!r} in the state and {value!r} here; "
+                "load it into a loader of the same mix"
+            )

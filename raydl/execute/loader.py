@@ -23,6 +23,7 @@ coordinator for workers, and only the original's shutdown() kills them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydl.describe.catalog import Catalog
+from raydl.describe.mixing import Mixture
 from raydl.describe.records import Pipeline, decoded_fields
 from raydl.describe.transforms import SampleProgram
 from raydl.errors import LoaderError
@@ -52,10 +54,12 @@ from raydl.execute.cluster import (
     remote_class,
 )
 from raydl.execute.coordinator import LoaderCoordinator
+from raydl.execute.mixer import MixSpec
 from raydl.execute.worker import WorkerSpec
 from raydl.options import LoaderConfig, check_number
 from raydl.plan import scheduling
 from raydl.plan.failures import ErrorPolicy, Failure
+from raydl.plan.mix import MixPlan, SourcePlan, mix_shares
 from raydl.plan.order import bucket_batch_count
 from raydl.util.arrow import int_column
 
@@ -81,28 +85,46 @@ class Loader:
     `shutdown()` (idempotent) to kill the workers and free their objects.
     """
 
-    def __init__(self, catalog: Catalog, pipeline: Pipeline | SampleProgram, config: LoaderConfig) -> None:
-        if isinstance(pipeline, SampleProgram):
-            pipeline = Pipeline(pipeline)
-        program = pipeline.program
+    def __init__(
+        self, catalog: Catalog | Mixture, pipeline: Pipeline | SampleProgram | None, config: LoaderConfig
+    ) -> None:
+        mixture = catalog if isinstance(catalog, Mixture) else None
+        if mixture is None:
+            if isinstance(pipeline, SampleProgram):
+                pipeline = Pipeline(pipeline)
+            members = [(catalog, pipeline)]
+        else:
+            members = [(m.catalog, m.pipeline) for m in mixture.members]
         # Fail before any actor starts: image fields the program cannot decode, batches without one shape,
         # user functions that cannot reach the workers.
-        decoded = _check_pipeline(catalog, pipeline)
+        decoded = [_check_pipeline(cat, pipe) for cat, pipe in members]
+        catalog, pipeline = members[0]
+        program = pipeline.program
         self.config = config
         self.program = program
-        self.image_fields = tuple(name for name, is_mask in decoded if not is_mask)  # one torch dtype's
-        self.num_samples = len(catalog)
-        self.fingerprint = catalog.fingerprint
-        # Seeds the shuffle: same files, same order anywhere
-        self.samples_fingerprint = catalog.samples_fingerprint
-        self.buckets, self.bucket_of, self.unlisted, self.plan_units = _plan_units(catalog, program, config)
-        # A source that decodes a whole part to cut a sample out (Parquet row groups) is shuffled a window
-        # of parts at a time by default: a batch drawn from every row group would decode them all.
-        window = config.shuffle_window
-        if window is None:
-            window = 0 if catalog.source.range_is_sample else DEFAULT_PART_WINDOW
-        self.shuffle_window = window if catalog.num_parts < len(catalog) else 0  # one sample a part: global
-        self.part_counts = catalog.column("count") if self.shuffle_window else None
+        self.image_fields = tuple(name for name, is_mask in decoded[0] if not is_mask)  # one torch dtype's
+        self.mixture = mixture
+        self.mix = None  # the mix's plan (raydl/plan/mix.py), or None for one dataset
+        if mixture is None:
+            self.num_samples = len(catalog)
+            self.fingerprint = catalog.fingerprint
+            # Seeds the shuffle: same files, same order anywhere
+            self.samples_fingerprint = catalog.samples_fingerprint
+            self.buckets, self.bucket_of, self.unlisted, self.plan_units = _plan_units(
+                catalog, program, config
+            )
+            # A source that decodes a whole part to cut a sample out (Parquet row groups) is shuffled a window
+            # of parts at a time by default: a batch drawn from every row group would decode them all.
+            self.shuffle_window = _part_window(catalog, config)
+            self.part_counts = catalog.column("count") if self.shuffle_window else None
+        else:
+            self.mix = _mix_plan(mixture, config)
+            self.num_samples = mixture.epoch_size
+            self.fingerprint = _combined(m.catalog.fingerprint for m in mixture.members)
+            self.samples_fingerprint = _combined(m.catalog.samples_fingerprint for m in mixture.members)
+            self.buckets, self.bucket_of, self.unlisted = None, None, ()
+            self.plan_units = self.mix.units
+            self.shuffle_window, self.part_counts = 0, None  # each source's own window is in the mix's plan
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True
@@ -112,19 +134,29 @@ class Loader:
         if not ray.is_initialized():
             ray.init(logging_level=logging.WARNING)  # actors' logs reach the driver (Ray's default)
         nodes = live_nodes()
-        self.batch_bytes = config.batch_size * _sample_bytes(catalog, program, decoded)
+        self.batch_bytes = config.batch_size * max(
+            _sample_bytes(cat, pipe.program, dec) for (cat, pipe), dec in zip(members, decoded)
+        )
         self.object_store_budget = config.object_store_budget or _default_budget(nodes)
         placement = _initial_placement(config, nodes)
-        spec = WorkerSpec(
-            program=program,
-            threads=config.threads_per_worker,
-            on_error=config.on_error,
-            io_concurrency=config.io_concurrency,
-            max_sample_bytes=config.max_sample_bytes,
-            sample_stages=pipeline.sample_stages,
-            batch_stages=pipeline.batch_stages,
-        )
-        self._catalog_bytes = catalog.nbytes
+        specs = [
+            WorkerSpec(
+                program=pipe.program,
+                threads=config.threads_per_worker,
+                on_error=config.on_error,
+                io_concurrency=config.io_concurrency,
+                max_sample_bytes=config.max_sample_bytes,
+                sample_stages=pipe.sample_stages,
+                batch_stages=pipe.batch_stages,
+            )
+            for _cat, pipe in members
+        ]
+        spec: WorkerSpec | MixSpec = specs[0]
+        if mixture is not None:  # the workers get every source's spec, and a tuple of catalogs
+            offsets = tuple(int(x) for x in self.mix.id_offsets)
+            spec = MixSpec(tuple(specs), mixture.names, offsets, labelled=mixture.labelled)
+            catalog = tuple(cat for cat, _pipe in members)
+        self._catalog_bytes = sum(cat.nbytes for cat, _pipe in members)
         cpus = {n.node_id: n.cpus for n in nodes}
         here = ray.get_runtime_context().get_node_id()
         self._coordinator = None  # set by the launch, which the first batch does not wait for
@@ -150,7 +182,12 @@ class Loader:
 
     # -- start-up -------------------------------------------------------------------------
     def _run_launch(
-        self, spec: WorkerSpec, catalog: Catalog, placement: dict[str, int], cpus: dict[str, float], here: str
+        self,
+        spec: WorkerSpec | MixSpec,
+        catalog: Catalog | tuple,
+        placement: dict[str, int],
+        cpus: dict[str, float],
+        here: str,
     ) -> None:
         """Start the workers and the coordinator (on the thread "raydl-launch").
 
@@ -421,6 +458,39 @@ class Loader:
             f"Loader(samples={self.num_samples}, batch_size={c.batch_size}, world_size={c.world_size}, "
             f"workers={len(self._workers)}, closed={self._closed})"
         )
+
+
+def _part_window(catalog: Catalog, config: LoaderConfig) -> int:
+    """The parts shuffled together (LoaderConfig.shuffle_window, or its source's default); 0: all."""
+    window = config.shuffle_window
+    if window is None:
+        window = 0 if catalog.source.range_is_sample else DEFAULT_PART_WINDOW
+    return window if catalog.num_parts < len(catalog) else 0  # one sample a part: global
+
+
+def _mix_plan(mixture: Mixture, config: LoaderConfig) -> MixPlan:
+    """The plan of a mix: each source's samples, fingerprint, window and weights, and its share."""
+    sources = []
+    for m in mixture.members:
+        window = _part_window(m.catalog, config)
+        sources.append(
+            SourcePlan(
+                len(m.catalog),
+                m.catalog.samples_fingerprint,
+                window=window,
+                part_counts=m.catalog.column("count") if window else None,
+                weights=m.weights,
+            )
+        )
+    shares = tuple(int(x) for x in mix_shares(mixture.weights, mixture.epoch_size))
+    return MixPlan(tuple(sources), shares, mixture.batching, config.batch_size, config.drop_last)
+
+
+def _combined(fingerprints) -> str:
+    h = hashlib.sha256()
+    for fp in fingerprints:
+        h.update(fp.encode() + b"\0")
+    return h.hexdigest()
 
 
 def _check_pipeline(catalog: Catalog, pipeline: Pipeline) -> list[tuple[str, bool]]:

@@ -50,6 +50,7 @@ from raydl.describe.records import Pad, decoded_fields, pad_record, stage_rng, w
 from raydl.describe.transforms import SampleProgram
 from raydl.errors import DataSourceError, DecodeError, LoaderError
 from raydl.execute.collate import collate, infer_field
+from raydl.execute.mixer import Mixer, MixSpec
 from raydl.plan.failures import ErrorPolicy, Failure, Replaced
 from raydl.plan.order import substitute_id
 from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
@@ -91,13 +92,18 @@ class LoaderWorker:
 
     def __init__(
         self,
-        spec: WorkerSpec,
-        catalog: Catalog,
+        spec: WorkerSpec | MixSpec,
+        catalog: Catalog | tuple[Catalog, ...],
         threads: int | None = None,
         *,
         reuse_buffers: bool = True,
         handoff: bool = False,
+        pools: tuple | None = None,
     ) -> None:
+        mix = None
+        if isinstance(spec, MixSpec):  # a mix: this worker is its first source's part, and holds the others
+            mix, catalogs = spec, tuple(catalog)
+            spec, catalog = mix.parts[0], catalogs[0]
         self._spec = spec
         # reuse_buffers: a buffer is reused once Ray has copied the BatchResult out (it drops the result).
         # handoff: the batch is handed to the caller as it is (made in the driver, not through Ray); its
@@ -113,18 +119,30 @@ class LoaderWorker:
         self._shard_etags = StringColumn(catalog.shards.column("etag"))
         self._shard_sizes = int_column(catalog.shards.column("size"))
         threads = threads or spec.threads or len(os.sched_getaffinity(0))
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
-        self._io = IOPool(spec.io_concurrency or catalog.storage.default_io_concurrency)
+        if pools is not None:  # another source's part of a mix: that worker's pools
+            self._pool, self._io = pools
+        else:
+            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="raydl-decode")
+            self._io = IOPool(spec.io_concurrency or catalog.storage.default_io_concurrency)
         self._name = process_name()
         self._free_lock = threading.Lock()
         self._free: list[np.ndarray] = []  # batch buffers not in use
         self._dropped = False  # drop_buffers() was called
         self._buffers: list[np.ndarray] = []  # every batch buffer made, for memory()
         self._membership = 0
+        self._mixer = None
+        if mix is not None:
+            others = [
+                LoaderWorker(sp, cat, threads, reuse_buffers=False, pools=(self._pool, self._io))
+                for sp, cat in zip(mix.parts[1:], catalogs[1:])
+            ]
+            self._mixer = Mixer(mix, [self, *others])
 
     def set_membership(self, version: int) -> None:
         """The coordinator's worker list changed (a worker joined, died or was replaced)."""
         self._membership = max(self._membership, version)
+        for part in self._mixer.parts[1:] if self._mixer is not None else ():
+            part.set_membership(version)
 
     def ready(self) -> dict:
         """Where this worker runs; the loader calls it to know the worker is up."""
@@ -176,7 +194,10 @@ class LoaderWorker:
             name: flat[at : at + size].view(dtype).reshape(shape) for name, dtype, shape, at, size in layout
         }
         try:
-            result = _BatchRun(self, task, images).run()
+            if self._mixer is not None:
+                result = self._mixer.run(task, images, _run_together)
+            else:
+                result = _BatchRun(self, task, images).run()
         except BaseException:
             if self._reuse:
                 self._release(buf)
@@ -389,6 +410,23 @@ class LoaderWorker:
         with self._free_lock:
             self._dropped = True
             self._free.clear()
+
+
+def _run_together(jobs: list[tuple[LoaderWorker, BatchTask, dict[str, np.ndarray]]]) -> list[BatchResult]:
+    """Make several batches at once (a mix's sources' rows of one batch), each by its own worker part: every
+    one's reads start before any is waited for. On a failure, raise once none of their tasks still runs."""
+    runs = [_BatchRun(worker, task, images) for worker, task, images in jobs]
+    try:
+        for run in runs:
+            run._start_fetches()
+        for run in runs:
+            run._wait()
+    except BaseException:
+        for run in runs:
+            futures_wait(run._io_tasks)
+            futures_wait(list(run._decode_tasks))
+        raise
+    return [run._result() for run in runs]
 
 
 def _stage_call(stage) -> str:

@@ -699,3 +699,42 @@ def _members(part: np.ndarray, parts: np.ndarray) -> list[np.ndarray]:
     order = np.argsort(part, kind="stable")
     bounds = np.searchsorted(part[order], parts, side="left").tolist() + [len(part)]
     return [order[bounds[k] : bounds[k + 1]] for k in range(len(parts))]
+
+
+def read_column(catalog: Catalog, name: str) -> np.ndarray:
+    """Every sample's value of the numeric column `name`, in sample-id order (float64): the column's chunks
+    of every file, read once, at the driver (per-sample weights). A column that is missing, not numeric, or
+    null somewhere is a ValueError naming the column and the file."""
+    storage, out = catalog.storage, []
+    for uri, size, etag in zip(
+        StringColumn(catalog.shards.column("uri")),
+        int_column(catalog.shards.column("size")),
+        StringColumn(catalog.shards.column("etag")),
+    ):
+        info = ObjectInfo(uri, int(size), etag)
+        md = parse_footer(read_footer(storage, info))
+        leaves = [i for i in range(md.num_columns) if md.schema.column(i).path == name]
+        if not leaves:
+            raise ValueError(f"{uri} has no column {name!r} (its columns: {md.schema.names})")
+        pieces = {}
+        for g in range(md.num_row_groups):
+            col = md.row_group(g).column(leaves[0])
+            start = col.data_page_offset
+            if col.has_dictionary_page and col.dictionary_page_offset is not None:
+                start = min(start, col.dictionary_page_offset)
+            pieces[start] = storage.read_range(uri, start, col.total_compressed_size, etag=etag or None)
+        column = _open(uri, info.size, md, pieces).read(columns=[name]).column(name)
+        if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+            raise ValueError(f"column {name!r} of {uri} is {column.type}, not numbers")
+        if column.null_count:
+            raise ValueError(
+                f"column {name!r} of {uri} has {column.null_count} nulls; every sample needs one"
+            )
+        out.append(column.to_numpy().astype(np.float64))
+    values = np.concatenate(out) if out else np.zeros(0)
+    if len(values) != len(catalog):
+        raise ValueError(
+            f"column {name!r} has {len(values)} values in all and the dataset {len(catalog)} samples; "
+            "read_parquet with the same files and no row filter"
+        )
+    return values

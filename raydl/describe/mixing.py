@@ -1,0 +1,153 @@
+"""A mix of datasets (`raydl.mix`) and per-sample weights (`Dataset.with_weights`), as descriptions.
+
+A Mixture names its members (each a catalog, its own pipeline and maybe
+per-sample weights), their weights, the epoch size and the batching. It checks
+here, before any actor starts, that the members' batches can be put together:
+under "stratified" batching every member must give the same fields with the
+same dtypes and shapes; under "per_source" the same field names. A member
+with a Python stage (map, map_batches) is checked by what it gives at run
+time instead (the workers raise a LoaderError naming the members and the
+field). What each epoch draws from each member is raydl/plan/mix.py's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from raydl.describe.catalog import Catalog
+from raydl.describe.records import Map, MapBatches, Pipeline, decoded_fields
+from raydl.plan.mix import BATCHINGS, check_sample_weights, weights_digest
+
+__all__ = ["Member", "Mixture", "output_signature"]
+
+
+@dataclass(frozen=True)
+class Member:
+    """One dataset of a mix: its name, catalog, pipeline, and per-sample weights (None: none)."""
+
+    name: str
+    catalog: Catalog
+    pipeline: Pipeline
+    weights: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.weights is not None:
+            object.__setattr__(
+                self,
+                "weights",
+                check_sample_weights(self.weights, len(self.catalog), f"source {self.name!r}"),
+            )
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """Members mixed by weight into epochs of `epoch_size` samples, batched "stratified" or "per_source".
+
+    `labelled`: batches carry batch["source"] (a mix; not a lone weighted dataset).
+    """
+
+    members: tuple[Member, ...]
+    weights: tuple[float, ...]
+    epoch_size: int
+    batching: str = "stratified"
+    labelled: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise ValueError("mix() needs at least one dataset")
+        if self.batching not in BATCHINGS:
+            raise ValueError(f"mix(): batching must be one of {list(BATCHINGS)}, got {self.batching!r}")
+        if len(self.weights) != len(self.members):
+            raise ValueError("mix(): one weight per dataset")
+        for m, w in zip(self.members, self.weights):
+            if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
+                raise ValueError(f"mix(): the weight of {m.name!r} is {w!r}; weights must be finite and >= 0")
+        if not any(self.weights):
+            raise ValueError(f"mix(): every weight is 0 ({dict(zip(self.names, self.weights))})")
+        if not isinstance(self.epoch_size, int) or isinstance(self.epoch_size, bool) or self.epoch_size < 1:
+            raise ValueError(f"mix(): epoch_size must be a positive int, got {self.epoch_size!r}")
+        self._check_outputs()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members)
+
+    def state(self) -> dict:
+        """What a resume state records of the mix (a state must match it to load)."""
+        return {
+            "sources": list(self.names),
+            "weights": [float(w) for w in self.weights],
+            "epoch_size": self.epoch_size,
+            "batching": self.batching,
+            "sample_weights": [weights_digest(m.weights) for m in self.members],
+            "fingerprints": [m.catalog.fingerprint for m in self.members],
+        }
+
+    def _check_outputs(self) -> None:
+        """Every member's batches have the first one's fields (and, stratified, dtypes and shapes); a
+        ValueError naming the member and the field otherwise. Members with map/map_batches are left to the
+        run-time check."""
+        known = [(m, output_signature(m)) for m in self.members]
+        known = [(m, sig) for m, sig in known if sig is not None]
+        if len(known) < 2:
+            return
+        (first, ref), rest = known[0], known[1:]
+        for m, sig in rest:
+            missing, extra = sorted(set(ref) - set(sig)), sorted(set(sig) - set(ref))
+            if missing or extra:
+                raise ValueError(
+                    f"mix(): source {m.name!r} gives fields {sorted(sig)}, source {first.name!r} gives "
+                    f"{sorted(ref)}: {m.name!r} lacks {missing} and adds {extra}; every source must give the "
+                    "same fields"
+                )
+            if self.batching == "per_source":
+                continue
+            for name in ref:
+                if sig[name] != ref[name]:
+                    raise ValueError(
+                        f"mix(): field {name!r} of source {m.name!r} is {_describe(sig[name])}, of source "
+                        f"{first.name!r} {_describe(ref[name])}; stratified batches stack them, so they must "
+                        "agree (decode them to the same size and dtype, or use batching='per_source')"
+                    )
+
+
+def _describe(sig: tuple) -> str:
+    kind, dtype, shape = sig
+    return f"{kind} {dtype}" + ("" if shape is None else f" {tuple(shape)}")
+
+
+def output_signature(member: Member) -> dict[str, tuple] | None:
+    """field -> (kind, dtype, shape per sample or None) of a member's batches; None when a Python stage
+    makes them (known only at run time)."""
+    pipeline, source = member.pipeline, member.catalog.source
+    if any(isinstance(st, (Map, MapBatches)) for st in (*pipeline.sample_stages, *pipeline.batch_stages)):
+        return None
+    program = pipeline.program
+    decoded = dict(decoded_fields(program, source.fields))
+    out: dict[str, tuple] = {}
+    for f in source.fields:
+        if f.name in decoded:
+            if program.buckets is not None:
+                out[f.name] = ("image", "uint8" if decoded[f.name] else str(program.dtype), None)
+                continue
+            shape = program.slot_shape(None, mask=decoded[f.name])
+            out[f.name] = (
+                "mask" if decoded[f.name] else "image",
+                "uint8" if decoded[f.name] else str(program.dtype),
+                tuple(shape),
+            )
+        else:
+            out[f.name] = (
+                f.kind if f.kind != "image" else "bytes",
+                None if f.dtype is None else str(f.dtype),
+                None,
+            )
+    for st in pipeline.sample_stages:  # pad: the padded field's shape, and its _length
+        if getattr(st, "method", "") == "pad":
+            kind, dtype, _ = out.get(st.field, ("array", None, None))
+            out[st.field] = ("array", dtype, (st.length,))
+            out[f"{st.field}_length"] = ("value", "int64", None)
+    return out

@@ -1,0 +1,127 @@
+"""The worker side of a mix: one batch task over several sources, made by each source's own worker code.
+
+A mixed task's ids are encoded (raydl/plan/mix.py): id_offsets[s] + the
+sample's id in source s. The worker that holds a MixSpec keeps one part per
+source (the first part is the worker itself; the others share its decode and
+IO pools), splits the task's rows by source, keeping the sources in order and
+each source's rows in task order, and runs every source's rows at once, each
+into its rows of the one batch buffer. The parts' batches are then put
+together: an image field is the whole buffer's array when no row failed (no
+copy), other columns are concatenated. batch["id"] is each row's id in its
+own source, and batch["source"] its source's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from raydl.errors import LoaderError
+from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
+
+__all__ = ["MixSpec", "Mixer"]
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """What a mixed loader's workers need besides the catalogs: a WorkerSpec per source, their names, where
+    each source's encoded ids start, and whether batches name each row's source."""
+
+    parts: tuple  # WorkerSpec of each source, in order
+    names: tuple[str, ...]
+    id_offsets: tuple[int, ...]
+    labelled: bool = True
+
+    def __post_init__(self) -> None:
+        if not (len(self.parts) == len(self.names) == len(self.id_offsets) - 1):
+            raise ValueError("MixSpec: one spec and one name per source, and len(parts) + 1 offsets")
+
+
+class Mixer:
+    """Runs mixed batch tasks with one worker part per source (`parts[s]` has `batch_run` and a name)."""
+
+    def __init__(self, spec: MixSpec, parts: list) -> None:
+        self.spec, self.parts = spec, parts
+        self._offsets = np.asarray(spec.id_offsets, np.int64)
+
+    def split(self, task: BatchTask) -> list[tuple[int, np.ndarray]]:
+        """(source, the task's rows of that source, in task order) for each source the task has rows of,
+        in source order."""
+        source = np.searchsorted(self._offsets, task.ids, side="right") - 1
+        if task.ids.size and (source.min() < 0 or task.ids.max() >= self._offsets[-1]):
+            raise LoaderError(f"batch {task.index} of rank {task.rank}: ids outside the mix's sources")
+        return [(int(s), np.flatnonzero(source == s)) for s in np.unique(source).tolist()]
+
+    def run(self, task: BatchTask, images: dict[str, np.ndarray], run_parts) -> BatchResult:
+        """The mixed batch: each source's rows made by its part into its rows of `images`, then joined.
+
+        `run_parts(list of (part, task, images))` runs the parts' batches at once and returns their results.
+        """
+        groups = self.split(task)
+        jobs, at = [], 0
+        for s, rows in groups:
+            sub = BatchTask(
+                rank=task.rank,
+                epoch=task.epoch,
+                index=task.index,
+                ids=task.ids[rows] - self._offsets[s],
+                seeds=task.seeds[rows],
+                bucket=task.bucket,
+            )
+            views = {name: arr[at : at + len(rows)] for name, arr in images.items()}
+            jobs.append((self.parts[s], sub, views))
+            at += len(rows)
+        results = run_parts(jobs)
+        return self._join(task, [s for s, _ in groups], [j[2] for j in jobs], results, images)
+
+    def _join(self, task, sources, views, results: list[BatchResult], images) -> BatchResult:
+        names = self.spec.names
+        batch: dict = {}
+        if results:
+            first = results[0].batch
+            for s, r in zip(sources[1:], results[1:]):
+                if list(r.batch) != list(first):
+                    raise LoaderError(
+                        f"batch {task.index} of rank {task.rank}, epoch {task.epoch}: source {names[s]!r} "
+                        f"gives fields {list(r.batch)}, source {names[sources[0]]!r} {list(first)}; a mix's "
+                        "sources must give the same fields"
+                    )
+            for key in first:
+                columns = [r.batch[key] for r in results]
+                if key == "bucket":
+                    batch[key] = columns[0]
+                elif key in images and all(c is v[key] for c, v in zip(columns, views)):
+                    batch[key] = images[key]  # every row decoded: the whole buffer's array, no copy
+                elif isinstance(columns[0], np.ndarray):
+                    batch[key] = self._concat(task, key, columns, [names[s] for s in sources])
+                else:
+                    batch[key] = [x for c in columns for x in c]
+        if self.spec.labelled:
+            label = np.empty(sum(batch_rows(r.batch) for r in results), dtype=object)
+            at = 0
+            for s, r in zip(sources, results):
+                n = batch_rows(r.batch)
+                label[at : at + n] = names[s]
+                at += n
+            batch["source"] = label
+        return BatchResult(
+            batch=batch,
+            skipped=[f for r in results for f in r.skipped],
+            unreadable=[f for r in results for f in r.unreadable],
+            replaced=[x for r in results for x in r.replaced],
+            membership=max((r.membership for r in results), default=0),
+        )
+
+    @staticmethod
+    def _concat(task, key: str, columns: list[np.ndarray], sources: list[str]) -> np.ndarray:
+        ref = columns[0]
+        for c, src in zip(columns[1:], sources[1:]):
+            if c.dtype != ref.dtype or c.shape[1:] != ref.shape[1:]:
+                raise LoaderError(
+                    f"batch {task.index} of rank {task.rank}, epoch {task.epoch}: field {key!r} is "
+                    f"{c.dtype} {c.shape[1:]} per row from source {src!r} but {ref.dtype} {ref.shape[1:]} "
+                    f"from source {sources[0]!r}; stratified batches stack it, so the sources must agree "
+                    "(or mix with batching='per_source')"
+                )
+        return np.concatenate(columns)
