@@ -90,6 +90,16 @@ class Mixture:
         """Every member's batches have the first one's fields (and, stratified, dtypes and shapes); a
         ValueError naming the member and the field otherwise. Members with map/map_batches are left to the
         run-time check."""
+        if self.batching == "stratified":  # the decoded images make the batch's buffer: they must agree
+            layouts = [(m, _image_layout(m)) for m in self.members]
+            (first, ref) = layouts[0]
+            for m, got in layouts[1:]:
+                if got != ref:
+                    raise ValueError(
+                        f"mix(): source {m.name!r} decodes {_images(got)}, source {first.name!r} "
+                        f"{_images(ref)}; stratified batches stack them, so they must agree (decode them "
+                        "to the same size and dtype, or use batching='per_source')"
+                    )
         known = [(m, output_signature(m)) for m in self.members]
         known = [(m, sig) for m, sig in known if sig is not None]
         if len(known) < 2:
@@ -112,6 +122,20 @@ class Mixture:
                         f"{first.name!r} {_describe(ref[name])}; stratified batches stack them, so they must "
                         "agree (decode them to the same size and dtype, or use batching='per_source')"
                     )
+
+
+def _image_layout(member: Member) -> tuple:
+    """(name, is_mask, dtype, shape per sample) of each image field the member decodes, in order."""
+    program = member.pipeline.program
+    out = []
+    for name, is_mask in decoded_fields(program, member.catalog.source.fields):
+        shape = None if program.buckets is not None else tuple(program.slot_shape(None, mask=is_mask))
+        out.append((name, is_mask, "uint8" if is_mask else str(program.dtype), shape))
+    return tuple(out)
+
+
+def _images(layout: tuple) -> str:
+    return ", ".join(f"{n} {d} {s}" for n, _m, d, s in layout) or "no image"
 
 
 def _describe(sig: tuple) -> str:

@@ -53,6 +53,24 @@ class Mixer:
             raise LoaderError(f"batch {task.index} of rank {task.rank}: ids outside the mix's sources")
         return [(int(s), np.flatnonzero(source == s)) for s in np.unique(source).tolist()]
 
+    def maker(self, task: BatchTask):
+        """The part whose decoded image fields give the batch's layout: the source of every row when there
+        is one (per_source batches, whose sources' shapes may differ), else the first part, after checking
+        that every source of the batch decodes the same images (a LoaderError naming them otherwise)."""
+        groups = self.split(task)
+        if len(groups) == 1:
+            return self.parts[groups[0][0]]
+        first = self.parts[0]._outputs(task.bucket)
+        for s, _rows in groups:
+            got = self.parts[s]._outputs(task.bucket)
+            if got != first:
+                raise LoaderError(
+                    f"batch {task.index} of rank {task.rank}, epoch {task.epoch}: source "
+                    f"{self.spec.names[s]!r} decodes {_layout(got)}, source {self.spec.names[0]!r} "
+                    f"{_layout(first)}; stratified batches stack them, so they must agree"
+                )
+        return self.parts[0]
+
     def run(self, task: BatchTask, images: dict[str, np.ndarray], run_parts) -> BatchResult:
         """The mixed batch: each source's rows made by its part into its rows of `images`, then joined.
 
@@ -125,3 +143,7 @@ class Mixer:
                     "(or mix with batching='per_source')"
                 )
         return np.concatenate(columns)
+
+
+def _layout(outputs) -> str:
+    return ", ".join(f"{name} {dtype} {tuple(shape)}" for name, _mask, dtype, shape in outputs) or "no image"

@@ -177,7 +177,8 @@ class LoaderWorker:
         # One flat buffer holds every decoded image field of the batch (aspect buckets: the shapes vary per
         # batch); each field's array is a view of it, 64-byte aligned.
         layout, nbytes = [], 0
-        for name, _mask, dtype, slot in self._outputs(task.bucket):
+        maker = self if self._mixer is None else self._mixer.maker(task)  # per_source: the batch's source
+        for name, _mask, dtype, slot in maker._outputs(task.bucket):
             size = math.prod((n, *slot)) * dtype.itemsize
             layout.append((name, dtype, (n, *slot), nbytes, size))
             nbytes += -(-size // 64) * 64

@@ -1,4 +1,5 @@
 """The loader on a local multi-node cluster: 3 nodes of 1 CPU, shared by the module."""
+
 from __future__ import annotations
 
 import collections
@@ -66,7 +67,9 @@ def test_actors_on_every_node_and_by_label(cluster, image_folder):
 def test_exactly_once_and_equal_batch_counts(cluster, image_folder, world_size):
     """drop_last=True: no sample twice and equal batch counts; drop_last=False: all samples, only pads repeat."""
     for drop_last in (True, False):
-        with _loader(image_folder, batch_size=4, world_size=world_size, seed=9, drop_last=drop_last) as loader:
+        with _loader(
+            image_folder, batch_size=4, world_size=world_size, seed=9, drop_last=drop_last
+        ) as loader:
             its = [loader.iterator(r) for r in range(world_size)]
             per_rank = [list(it.iter_batches()) for it in its]
         assert len({len(b) for b in per_rank}) == 1
@@ -145,8 +148,9 @@ def test_the_default_timeout_is_finite_and_names_the_worker_and_its_node(cluster
     ds, fifo = _stalled_copy(image_folder, tmp_path)
     floor = 1.0
     try:
-        with ds.loader(batch_size=8, shuffle=False, on_error="replace", batch_timeout_s=floor,
-                       cpus_per_worker=0.25) as loader:
+        with ds.loader(
+            batch_size=8, shuffle=False, on_error="replace", batch_timeout_s=floor, cpus_per_worker=0.25
+        ) as loader:
             loader.wait_for_workers()  # an actor makes the batch, not this process's bootstrap
             it = loader.iterator(0)
             t0 = time.monotonic()
@@ -156,7 +160,9 @@ def test_the_default_timeout_is_finite_and_names_the_worker_and_its_node(cluster
             msg = str(info.value)
             assert "this process" not in msg
             assert 2 * floor <= took < 2 * floor + 5.0
-            assert msg.startswith("rank 0: batch 0 of epoch 0 did not arrive within 2 s (the first batch's default")
+            assert msg.startswith(
+                "rank 0: batch 0 of epoch 0 did not arrive within 2 s (the first batch's default"
+            )
             assert "batch_timeout_s=1" in msg and "from loader worker " in msg
             node_ids = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
             named = [(nid, ip) for nid, ip in node_ids.items() if f"on node {nid} ({ip})" in msg]
@@ -202,7 +208,9 @@ def test_an_epoch_survives_a_removed_node_and_follows_a_joined_one(cluster, imag
     # Batches of > 100 KiB live in the object store of the node that made them (smaller ones are
     # inlined into the reply), so the killed node takes unfetched batches with it.
     ds = raydl.read_images(str(image_folder)).decode().random_resized_crop(128).normalize("imagenet")
-    with ds.loader(batch_size=4, seed=8, world_size=2, node_resource="loader", cpus_per_worker=0.25) as loader:
+    with ds.loader(
+        batch_size=4, seed=8, world_size=2, node_resource="loader", cpus_per_worker=0.25
+    ) as loader:
         expected = [_ids(list(loader.iterator(r).iter_batches())) for r in range(2)]
         its = [loader.iterator(r) for r in range(2)]
         got, victim = _epoch_losing_a_node(cluster, its)
@@ -284,8 +292,10 @@ def test_train_and_val_loaders_side_by_side_with_default_settings(cluster, image
     import threading
 
     val_root = _val_folder(tmp_path_factory)
-    with _pipeline(image_folder).loader(batch_size=8, seed=1) as train, \
-            _pipeline(val_root).loader(batch_size=8, seed=2, shuffle=False) as val:
+    with (
+        _pipeline(image_folder).loader(batch_size=8, seed=1) as train,
+        _pipeline(val_root).loader(batch_size=8, seed=2, shuffle=False) as val,
+    ):
         train.refresh(), val.refresh()
         assert len(train.workers()) == 3 and len(val.workers()) == 3  # one per node each, no CPU reserved
         infos = ray.get([w.handle.ready.remote() for w in train.workers() + val.workers()])
@@ -365,8 +375,15 @@ def _indexed_webdataset(tmp_path):
             for i in range(12):
                 b = io.BytesIO()
                 Image.fromarray(np.full((8, 8, 3), 20 * s + i, np.uint8)).save(b, "JPEG")
-                sink.write({"__key__": f"s{s}-{i:02d}", "jpg": b.getvalue(), "cls": str(s),
-                            "txt": f"sample {12 * s + i}", "json": {"n": 12 * s + i}})
+                sink.write(
+                    {
+                        "__key__": f"s{s}-{i:02d}",
+                        "jpg": b.getvalue(),
+                        "cls": str(s),
+                        "txt": f"sample {12 * s + i}",
+                        "json": {"n": 12 * s + i},
+                    }
+                )
     url = str(tmp_path / "shard-{0..3}.tar")
     fields = {"image": "jpg", "caption": "txt", "meta": "json", "label": "cls"}
     raydl.read_webdataset(url, fields=fields)
@@ -408,3 +425,57 @@ def test_an_indexed_webdataset_resumes_exactly_and_survives_a_removed_node(clust
             for a, b in zip(rest, ref[r][2:]):
                 for col in ("id", "image", "label", "caption", "meta"):
                     np.testing.assert_array_equal(a[col], b[col])
+
+
+def test_a_mix_resumes_at_another_world_size_and_survives_a_removed_node(cluster, image_folder, tmp_path):
+    """A stratified mix of two folders on the cluster: an epoch whose node is killed delivers the planned rows
+    (the same ids, sources and order), and a mid-epoch state at 2 ranks re-dealt at 3 takes the rest once."""
+    import json
+
+    from raydl.demo import make_images
+
+    make_images(str(tmp_path), 16, classes=2, seed=4, corrupt=0)
+    parts = {"big": _pipeline(image_folder), "small": _pipeline(tmp_path)}
+    mixed = raydl.mix(parts, weights={"big": 0.5, "small": 0.5}, epoch_size=48)
+    kw = dict(
+        batch_size=4, seed=5, world_size=2, node_resource="loader", cpus_per_worker=0.25, drop_last=True
+    )
+    with mixed.loader(**kw) as loader:
+        ref = [list(loader.iterator(r).iter_batches()) for r in range(2)]
+        for b in [b for r in ref for b in r]:
+            assert sorted(b["source"].tolist()) == ["big", "big", "small", "small"]
+        its = [loader.iterator(r) for r in range(2)]
+        got, _victim = _epoch_losing_a_node(cluster, its)
+        for r in range(2):
+            np.testing.assert_array_equal(got[r], _ids(ref[r]))
+        its = [loader.iterator(r) for r in range(2)]
+        head = [(s, i) for it in its for b in _first(it, 2) for s, i in zip(b["source"], b["id"])]
+        state = json.loads(json.dumps(its[0].state_dict()))
+    cluster.add_node(num_cpus=1, resources={"loader": 1})  # the module's cluster keeps two labelled nodes
+    cluster.wait_for_nodes()
+    with mixed.loader(**{**kw, "world_size": 3}) as wider:
+        tail = []
+        for r in range(3):
+            it = wider.iterator(r)
+            it.load_state_dict(state)
+            tail += [(s, i) for b in it.iter_batches() for s, i in zip(b["source"], b["id"])]
+    # In position order, the uninterrupted epoch's rows; the state's 16 and the re-deal's 2 rounds of 3 x 4 are
+    # its first 40 (drop_last drops the 8 left), each once.
+    in_order = [
+        (s, i)
+        for k in range(len(ref[0]))
+        for r in range(2)
+        for s, i in zip(ref[r][k]["source"], ref[r][k]["id"])
+    ]
+    rows = head + tail
+    assert len(rows) == 40
+    assert collections.Counter(rows) == collections.Counter(in_order[:40])
+
+
+def _first(it, n):
+    out = []
+    for b in it.iter_batches():
+        out.append(b)
+        if len(out) == n:
+            break
+    return out

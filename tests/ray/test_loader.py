@@ -1,4 +1,5 @@
 """The loader end to end on a local Ray: delivery, determinism, bad input, shutdown."""
+
 from __future__ import annotations
 
 import collections
@@ -76,7 +77,9 @@ def test_first_batches_made_in_the_driver_match_the_workers(ray_local, image_fol
         it = late.iterator(0)
         later = _epoch(it)
         infos = ray.get([w.handle.ready.remote() for w in late.workers()])
-    assert not any(i["pandas_imported"] for i in infos)  # after making batches: a fast start (raydl/_arrow.py)
+    assert not any(
+        i["pandas_imported"] for i in infos
+    )  # after making batches: a fast start (raydl/_arrow.py)
     assert it.stats().driver_batches == 0 and len(first) == len(later)
     for x, y in zip(first, later):
         np.testing.assert_array_equal(x["id"], y["id"])
@@ -355,7 +358,9 @@ def test_shards_are_indexed_as_ray_tasks_when_ray_is_up(ray_local, tmp_path, mon
     pattern = str(tmp_path / "shard-{0..2}.tar")
     monkeypatch.setattr(wsrc, "_RAY_MIN_SHARDS", 1)
     # No shard is read in this process: the Ray tasks (other processes) build the blocks, then the cache serves.
-    monkeypatch.setattr(_wds_index, "build_block", lambda *a, **k: pytest.fail("a shard was read in the driver"))
+    monkeypatch.setattr(
+        _wds_index, "build_block", lambda *a, **k: pytest.fail("a shard was read in the driver")
+    )
     on_ray = raydl.read_webdataset(pattern)
     assert len(os.listdir(os.path.join(os.environ["RAYDL_CACHE_DIR"], "wds-index"))) >= 3
     cached = raydl.read_webdataset(pattern)
@@ -364,3 +369,74 @@ def test_shards_are_indexed_as_ray_tasks_when_ray_is_up(ray_local, tmp_path, mon
         (batch,) = loader.iterator(0).iter_batches()
     assert batch["key"] == [f"s{s}/{i:03d}" for s in range(3) for i in range(4)]
     assert batch["label"].tolist() == list(range(12))
+
+
+def _mix_folder(tmp_path, n, seed):
+    from raydl.demo import make_images
+
+    make_images(str(tmp_path), n, classes=2, seed=seed, corrupt=0)
+    return str(tmp_path)
+
+
+def test_a_mix_is_deterministic_resumes_exactly_and_refuses_other_weights(ray_local, image_folder, tmp_path):
+    """Two loaders of one stratified mix give the same rows and pixels; a mid-epoch state resumes the exact rest;
+    a loader with other weights refuses it, naming them; every batch holds each source's share within one."""
+    import json
+
+    small = _mix_folder(tmp_path, 10, 1)
+    parts = {"a": _pipeline(image_folder), "b": _pipeline(small)}
+    mixed = raydl.mix(parts, weights={"a": 0.75, "b": 0.25}, epoch_size=70)
+    with mixed.loader(batch_size=8, seed=2) as one, mixed.loader(batch_size=8, seed=2) as two:
+        ref, again = _epoch(one.iterator(0)), _epoch(two.iterator(0))
+        it = one.iterator(0)
+        first_batch_ids([it], 3)
+        state = json.loads(json.dumps(it.state_dict()))
+        resumed = two.iterator(0)
+        resumed.load_state_dict(state)
+        rest = _epoch(resumed)
+    assert sum(len(b["id"]) for b in ref) == 70
+    for a, b in zip(ref, again):
+        for col in ("id", "source", "image", "label"):
+            np.testing.assert_array_equal(a[col], b[col])
+        counts = collections.Counter(a["source"].tolist())
+        assert abs(counts["a"] - 0.75 * len(a["id"])) < 1 and abs(counts["b"] - 0.25 * len(a["id"])) < 1
+    b_rows = collections.Counter(int(i) for b in ref for s, i in zip(b["source"], b["id"]) if s == "b")
+    assert set(b_rows) == set(range(10)) and set(b_rows.values()) <= {1, 2}  # 18 of 10: once or twice
+    assert len(rest) == len(ref) - 3
+    for a, b in zip(rest, ref[3:]):
+        np.testing.assert_array_equal(a["image"], b["image"])
+        assert a["source"].tolist() == b["source"].tolist()
+    other = raydl.mix(parts, weights={"a": 0.5, "b": 0.5}, epoch_size=70)
+    with other.loader(batch_size=8, seed=2) as loader:
+        with pytest.raises(ValueError, match=r"weights changed: the state has \{'a': 0.75, 'b': 0.25\}"):
+            loader.iterator(0).load_state_dict(state)
+
+
+def test_per_source_mixes_shapes_and_weighted_parquet_draws_its_column(ray_local, image_folder, tmp_path):
+    """per_source batching mixes sources of different image sizes, a batch from one source each; with_weights on a
+    Parquet column draws only positive-weight rows, in proportion."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    small = _mix_folder(tmp_path / "s", 10, 2)
+    mixed = raydl.mix(
+        {"a": _pipeline(image_folder), "b": raydl.read_images(small).decode().center_crop(16)},
+        weights={"a": 1, "b": 1},
+        batching="per_source",
+        epoch_size=40,
+    )
+    with mixed.loader(batch_size=5, seed=1) as loader:
+        batches = _epoch(loader.iterator(0))
+    shapes = {(b["source"][0], b["image"].shape[1:]) for b in batches}
+    assert shapes == {("a", (3, 32, 32)), ("b", (16, 16, 3))}
+    assert all(len(set(b["source"].tolist())) == 1 for b in batches) and len(batches) == 8
+    path = tmp_path / "w.parquet"
+    pq.write_table(
+        pa.table({"x": np.arange(40), "w": [0.0] * 30 + [1.0] * 9 + [9.0]}), path, row_group_size=16
+    )
+    ds = raydl.read_parquet(str(path)).with_weights("w", epoch_size=900)
+    with ds.loader(batch_size=100, seed=3) as loader:
+        drawn = np.concatenate([b["x"] for b in _epoch(loader.iterator(0))])
+    counts = np.bincount(drawn, minlength=40)
+    assert counts[:30].sum() == 0 and len(drawn) == 900
+    assert 400 < counts[39] < 500  # weight 9 of 18: about 450 of 900
