@@ -213,7 +213,7 @@ class Dataset:
         and refuses a loader with other ones. Composes with `raydl.mix` (the mix's weight gives the source
         its share; its samples are drawn by these weights).
         """
-        from raydl.plan.mix import check_sample_weights
+        from raydl.describe.mixing import check_sample_weights
 
         what = f"with_weights() on {self.catalog.source.name} {self.catalog.root!r}"
         if isinstance(weights, str):

@@ -328,6 +328,7 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         **_hostile_shard_triggers(tmp),
         **_record_triggers(tmp),
         **_batch_format_triggers(),
+        **_mix_triggers(tmp),
         "DataSourceError: … is not a Parquet file (…)": [
             lambda: raydl.read_parquet(str(tmp / "junk.parquet"), image_column="img")],
         "DataSourceError: …: corrupt Parquet footer (…)": [
@@ -481,6 +482,41 @@ def _record_triggers(tmp: Path) -> dict[str, list]:
         "LoaderError: field '…' has shape … in … and … in …, in one batch: a batch needs one shape per field; make "
         "one with .pad('…', length) or a map": [
             lambda: collate(Field("emb", "array"), [np.zeros(2), np.zeros(3)], lambda r: f"s{r}")],
+    }
+
+
+def _mix_triggers(tmp: Path) -> dict[str, list]:
+    """The mixing and weights errors (issue 20), from the calls that raise them."""
+    import numpy as np
+
+    import raydl
+    from raydl.consume.iterator import _check_mix_state
+    from raydl.demo import make_images
+    from raydl.execute.mixer import Mixer
+    from raydl.plan.tasks import BatchTask
+
+    make_images(str(tmp / "mixa"), 4, classes=2, seed=0, corrupt=0)
+    a = raydl.read_images(str(tmp / "mixa")).decode()
+    state = {"sources": ["a", "b"], "weights": [1.0, 1.0], "epoch_size": 8, "batching": "stratified",
+             "sample_weights": [None, None], "fingerprints": ["x", "y"]}
+    task = BatchTask(rank=0, epoch=0, index=1, ids=np.zeros(2, np.int64), seeds=np.zeros(2, np.uint64))
+    return {
+        "ValueError: mix(): source '…' decodes …, source '…' …; stratified batches stack them, so they must agree "
+        "(decode them to the same size and dtype, or use batching='per_source')": [
+            lambda: raydl.mix({"a": a.center_crop(8), "b": a.center_crop(16)}, weights={"a": 1, "b": 1})],
+        "ValueError: mix(): weights must name every dataset and no other: missing […], unknown […] (datasets: […])": [
+            lambda: raydl.mix({"a": a.center_crop(8)}, weights={"b": 1})],
+        "ValueError: mix(): the weight of '…' is …; weights must be finite and >= 0": [
+            lambda: raydl.mix({"a": a.center_crop(8)}, weights={"a": -1})],
+        "ValueError: …: weight … is …; weights must be finite and >= 0": [
+            lambda: a.with_weights([1, float("nan"), 1, 1])],
+        "ValueError: …: … weights for … samples; give one a sample": [lambda: a.with_weights([1, 1])],
+        "ValueError: cannot resume: the mix's weights changed: the state has {…}, this loader {…}; resume with the "
+        "same weights (or start a new epoch plan without the state)": [
+            lambda: _check_mix_state({**state, "weights": [2.0, 1.0]}, state)],
+        "LoaderError: batch … of rank …, epoch …: field '…' is … per row from source '…' but … from source '…'; "
+        "stratified batches stack it, so the sources must agree (or mix with batching='per_source')": [
+            lambda: Mixer._concat(task, "emb", [np.zeros((1, 2)), np.zeros((1, 3))], ["a", "b"])],
     }
 
 

@@ -440,7 +440,7 @@ class DataIterator:
             "fingerprint": self._loader.fingerprint,
             "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
             "shuffle_window": self._loader.shuffle_window,
-            "mix": None if self._loader.mixture is None else self._loader.mixture.state(),
+            "mix": self._loader.mix_state,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -457,9 +457,7 @@ class DataIterator:
             "buckets": None if self._buckets is None else [list(b) for b in self._buckets],
         }
         mine["shuffle_window"] = self._loader.shuffle_window
-        _check_mix_state(
-            state.get("mix"), None if self._loader.mixture is None else self._loader.mixture.state()
-        )
+        _check_mix_state(state.get("mix"), self._loader.mix_state)
         for key, value in mine.items():
             # states written before shuffle_window existed shuffled the whole epoch together (window 0)
             if state.get(key, 0 if key == "shuffle_window" else None) != value:
@@ -517,11 +515,17 @@ def _check_mix_state(theirs: dict | None, mine: dict | None) -> None:
     for key, value in mine.items():
         if theirs.get(key) != value:
             if key in ("sample_weights", "fingerprints"):
-                changed = [n for n, a, b in zip(mine["sources"], theirs.get(key) or [], value) if a != b]
-                what = "per-sample weights" if key == "sample_weights" else "data"
+                pairs = zip(mine["sources"], theirs.get(key) or [], value)
+                changed = [n for n, a, b in pairs if a != b] or mine["sources"]
+            if key == "sample_weights":
                 raise ValueError(
-                    f"cannot resume: the {what} of source(s) {changed or mine['sources']} changed since the "
-                    "state was saved; load it into a loader of the same mix"
+                    f"cannot resume: the per-sample weights of source(s) {changed} changed since the state "
+                    "was saved; load it into a loader of the same mix"
+                )
+            if key == "fingerprints":
+                raise ValueError(
+                    f"cannot resume: the data of source(s) {changed} changed since the state was saved; load "
+                    "it into a loader of the same mix"
                 )
             if key == "weights":
                 was = dict(zip(theirs.get("sources", []), theirs.get("weights", [])))

@@ -12,6 +12,7 @@ field). What each epoch draws from each member is raydl/plan/mix.py's.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -19,9 +20,44 @@ import numpy as np
 
 from raydl.describe.catalog import Catalog
 from raydl.describe.records import Map, MapBatches, Pipeline, decoded_fields
-from raydl.plan.mix import BATCHINGS, check_sample_weights, weights_digest
 
-__all__ = ["Member", "Mixture", "output_signature"]
+__all__ = [
+    "BATCHINGS",
+    "Member",
+    "Mixture",
+    "check_sample_weights",
+    "output_signature",
+    "weights_digest",
+]
+
+BATCHINGS = ("stratified", "per_source")
+
+
+def check_sample_weights(weights, num_samples: int, what: str) -> np.ndarray:
+    """`weights` as float64, one per sample, finite, >= 0 and not all zero: else a ValueError naming `what`
+    and the first bad index."""
+    try:
+        w = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: weights must be numbers, one per sample: {exc}") from exc
+    if w.ndim != 1 or len(w) != num_samples:
+        raise ValueError(
+            f"{what}: {w.size if w.ndim else 'a scalar'} weights for {num_samples} samples; give one a sample"
+        )
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{what}: weight {i} is {weights[i]!r}; weights must be finite and >= 0")
+    if not w.any():
+        raise ValueError(f"{what}: every weight is 0; at least one sample needs a positive weight")
+    return w
+
+
+def weights_digest(weights: np.ndarray | None) -> str | None:
+    """A short digest of per-sample weights (what a resume state records of them)."""
+    if weights is None:
+        return None
+    return hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float64).tobytes()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

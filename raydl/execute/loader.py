@@ -103,8 +103,10 @@ class Loader:
         self.config = config
         self.program = program
         self.image_fields = tuple(name for name, is_mask in decoded[0] if not is_mask)  # one torch dtype's
-        self.mixture = mixture
-        self.mix = None  # the mix's plan (raydl/plan/mix.py), or None for one dataset
+        # A mix: its plan (raydl/plan/mix.py) and what resume states record of it (not the catalogs: a Loader
+        # pickles into a handle for each Ray Train worker). None for one dataset.
+        self.mix: MixPlan | None = None
+        self.mix_state = None if mixture is None else mixture.state()
         if mixture is None:
             self.num_samples = len(catalog)
             self.fingerprint = catalog.fingerprint

@@ -36,31 +36,27 @@ time. Ids handed to the workers are encoded as `id_offsets[s] + local id`.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from raydl.describe.mixing import BATCHINGS
 from raydl.options import positive_int
 from raydl.plan.order import EpochOrder, WindowedOrder
 from raydl.util.splitmix import GAMMA, MASK64, mix64, mix64_array
 
 __all__ = [
-    "BATCHINGS",
     "MixEpoch",
     "MixPlan",
     "SourcePlan",
     "SourceStream",
     "apportion",
-    "check_sample_weights",
     "mix_shares",
     "per_source_batches",
     "stratified_counts",
     "weighted_draw",
-    "weights_digest",
 ]
 
-BATCHINGS = ("stratified", "per_source")
 _BASE_EPOCH = 0x6D6978  # the fixed permutation a source's stream walks: keyed apart from any real epoch
 _WEIGHTED_STREAM = 0x77  # the draws of a weighted source
 
@@ -139,33 +135,6 @@ def per_source_batches(shares: np.ndarray, batch_size: int, drop_last: bool) -> 
     B = positive_int("batch_size", batch_size)
     nb = shares // B if drop_last else -(-shares // B)
     return _interleave(nb)
-
-
-def check_sample_weights(weights, num_samples: int, what: str) -> np.ndarray:
-    """`weights` as float64, one per sample, finite, >= 0 and not all zero: else a ValueError naming `what`
-    and the first bad index."""
-    try:
-        w = np.asarray(weights, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what}: weights must be numbers, one per sample: {exc}") from exc
-    if w.ndim != 1 or len(w) != num_samples:
-        raise ValueError(
-            f"{what}: {w.size if w.ndim else 'a scalar'} weights for {num_samples} samples; give one a sample"
-        )
-    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"{what}: weight {i} is {weights[i]!r}; weights must be finite and >= 0")
-    if not w.any():
-        raise ValueError(f"{what}: every weight is 0; at least one sample needs a positive weight")
-    return w
-
-
-def weights_digest(weights: np.ndarray | None) -> str | None:
-    """A short digest of per-sample weights (what a resume state records of them)."""
-    if weights is None:
-        return None
-    return hashlib.sha256(np.ascontiguousarray(weights, dtype=np.float64).tobytes()).hexdigest()[:16]
 
 
 def _uniform(slots: np.ndarray, key: int) -> np.ndarray:

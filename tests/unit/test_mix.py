@@ -8,10 +8,10 @@ import pytest
 
 import raydl
 from raydl.consume.iterator import _check_mix_state
+from raydl.describe.mixing import check_sample_weights
 from raydl.plan.mix import (
     MixPlan,
     SourcePlan,
-    check_sample_weights,
     mix_shares,
     per_source_batches,
     stratified_counts,
