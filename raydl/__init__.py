@@ -21,11 +21,12 @@ if TYPE_CHECKING:
     from raydl.consume.iterator import DataIterator, IteratorStats
     from raydl.dataset import Dataset, mix, read_images, read_parquet, read_webdataset
     from raydl.execute.loader import Loader
-    from raydl.options import S3Options
+    from raydl.options import Cache, S3Options
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cache",
     "DataIterator",
     "Dataset",
     "IteratorStats",
@@ -40,6 +41,7 @@ __all__ = [
 
 # Public name -> the module that defines it.
 _HOME = {
+    "Cache": "raydl.options",
     "DataIterator": "raydl.consume.iterator",
     "Dataset": "raydl.dataset",
     "IteratorStats": "raydl.consume.iterator",

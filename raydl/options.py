@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ON_ERROR",
+    "Cache",
     "LoaderConfig",
     "S3Options",
     "check_number",
@@ -100,6 +101,24 @@ def _name(name: str, value: object) -> None:
 
 
 @dataclass(frozen=True)
+class Cache:
+    """A node-local cache of remote bytes: `loader(cache=raydl.Cache(path, max_bytes=...))`, and a YAML
+    config's `loader.cache: {path: ..., max_bytes: ...}` (see "Node cache" in docs/loader.md)."""
+
+    path: str
+    """The cache folder on every node's local disk (made where missing); every loader and process on a
+    node that names it shares it, and it outlives the job, so a job submitted again starts warm."""
+
+    max_bytes: int
+    """The most bytes the folder's entries may take on each node; the least recently used go first."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.path, str) and self.path):
+            raise ValueError(f"Cache.path must be a non-empty str, got {self.path!r}")
+        positive_int("Cache.max_bytes", self.max_bytes)
+
+
+@dataclass(frozen=True)
 class LoaderConfig:
     """How a loader plans and runs an epoch: what `Dataset.loader(**options)` builds, and a YAML config's
     `loader:` section. Only `batch_size` is required."""
@@ -176,7 +195,14 @@ class LoaderConfig:
     batch reads a few parts, not all of them. None (the default): 16 for a source that decodes a whole part
     to cut one sample out (Parquet row groups), else 0. A pure function of the seed and epoch either way."""
 
+    cache: Cache | None = None
+    """Keep the remote bytes the workers fetch (tar ranges, Parquet footers and column chunks, image
+    objects) on each node's local disk, verified on every read, so later epochs (and later jobs on the same
+    nodes) read no object store. None: no cache. Local files are read directly, never cached."""
+
     def __post_init__(self) -> None:
+        if self.cache is not None and not isinstance(self.cache, Cache):
+            raise ValueError(f"cache must be a raydl.Cache or None, got {type(self.cache).__name__}")
         for name in ("batch_size", "world_size", "prefetch_batches", "num_workers", "max_sample_bytes"):
             positive_int(name, getattr(self, name))
         for name in ("threads_per_worker", "io_concurrency", "object_store_budget"):

@@ -72,8 +72,22 @@ class IteratorStats:
     driver_batches: int = (
         0  # made in this process while the loader's workers started (counted in local_batches)
     )
+    # The node cache (LoaderConfig.cache) while this rank's batches were made: reads served from the node's
+    # disk and from the store, their bytes, entries evicted for room and entries found corrupt (refetched).
+    cache_hits: int = 0
+    cache_misses: int = 0
+    bytes_from_cache: int = 0
+    bytes_from_store: int = 0
+    cache_evictions: int = 0
+    cache_corrupt: int = 0
     skipped_uris: list[str] = field(default_factory=list, repr=False)
     replaced_uris: list[str] = field(default_factory=list, repr=False)
+
+    def add_cache(self, counts: dict[str, int]) -> None:
+        """Add one batch's node cache counters (BatchResult.cache)."""
+        for name, value in counts.items():
+            attr = name if name.startswith("bytes_") else f"cache_{name}"
+            setattr(self, attr, getattr(self, attr) + value)
 
     @property
     def images_per_s(self) -> float:
@@ -94,6 +108,16 @@ class IteratorStats:
             ("retried batches", str(self.retries)),
             ("local batches", f"{self.local_batches}/{self.batches}"),
         ]
+        if self.cache_hits or self.cache_misses:
+            rows.append(
+                (
+                    "node cache",
+                    f"{self.cache_hits} hits ({self.bytes_from_cache / 1e6:.1f} MB), "
+                    f"{self.cache_misses} misses ({self.bytes_from_store / 1e6:.1f} MB from the store), "
+                    f"{self.cache_evictions} evicted, "
+                    f"{self.cache_corrupt} corrupt",
+                )
+            )
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -271,6 +295,7 @@ class DataIterator:
             )
             self._stats.replaced_uris.append(r.uri)
         self._stats.samples_replaced += len(result.replaced)
+        self._stats.add_cache(result.cache)
         if result.skipped and batch_rows(result.batch) == 0:
             shapes = ", ".join(
                 f"{name} {v.dtype} {tuple(v.shape)}"

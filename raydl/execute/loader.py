@@ -150,6 +150,7 @@ class Loader:
                 max_sample_bytes=config.max_sample_bytes,
                 sample_stages=pipe.sample_stages,
                 batch_stages=pipe.batch_stages,
+                cache=config.cache,
             )
             for _cat, pipe in members
         ]
@@ -159,6 +160,8 @@ class Loader:
             spec = MixSpec(tuple(specs), mixture.names, offsets, labelled=mixture.labelled)
             catalog = tuple(cat for cat, _pipe in members)
         self._catalog_bytes = sum(cat.nbytes for cat, _pipe in members)
+        if config.cache is not None:
+            _check_cache(config.cache.path, placement, here=ray.get_runtime_context().get_node_id())
         cpus = {n.node_id: n.cpus for n in nodes}
         here = ray.get_runtime_context().get_node_id()
         self._coordinator = None  # set by the launch, which the first batch does not wait for
@@ -628,3 +631,45 @@ def _actor_alive(handle) -> bool:
         return True  # busy, not dead yet
     except Exception:  # noqa: BLE001 - RayActorError and friends: dead
         return False
+
+
+CACHE_CHECK_TIMEOUT_S = 60.0  # a node's cache-folder probe (a Ray task: a worker process starts for it)
+
+
+def _probe_cache_folder(path: str) -> tuple[str, str | None]:
+    """(this node's address, why `path` is no cache folder here, or None when it is writable)."""
+    from raydl.storage.cache import check_cache_folder
+
+    try:
+        check_cache_folder(path)
+    except OSError as exc:
+        return ray.util.get_node_ip_address(), f"{type(exc).__name__}: {exc}"
+    return ray.util.get_node_ip_address(), None
+
+
+def _check_cache(path: str, placement: dict[str, int], *, here: str) -> None:
+    """The cache folder is writable here (the driver's node, which may make batches itself) and on every
+    node that will host workers (a task pinned to each); else a LoaderError naming the path and the node."""
+    _ip, why = _probe_cache_folder(path)
+    if why is not None:
+        raise LoaderError(
+            f"the node cache folder {path!r} is not writable on node {here} (the driver's, "
+            f"{ray.util.get_node_ip_address()}): {why}"
+        )
+    nodes = [n for n in placement if n != here]
+    if not nodes:
+        return
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe_cache_folder)
+    refs = {
+        n: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(path)
+        for n in nodes
+    }
+    for node, ref in refs.items():
+        try:
+            ip, why = ray.get(ref, timeout=CACHE_CHECK_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the node died or never ran the probe
+            raise LoaderError(
+                f"cannot check the node cache folder {path!r} on node {node}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if why is not None:
+            raise LoaderError(f"the node cache folder {path!r} is not writable on node {node} ({ip}): {why}")

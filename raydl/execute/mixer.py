@@ -129,6 +129,7 @@ class Mixer:
             unreadable=[f for r in results for f in r.unreadable],
             replaced=[x for r in results for x in r.replaced],
             membership=max((r.membership for r in results), default=0),
+            cache=_summed([r.cache for r in results]),
         )
 
     @staticmethod
@@ -143,6 +144,15 @@ class Mixer:
                     "(or mix with batching='per_source')"
                 )
         return np.concatenate(columns)
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    """The parts' node cache counters added up ({} when no part reads through a cache)."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
 
 def _layout(outputs) -> str:

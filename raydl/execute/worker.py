@@ -32,6 +32,7 @@ whole batch as a LoaderError naming the sample and this worker: no mode hides it
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import sys
@@ -51,10 +52,12 @@ from raydl.describe.transforms import SampleProgram
 from raydl.errors import DataSourceError, DecodeError, LoaderError
 from raydl.execute.collate import collate, infer_field
 from raydl.execute.mixer import Mixer, MixSpec
+from raydl.options import Cache
 from raydl.plan.failures import ErrorPolicy, Failure, Replaced
 from raydl.plan.order import substitute_id
 from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
 from raydl.storage.base import ObjectInfo
+from raydl.storage.cache import CachedStorage, node_cache, wants_cache
 from raydl.storage.fetch import Block, IOPool, coalesce
 from raydl.util.arrow import StringColumn, int_column
 from raydl.util.memory import populated_empty
@@ -79,6 +82,7 @@ class WorkerSpec:
     max_sample_bytes: int = 256 << 20  # LoaderConfig.max_sample_bytes
     sample_stages: tuple = ()  # the user's per-sample Python stages (map, pad), after the native ones
     batch_stages: tuple = ()  # the user's map_batches stages, on the finished numpy batch
+    cache: Cache | None = None  # LoaderConfig.cache: remote reads go through this node's cache
 
     @property
     def policy(self) -> ErrorPolicy:
@@ -110,6 +114,11 @@ class LoaderWorker:
         # buffer is reused once every array viewing the images is gone. Neither: a fresh buffer per batch.
         self._handoff = handoff
         self._reuse = reuse_buffers and not handoff
+        if spec.cache is not None and wants_cache(catalog.storage):
+            # Every read of the catalog's store (the sources' footers and index blocks too) goes through the
+            # node cache; a batch's own reads get counters of their own (_BatchRun).
+            cached = CachedStorage(catalog.storage, node_cache(spec.cache.path, spec.cache.max_bytes))
+            catalog = dataclasses.replace(catalog, storage=cached)
         self._catalog = catalog
         self._source, self._storage = catalog.source, catalog.storage
         self._num_samples = len(catalog)
@@ -481,6 +490,8 @@ class _BatchRun:
         # Set when a drain failed, so the batch fails: no more reading or decoding for it.
         self._stop = threading.Event()
         self._threads = worker._pool._max_workers
+        storage = worker._storage
+        self._storage = storage.scoped() if isinstance(storage, CachedStorage) else storage
         # Every IO task and every decode-pool task of this batch: a failed batch waits for them all.
         self._io_tasks: list[Future] = []
         self._decode_tasks: list[Future] = []
@@ -584,7 +595,7 @@ class _BatchRun:
         """The block's bytes; None when they cannot be read, its samples then settled as unreadable."""
         shard = self._shards[block.shard]
         try:
-            return self._worker._source.read_block(self._worker._storage, shard, block.offset, block.length)
+            return self._worker._source.read_block(self._storage, shard, block.offset, block.length)
         except DataSourceError as exc:
             self._unreadable(block.members, shard.uri, exc)
             return None
@@ -720,7 +731,17 @@ class _BatchRun:
             unreadable=[f for f in bad if f.unreadable],
             replaced=sorted(self._replaced, key=lambda r: r.sample_id),
             membership=self._worker._membership,
+            cache=self._cache_counts(),
         )
+
+    def _cache_counts(self) -> dict[str, int]:
+        """The node cache's counters of this batch's reads, and of the worker's own since its last batch
+        (footers, index blocks, substitutes: every count lands in exactly one batch); {} without a
+        cache."""
+        if not isinstance(self._storage, CachedStorage):
+            return {}
+        mine, shared = self._storage.counts.take(), self._worker._storage.counts.take()
+        return {k: mine[k] + shared[k] for k in mine}
 
     def _slot_views(self, name: str, rows: list[int]):
         """The slot views `_slots` handed to the user's stages (compared by identity: kept or replaced)."""

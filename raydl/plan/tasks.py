@@ -36,13 +36,15 @@ class BatchResult:
     decoded (`skipped`) and those whose bytes could not be read (`unreadable`), which the iterator
     skips or raises as the error policy says; and the replaced ones.
     `membership` is the coordinator's worker-list version as this worker last
-    heard it: a rank that holds an older list asks the coordinator for the new one."""
+    heard it: a rank that holds an older list asks the coordinator for the new one.
+    `cache` counts the node cache's hits, misses, bytes and evictions while the batch was made."""
 
     batch: dict
     skipped: list[Failure]
     unreadable: list[Failure]
     replaced: list[Replaced] = field(default_factory=list)
     membership: int = 0
+    cache: dict[str, int] = field(default_factory=dict)  # node cache counters of this batch ({}: no cache)
 
 
 def batch_rows(batch: dict) -> int:
