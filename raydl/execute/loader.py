@@ -648,9 +648,10 @@ def _probe_cache_folder(path: str) -> tuple[str, str | None]:
 
 
 def _check_cache(path: str, placement: dict[str, int], *, here: str) -> None:
-    """The cache folder is writable here (the driver's node, which may make batches itself) and on every
-    node that will host workers (a task pinned to each); else a LoaderError naming the path and the node."""
-    _ip, why = _probe_cache_folder(path)
+    """The cache folder is writable on every node that will host workers: the driver's own, checked here
+    (it makes the first batches itself), and the others by a task pinned to each; else a LoaderError
+    naming the path and the node."""
+    _ip, why = _probe_cache_folder(path) if here in placement else (None, None)
     if why is not None:
         raise LoaderError(
             f"the node cache folder {path!r} is not writable on node {here} (the driver's, "

@@ -594,6 +594,9 @@ class _BatchRun:
     def _read(self, block: Block) -> bytes | None:
         """The block's bytes; None when they cannot be read, its samples then settled as unreadable."""
         shard = self._shards[block.shard]
+        if isinstance(self._storage, CachedStorage):  # kept as its samples' ranges, which every epoch reads
+            where = self._where[list(block.members), 1:3]
+            self._storage.plan(shard.uri, block.offset, block.length, sorted(set(map(tuple, where.tolist()))))
         try:
             return self._worker._source.read_block(self._storage, shard, block.offset, block.length)
         except DataSourceError as exc:

@@ -595,11 +595,18 @@ def node_cache(path: str, max_bytes: int) -> NodeCache:
 class CachedStorage:
     """A Storage that reads through a NodeCache: ranged and streamed reads that name an etag are served
     from the node's disk when there, else fetched from `inner` and kept. Listing, stat and etag-less reads
-    go to `inner` as they are. `counts` tallies what this value served (`scoped()` gives a fresh tally)."""
+    go to `inner` as they are. `counts` tallies what this value served (`scoped()` gives a fresh tally).
+
+    A range is kept as the pieces its reader says it is made of (`plan`): the loader coalesces neighbouring
+    samples into one read, differently every epoch (the shuffle changes the neighbours), so a block is kept
+    as its samples' ranges, which every epoch asks for again; a miss still reads the whole block in one
+    request. Without a plan a range is one entry (footers, index blocks, whole image objects)."""
 
     inner: Storage
     cache: NodeCache
     counts: CacheCounts = field(default_factory=CacheCounts, compare=False)
+    _plans: dict = field(default_factory=dict, compare=False, repr=False)
+    _plans_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def default_io_concurrency(self) -> int:
@@ -608,6 +615,12 @@ class CachedStorage:
     def scoped(self) -> CachedStorage:
         """The same storage and cache with counters of its own (a batch's)."""
         return CachedStorage(self.inner, self.cache)
+
+    def plan(self, uri: str, offset: int, length: int, pieces: list[tuple[int, int]]) -> None:
+        """The next read of exactly (uri, offset, length) is made of the (offset, length) `pieces` (sorted,
+        inside it): keep and look it up piece by piece."""
+        with self._plans_lock:
+            self._plans[(uri, offset, length)] = pieces
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         return self.inner.list(prefix)
@@ -621,18 +634,32 @@ class CachedStorage:
         return data
 
     def read_range(self, uri: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
+        with self._plans_lock:
+            pieces = self._plans.pop((uri, offset, length), None) if self._plans else None
         if not etag or length <= 0:
             data = self.inner.read_range(uri, offset, length, etag=etag)
             self.counts.add(misses=1, bytes_from_store=len(data))
             return data
-        data = self.cache.get(uri, etag, offset, length, self.counts)
-        if data is not None:
-            self.counts.add(hits=1, bytes_from_cache=len(data))
-            return data
+        if not pieces or pieces == [(offset, length)]:
+            pieces = [(offset, length)]
+        got = [self.cache.get(uri, etag, o, n, self.counts) for o, n in pieces]
+        if all(g is not None for g in got):
+            self.counts.add(hits=1, bytes_from_cache=sum(map(len, got)))
+            if len(got) == 1:
+                return got[0]
+            block = bytearray(length)  # the gaps between the pieces (tar headers) are never cut from
+            for (o, n), g in zip(pieces, got):
+                block[o - offset : o - offset + n] = g
+            return bytes(block)
         evicted = self.cache.forget_other_etags(uri, etag)
         data = self.inner.read_range(uri, offset, length, etag=etag)
-        kept = self.cache.put(uri, etag, offset, length, data)
-        self.counts.add(misses=1, bytes_from_store=len(data), evictions=evicted + (kept or 0))
+        for (o, n), g in zip(pieces, got):
+            if g is None:
+                kept = self.cache.put(
+                    uri, etag, o, n, data if n == length else data[o - offset : o - offset + n]
+                )
+                evicted += kept or 0
+        self.counts.add(misses=1, bytes_from_store=len(data), evictions=evicted)
         return data
 
     def stream(self, uri: str, *, etag: str | None = None, chunk: int = STREAM_CHUNK) -> Iterator[bytes]:
@@ -653,8 +680,7 @@ class CachedStorage:
                 mm.close()
             return
         self.counts.add(misses=1, evictions=self.cache.forget_other_etags(uri, etag))
-        for piece in self.cache.put_stream(
-            uri, etag, self.inner.stream(uri, etag=etag, chunk=chunk), self.counts
-        ):
+        pieces = self.inner.stream(uri, etag=etag, chunk=chunk)
+        for piece in self.cache.put_stream(uri, etag, pieces, self.counts):
             self.counts.add(bytes_from_store=len(piece))
             yield piece

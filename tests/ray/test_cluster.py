@@ -479,3 +479,18 @@ def _first(it, n):
         if len(out) == n:
             break
     return out
+
+
+def test_an_unwritable_cache_folder_fails_loader_naming_the_path_and_the_node(cluster, image_folder, tmp_path):
+    """loader(cache=...) checks the folder on each node that will host workers (here only the labelled ones,
+    by a task pinned to each): a path under a regular file, which not even root can make, is a LoaderError
+    at loader() naming the path and the node, before any worker starts."""
+    from raydl.errors import LoaderError
+
+    (tmp_path / "file").write_text("x")
+    bad = str(tmp_path / "file" / "cache")
+    labelled = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("loader")}
+    with pytest.raises(LoaderError, match="not writable on node") as info:
+        _loader(image_folder, batch_size=8, node_resource="loader", cache=raydl.Cache(bad, max_bytes=1 << 20))
+    assert bad in str(info.value) and any(n in str(info.value) for n in labelled)
+    assert "NotADirectoryError" in str(info.value)
