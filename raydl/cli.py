@@ -1,5 +1,5 @@
 """The `raydl` command: `raydl demo`, `raydl make-images`, `raydl bench loader`, `raydl bench checkpoint`,
-`raydl fabric-info`."""
+`raydl fabric-info`, `raydl index`, `raydl cache info|clear`."""
 
 from __future__ import annotations
 
@@ -87,6 +87,48 @@ def _index_main(args) -> int:
     return 0
 
 
+def _add_cache(sub) -> None:
+    p = sub.add_parser(
+        "cache", help="show or empty this node's cache folder (loader(cache=raydl.Cache(...)))"
+    )
+    cache_sub = p.add_subparsers(dest="cache_command", required=True)
+    for name, what in (
+        ("info", "entries, bytes, max_bytes, oldest and newest use"),
+        ("clear", "remove every entry"),
+    ):
+        cp = cache_sub.add_parser(name, help=what)
+        cp.add_argument("path", help="the cache folder (raydl.Cache's path)")
+        cp.set_defaults(func=_cache_main)
+
+
+def _cache_main(args) -> int:
+    import os
+    import time
+
+    from raydl.storage.cache import ENTRIES, NodeCache
+
+    if not os.path.isdir(os.path.join(args.path, ENTRIES)):
+        print(f"raydl cache: {args.path} is no raydl cache folder (it has no {ENTRIES}/)", file=sys.stderr)
+        return 2
+    cache = NodeCache(args.path, 0)  # 0: keep the max_bytes the loaders recorded
+    if args.cache_command == "clear":
+        print(f"raydl cache: removed {cache.clear()} entries from {cache.path}")
+        return 0
+    info = cache.info()
+
+    def when(t):
+        return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+    limit = "unknown" if info["max_bytes"] is None else f"{info['max_bytes']:,}"
+    print(f"path        {info['path']}")
+    print(f"entries     {info['entries']:,}")
+    print(f"bytes       {info['bytes']:,}")
+    print(f"max_bytes   {limit}")
+    print(f"oldest use  {when(info['oldest'])}")
+    print(f"newest use  {when(info['newest'])}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="raydl", description="Ray-distributed data loader for training")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_bench(sub)
     _add_fabric_info(sub)
     _add_index(sub)
+    _add_cache(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -32,7 +32,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from raydl.env import environment_variable
-from raydl.options import LoaderConfig, S3Options, check_number, positive_int
+from raydl.options import Cache, LoaderConfig, S3Options, check_number, positive_int
 
 __all__ = [
     "BenchConfig",
@@ -513,7 +513,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     loader_data = dict(r.mapping(data["loader"], "loader"))
     if "world_size" not in loader_data and "job" in data:
         loader_data["world_size"] = job.workers  # one rank per training worker unless the file says otherwise
-    loader = r.build(LoaderConfig, loader_data, "loader")
+    loader = r.build(LoaderConfig, _with_cache(r, loader_data, "loader"), "loader")
     val = None
     if data.get("val") is not None:
         v = r.mapping(data["val"], "val")
@@ -534,7 +534,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         val = ValConfig(
             r.source(v["source"], "val.source"),
             r.pipeline(v.get("pipeline"), "val.pipeline"),
-            r.build(LoaderConfig, val_loader, "val.loader"),
+            r.build(LoaderConfig, _with_cache(r, val_loader, "val.loader"), "val.loader"),
         )
     return Config(
         source=r.source(data["source"], "source"),
@@ -545,6 +545,14 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         bench=r.build(BenchConfig, data.get("bench"), "bench"),
         path=path,
     )
+
+
+def _with_cache(r: _Reader, loader: dict, key: str) -> dict:
+    """A loader section with its `cache: {path, max_bytes}` mapping made a raydl.Cache (null: no cache)."""
+    value = loader.get("cache")
+    if value is None or isinstance(value, Cache):
+        return loader
+    return {**loader, "cache": r.build(Cache, value, f"{key}.cache")}
 
 
 def load_loader_config(path: str | os.PathLike, **overrides: object) -> LoaderConfig:

@@ -215,6 +215,22 @@ def test_config_set_overrides_single_values():
 
 
 @pytest.mark.timeout(30)
+def test_config_loader_cache_is_a_raydl_cache(tmp_path):
+    """`loader.cache: {path, max_bytes}` becomes a raydl.Cache (val.loader inherits it); a bad one names the key."""
+    import raydl
+
+    path = tmp_path / "c.yaml"
+    path.write_text("source: {kind: images, path: /x}\nloader: {batch_size: 8, cache: {path: /c, max_bytes: 1024}}\n"
+                    "val: {source: {kind: images, path: /y}}\n")
+    cfg = load_config(path)
+    assert cfg.loader.cache == raydl.Cache("/c", max_bytes=1024) and cfg.val.loader.cache == cfg.loader.cache
+    assert load_config(path, ["loader.cache=null"]).loader.cache is None
+    path.write_text("source: {kind: images, path: /x}\nloader: {batch_size: 8, cache: {path: /c, max_byte: 1}}\n")
+    with pytest.raises(ValueError, match=r"loader\.cache\.max_byte"):
+        load_config(path)
+
+
+@pytest.mark.timeout(30)
 def test_demo_config_keeps_its_state_in_a_folder_of_the_users_own(tmp_path, monkeypatch):
     """configs/local-demo.yaml's data and state: $RAYDL_DEMO_DIR, else $XDG_CACHE_HOME/raydl/local-demo, else
     ~/.cache/raydl/local-demo (a `${VAR:-default}` default may name variables itself), never a shared /tmp path."""
@@ -327,6 +343,7 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         "DataSourceError: …: truncated tar shard: …": [lambda: raydl.read_webdataset(str(tmp / "cut.tar"))],
         **_hostile_shard_triggers(tmp),
         **_record_triggers(tmp),
+        **_cache_triggers(tmp),
         **_batch_format_triggers(),
         **_mix_triggers(tmp),
         "DataSourceError: … is not a Parquet file (…)": [
@@ -454,6 +471,24 @@ def test_every_documented_error_is_worded_as_in_the_code(tmp_path):
             piece = piece.strip(" '\"()[].,;:")
             if len(piece) > 3:
                 assert any(piece in s for s in strings), f"docs/errors.md: {piece!r} of {message!r} is not in the code"
+
+
+def _cache_triggers(tmp: Path) -> dict[str, list]:
+    """The node cache's option errors and its unwritable folder on the driver's node (issue 20)."""
+    import raydl
+    from raydl.execute.loader import _check_cache
+    from raydl.options import LoaderConfig
+
+    (tmp / "not-a-dir").write_text("x")
+    bad = str(tmp / "not-a-dir" / "cache")
+    return {
+        "LoaderError: the node cache folder '…' is not writable on node … (…): …": [
+            lambda: _check_cache(bad, {"n1": 1}, here="n1")],
+        "ValueError: Cache.path must be a non-empty str, got …": [lambda: raydl.Cache("", max_bytes=1)],
+        "ValueError: Cache.max_bytes must be a positive int, got …": [lambda: raydl.Cache("/x", max_bytes=0)],
+        "ValueError: cache must be a raydl.Cache or None, got …": [
+            lambda: LoaderConfig(batch_size=1, cache={"path": "/x", "max_bytes": 1})],
+    }
 
 
 def _record_triggers(tmp: Path) -> dict[str, list]:

@@ -483,7 +483,7 @@ class NodeCache:
             "path": self.path,
             "entries": len(entries),
             "bytes": sum(s for _, s, _ in entries),
-            "max_bytes": recorded[1] if recorded else None,
+            "max_bytes": recorded[1] if recorded and recorded[1] else None,
             "oldest": min(times) / 1e9 if times else None,
             "newest": max(times) / 1e9 if times else None,
         }
@@ -504,6 +504,7 @@ class _StateLock:
         self._cache = cache
         self._fd = -1
         self.state = [0]
+        self._max = 0
 
     def __enter__(self) -> list[int]:
         import fcntl
@@ -515,8 +516,9 @@ class _StateLock:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             recorded = _read_state(os.path.join(c.path, STATE))
             if recorded is None:  # first use, or a torn state file: count the folder
-                recorded = (sum(s for _, s, _ in c.scan()), c.max_bytes)
+                recorded = (sum(s for _, s, _ in c.scan()), 0)
             self.state = [recorded[0]]
+            self._max = c.max_bytes or recorded[1]  # a tool's NodeCache (max_bytes=0) keeps the loaders' own
         except BaseException:
             self._release()
             raise
@@ -525,7 +527,7 @@ class _StateLock:
     def __exit__(self, *exc) -> None:
         try:
             if exc[0] is None:
-                _write_state(os.path.join(self._cache.path, STATE), self.state[0], self._cache.max_bytes)
+                _write_state(os.path.join(self._cache.path, STATE), self.state[0], self._max)
         finally:
             self._release()
 

@@ -45,3 +45,22 @@ def test_fabric_info_lists_every_known_provider(capsys):
     for provider in ("efa", "verbs;ofi_rxm", "tcp;ofi_rxm", "sockets"):
         assert provider in out or not pyfi.available()
     assert code == (0 if pyfi.available() else 1)
+
+
+def test_cache_info_and_clear(tmp_path, capsys):
+    """`raydl cache info PATH` shows a node cache's entries, bytes and max_bytes; `clear` empties it (and keeps
+    the max_bytes the loaders recorded); a folder that is no cache is exit 2."""
+    from raydl.storage.cache import NodeCache
+
+    cache = NodeCache(str(tmp_path / "c"), 1 << 20)
+    for i in range(3):
+        cache.put(f"s3://b/k{i}", "e", 0, 100, b"x" * 100)
+    assert main(["cache", "info", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "entries     3" in out and "max_bytes   1,048,576" in out and "oldest use  20" in out
+    assert main(["cache", "clear", str(tmp_path / "c")]) == 0
+    assert "removed 3 entries" in capsys.readouterr().out
+    assert main(["cache", "info", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "entries     0" in out and "max_bytes   1,048,576" in out
+    assert main(["cache", "info", str(tmp_path)]) == 2
