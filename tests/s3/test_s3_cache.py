@@ -127,3 +127,102 @@ def test_a_rewritten_object_is_read_anew_not_from_the_cache(ray_s3, moto_server,
     _same(got, plain)
     entries = [p for p in (tmp_path / "cache" / "entries").rglob("*") if p.is_file()]
     assert len(entries) == 32
+
+
+# -- the cache's own protocol against the server: a killed writer, two writers at once, eviction ------------------
+
+def _fork():
+    import multiprocessing
+
+    return multiprocessing.get_context("fork")
+
+
+def _objects(s3_client, bucket, n=6, size=20_000):
+    """n objects of `size` distinct bytes in the bucket: {uri: (etag, bytes)}."""
+    from raydl.storage.s3 import S3Storage
+
+    listing = S3Storage(raydl.S3Options(endpoint_url=s3_client.meta.endpoint_url))
+    out = {}
+    for i in range(n):
+        body = bytes((i * 13 + j) % 251 for j in range(size))
+        s3_client.put_object(Bucket=bucket, Key=f"obj{i}", Body=body)
+        uri = f"s3://{bucket}/obj{i}"
+        out[uri] = (listing.stat(uri).etag, body)  # the etag as listing gives it
+    return out
+
+
+def _s3_cached(url, root, max_bytes=1 << 20):
+    from raydl.storage.cache import CachedStorage, NodeCache
+    from raydl.storage.s3 import S3Storage
+
+    return CachedStorage(S3Storage(raydl.S3Options(endpoint_url=url, max_concurrency=4)), NodeCache(root, max_bytes))
+
+
+def _killed_writer(url, root, uri, etag, ready):
+    """Stream an object from the store into the cache and stop (forever) after its first piece: the parent kills
+    this process there, mid-write."""
+    import time
+
+    it = _s3_cached(url, root).stream(uri, etag=etag, chunk=1000)
+    next(it)
+    ready.set()
+    time.sleep(60)
+
+
+def _fill(url, root, objects, seed):
+    """Read every object's halves through the cache in an order of our own, three times: is each read right?"""
+    import random
+
+    storage = _s3_cached(url, root)
+    todo = [(u, off) for u in objects for off in (0, 10_000)]
+    random.Random(seed).shuffle(todo)
+    return [storage.read_range(u, off, 10_000, etag=objects[u][0]) == objects[u][1][off : off + 10_000]
+            for _ in range(3) for u, off in todo]
+
+
+def test_killed_racing_and_evicting_writers_on_the_server(moto_server, s3_client, bucket, tmp_path):
+    """Against the S3 server: a writer SIGKILLed mid-entry leaves nothing visible (the next read GETs the object,
+    and then it is whole in the cache); two processes filling one folder at once read right and leave each entry
+    once; with room for three entries a fourth evicts the least recently used, and the total stays in bounds."""
+    import os
+    import signal
+    import time
+
+    objects = _objects(s3_client, bucket)
+    uris = list(objects)
+    with FaultFront(moto_server, lambda *_: None) as front:
+        root = str(tmp_path / "killed")
+        ready = _fork().Event()
+        child = _fork().Process(target=_killed_writer, args=(front.url, root, uris[0], objects[uris[0]][0], ready))
+        child.start()
+        assert ready.wait(30)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        assert len(os.listdir(Path(root, "tmp"))) == 1 and not list(Path(root, "entries").rglob("*-*"))
+        storage, before = _s3_cached(front.url, root), len(front.requests)
+        assert b"".join(storage.stream(uris[0], etag=objects[uris[0]][0])) == objects[uris[0]][1]
+        assert [m for m, _, _ in front.requests[before:]] == ["GET"] and os.listdir(Path(root, "tmp")) == []
+        assert b"".join(storage.stream(uris[0], etag=objects[uris[0]][0])) == objects[uris[0]][1]
+        assert len(front.requests) == before + 1  # whole in the cache now
+
+        root = str(tmp_path / "shared")
+        before = len(front.requests)
+        with _fork().Pool(2) as pool:
+            results = pool.starmap(_fill, [(front.url, root, objects, 1), (front.url, root, objects, 2)])
+        assert all(all(r) for r in results)
+        assert len(front.requests) - before <= 2 * 2 * len(uris)  # each range fetched by at most both processes
+        entries = [p for p in Path(root, "entries").rglob("*") if p.is_file()]
+        assert len(entries) == 2 * len(uris) and os.listdir(Path(root, "tmp")) == []
+
+        probe = _s3_cached(front.url, str(tmp_path / "probe"))
+        probe.read_range(uris[0], 0, 20_000, etag=objects[uris[0]][0])
+        size = probe.cache.info()["bytes"]  # one entry on disk, its header included
+        storage = _s3_cached(front.url, str(tmp_path / "lru"), max_bytes=int(3.5 * size))
+        for u in uris[:3] + uris[:1] + uris[3:4]:  # 0, 1, 2, then 0 again (a hit: recent), then 3
+            storage.read_range(u, 0, 20_000, etag=objects[u][0])
+            time.sleep(0.02)
+        assert storage.counts.take()["evictions"] == 1
+        cache = storage.cache
+        assert cache.get(uris[1], objects[uris[1]][0], 0, 20_000) is None  # the least recently used went
+        assert all(cache.get(u, objects[u][0], 0, 20_000) is not None for u in (uris[0], uris[2], uris[3]))
+        assert cache.info()["bytes"] <= cache.max_bytes

@@ -265,3 +265,17 @@ def test_with_weights_checks_its_weights(folders):
         ds.with_weights([1, 1, 1, np.nan] + [1] * 8)
     with pytest.raises(ValueError, match="a column name"):
         ds.with_weights("w")
+
+
+def test_a_weighted_source_in_a_mix_gets_its_share_drawn_by_its_weights():
+    """A weighted source mixed with a plain one: the mix gives it its share, its weights pick the rows (zero-weight
+    samples never), the plain one still walks its permutation."""
+    w = np.zeros(50)
+    w[[3, 7, 11]] = [1, 1, 2]
+    plan = _plan([50, 20], [0.5, 0.5], 400, batch_size=20, src={0: {"weights": w}})
+    ids, _ = _epoch_rows(plan, 0)
+    s, local = _decode(plan, ids)
+    assert np.bincount(s).tolist() == [200, 200]
+    drawn = np.bincount(local[s == 0], minlength=50)
+    assert set(np.flatnonzero(drawn).tolist()) == {3, 7, 11} and 70 < drawn[11] < 130  # about 100 of 200
+    assert set(np.bincount(local[s == 1], minlength=20).tolist()) == {10}
