@@ -46,6 +46,8 @@ def _add_bench(sub) -> None:
         ("cluster", "cluster"),
         ("control-plane", "control_plane"),
         ("listing", "listing"),
+        ("cache", "cache"),
+        ("mix", "mix"),
     ):
         try:
             module = importlib.import_module(f"raydl.bench.{module_name}")

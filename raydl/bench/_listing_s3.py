@@ -174,6 +174,7 @@ class ProxyChild:
             start_new_session=True,
         )
         self.url = f"http://127.0.0.1:{self._proc.stdout.readline().strip()}"
+        self.pid = self._proc.pid
 
     def counts(self) -> dict[str, int]:
         self._proc.stdin.write("counts\n")
