@@ -5,8 +5,9 @@ loader, timed and counted epoch by epoch.
 
 SPEC (a JSON object): "row" (its name), "peer" ("raydl", "raydl-mix" or "raydata"), "source" ("images"
 or "webdataset"), "data" (a folder, a list of shard paths or URIs, or for raydl-mix a list of folders),
-"epochs", "batch_size", "cpus", "seed", and optionally "endpoint" (the store behind `data`: a latency
-proxy that counts requests is started in front of it for this run, "delay_ms" each), "cache" (a fresh
+"epochs", "batch_size", "cpus", "seed", and optionally "batching" (raydl-mix), "endpoint" (the store
+behind `data`: a latency proxy that counts requests is started in front of it for this run, "delay_ms"
+each), "cache" (a fresh
 folder for `raydl.Cache`), "cache_max_bytes", "env" (set before anything is imported), "store_pids"
 (the server's processes, whose CPU is counted per epoch apart from the loader's), "raydata_read_cpus".
 
@@ -172,7 +173,8 @@ def run_raydl(spec: dict, epochs: _Epochs, s3_url: str | None) -> dict:
     with raydl_ray(PeerSpec(data="", cpus=spec["cpus"], batch_size=1, seed=0, expected=0)):
         if spec["peer"] == "raydl-mix":
             sources = {f"s{i}": _pipeline(_raydl_source(spec, d, s3)) for i, d in enumerate(spec["data"])}
-            ds = raydl.mix(sources, weights={k: 1 / len(sources) for k in sources}, batching="stratified")
+            weights = {k: 1 / len(sources) for k in sources}
+            ds = raydl.mix(sources, weights=weights, batching=spec.get("batching", "stratified"))
         else:
             ds = _pipeline(_raydl_source(spec, spec["data"], s3))
         epochs.listed()
@@ -191,7 +193,7 @@ def run_raydl(spec: dict, epochs: _Epochs, s3_url: str | None) -> dict:
             it = loader.iterator(0)
             for _ in range(spec["epochs"]):
                 for batch in it.iter_batches():
-                    epochs.batch(len(batch["id"]))
+                    epochs.batch(batch["image"].shape[0])
                 epochs.end()
             stats = it.stats()
             out["driver_batches"] = stats.driver_batches
