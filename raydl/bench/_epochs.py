@@ -109,6 +109,7 @@ class _Epochs:
         self._n = self._n_first = 0
         self._counts = self._requests()
         self._cpu_at = (0.0, 0.0)
+        self._counters: dict[str, int] = {}
 
     def _requests(self) -> dict[str, int]:
         return method_counts(self._proxy.counts()) if self._proxy else dict.fromkeys(_METHODS, 0)
@@ -130,7 +131,8 @@ class _Epochs:
             self._first, self._n_first = time.perf_counter(), n
         self._n += n
 
-    def end(self) -> None:
+    def end(self, counters: dict[str, int] | None = None) -> None:
+        """An epoch's end; `counters`: the loader's own running totals (its cache's), kept per epoch."""
         now = time.perf_counter()
         counts, cpu = self._requests(), (self._cpu.loader(), self._cpu.store())
         row = {
@@ -141,6 +143,9 @@ class _Epochs:
             "loader_cpu_s": cpu[0] - self._cpu_at[0],
             "store_cpu_s": cpu[1] - self._cpu_at[1],
         }
+        if counters is not None:
+            row["counters"] = {k: v - self._counters.get(k, 0) for k, v in counters.items()}
+            self._counters = counters
         if not self.rows:  # the first epoch: from its first batch, actor start-up left out
             row["first_batch_s"] = self._first - self._start
             steady = now - self._first
@@ -194,17 +199,21 @@ def run_raydl(spec: dict, epochs: _Epochs, s3_url: str | None) -> dict:
             for _ in range(spec["epochs"]):
                 for batch in it.iter_batches():
                     epochs.batch(batch["image"].shape[0])
-                epochs.end()
-            stats = it.stats()
-            out["driver_batches"] = stats.driver_batches
-            out["stats"] = {  # what the iterator counted, the cache's figures among them where it has any
-                k: v
-                for k, v in vars(stats).items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
+                epochs.end(_cache_counters(it.stats()))
+            out["driver_batches"] = it.stats().driver_batches
         finally:
             loader.shutdown()
     return out
+
+
+def _cache_counters(stats) -> dict[str, int]:
+    """The iterator's node-cache counters (hits, misses, bytes from the store and from the cache,
+    evictions, corrupt entries), where this build has them."""
+    return {
+        k: v
+        for k, v in vars(stats).items()
+        if k.startswith(("cache_", "bytes_")) and isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 def _raydata_transform(batch: dict) -> dict:

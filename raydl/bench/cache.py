@@ -238,7 +238,30 @@ def summarize(runs: list[dict], formats: list[str], rows: list[str]) -> dict:
         }
         for fmt in formats
     }
-    return {"epochs": table, "goals": {fmt: goal_figures(table[fmt]) for fmt in formats}}
+    counters = {}  # the cache's own counts per epoch, from the first round that ran
+    for fmt in formats:
+        first = next((r for r in runs if r["format"] == fmt and r["name"] == "cached" and r.get("ok")), None)
+        if first:
+            counters[fmt] = [e.get("counters", {}) for e in first["epochs"]]
+    return {
+        "epochs": table,
+        "goals": {fmt: goal_figures(table[fmt]) for fmt in formats},
+        "counters": counters,
+    }
+
+
+def counter_line(per_epoch: list[dict[str, int]]) -> str:
+    """The cache's own counts, epoch by epoch (pure): hits, misses, MB from the store and from the cache."""
+    cells = []
+    for i, c in enumerate(per_epoch, 1):
+        cells.append(
+            f"epoch {i}: {c.get('cache_hits', 0)} hits, {c.get('cache_misses', 0)} misses, "
+            f"{c.get('bytes_from_store', 0) / 1e6:.1f} MB from the store, "
+            f"{c.get('bytes_from_cache', 0) / 1e6:.1f} MB from the cache"
+            + (f", {c['cache_evictions']} evictions" if c.get("cache_evictions") else "")
+            + (f", {c['cache_corrupt']} corrupt" if c.get("cache_corrupt") else "")
+        )
+    return "the cache's counters (rank 0's iterator): " + "; ".join(cells)
 
 
 def goal_figures(by_row: dict[str, list[dict]]) -> dict:
@@ -292,7 +315,10 @@ def render(report: dict, args: argparse.Namespace, images: int, shards: int, not
     for fmt, by_row in report["epochs"].items():
         out += ["", f"{fmt}:", ""]
         out.append(epoch_table([(LABELS[row], epochs) for row, epochs in by_row.items()]))
-        out += [""] + [f"  * {line}" for line in goal_lines(report["goals"][fmt])]
+        lines = goal_lines(report["goals"][fmt])
+        if report.get("counters", {}).get(fmt):
+            lines.append(counter_line(report["counters"][fmt]))
+        out += [""] + [f"  * {line}" for line in lines]
     out += [""] + [f"  * {n}" for n in notes]
     out.append(
         "  * epoch 1 images/s from its first batch to its last; later epochs from the previous epoch's end. "
