@@ -1,5 +1,5 @@
-"""The `raydl` command: `raydl demo`, `raydl make-images`, `raydl bench loader`, `raydl bench checkpoint`,
-`raydl fabric-info`, `raydl index`, `raydl cache info|clear`."""
+"""The `raydl` command: `raydl demo`, `raydl make-images`, `raydl bench loader|storage|checkpoint|cluster|
+control-plane|listing|cache|mix`, `raydl fabric-info`, `raydl index`, `raydl cache info|clear`."""
 
 from __future__ import annotations
 
