@@ -287,6 +287,8 @@ def goal_figures(by_row: dict[str, list[dict]]) -> dict:
         out["cached_later_requests"] = sum(e["requests"]["GET"] + e["requests"]["HEAD"] for e in cached[1:])
     if cached and local and later_rate(cached) and later_rate(local):
         out["cached_later_over_local"] = later_rate(cached) / later_rate(local)
+    if cached[1:] and local[1:]:  # the load-proof view: what an image costs, not how fast the run went
+        out["cached_later_cpu_over_local"] = later_cpu(cached) / later_cpu(local)
     if cached and s3 and cached[0]["images_per_s"] and s3[0]["images_per_s"]:
         out["cached_epoch1_over_uncached"] = cached[0]["images_per_s"] / s3[0]["images_per_s"]
     if s3 and local and later_rate(s3) and later_rate(local):
@@ -295,6 +297,11 @@ def goal_figures(by_row: dict[str, list[dict]]) -> dict:
     if best and raydata and later_rate(best) and later_rate(raydata):
         out["raydl_later_over_raydata"] = later_rate(best) / later_rate(raydata)
     return out
+
+
+def later_cpu(epochs: list[dict]) -> float:
+    """The loader's CPU seconds per image over epochs 2..N."""
+    return sum(e["loader_cpu_s"] for e in epochs[1:]) / max(1, sum(e["images"] for e in epochs[1:]))
 
 
 def goal_lines(goals: dict) -> list[str]:
@@ -312,6 +319,12 @@ def goal_lines(goals: dict) -> list[str]:
         if key in goals:
             v = goals[key]
             lines.append(f"{what}: {v:.2f}x (goal >= {goal}: {'met' if v >= goal else 'missed'})")
+    if "cached_later_cpu_over_local" in goals:
+        cpu = goals["cached_later_cpu_over_local"]
+        lines.append(
+            f"loader CPU per image, cached epochs 2-N / local disk's: {cpu:.2f}x "
+            "(on a loaded machine, steadier than images/s)"
+        )
     if "uncached_later_over_local" in goals:
         lines.append(f"uncached epochs 2-N / local disk: {goals['uncached_later_over_local']:.2f}x")
     if "raydl_later_over_raydata" in goals:

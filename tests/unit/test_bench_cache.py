@@ -94,6 +94,7 @@ def test_the_cache_goals_read_met_and_missed_from_the_rows():
     assert goals["cached_later_over_local"] == pytest.approx(0.97)
     assert goals["cached_epoch1_over_uncached"] == pytest.approx(0.98)
     assert goals["raydl_later_over_raydata"] == pytest.approx(776 / 26)
+    assert goals["cached_later_cpu_over_local"] == pytest.approx(1.0)  # 0.2 s per 100 images in both
     lines = cache.goal_lines(goals)
     assert lines[0] == "cached epochs 2-N: 1 GET+HEAD requests (goal 0: missed)"
     assert "0.97x (goal >= 0.95: met)" in lines[1] and "0.98x (goal >= 0.95: met)" in lines[2]
