@@ -32,6 +32,7 @@ import numpy as np
 import psutil
 
 from raydl.bench._clock import PeerSpec
+from raydl.bench._runner import process_kind
 from raydl.bench._setup import ray_init, raydl_ray
 from raydl.bench._transform import CROP, open_rgb, train_transform
 
@@ -62,6 +63,15 @@ class _Cpu:
         self._store = [p for p in (_process(pid) for pid in store) if p is not None]
         self._exclude = set(exclude)
         self._seen: dict[psutil.Process, float] = {}  # a process's largest CPU so far: exited ones keep it
+        self._kind: dict[psutil.Process, str] = {}
+
+    def by_kind(self) -> dict[str, float]:
+        """The CPU seconds of `loader()`'s last call per kind of process (driver, LoaderWorker, raylet...)."""
+        out: dict[str, float] = {}
+        for proc, cpu in self._seen.items():
+            kind = self._kind.get(proc, "?")
+            out[kind] = out.get(kind, 0.0) + cpu
+        return out
 
     def loader(self) -> float:
         try:
@@ -73,6 +83,8 @@ class _Cpu:
                 continue
             try:
                 t = proc.cpu_times()
+                # read each time: a Ray worker takes its actor's title ("ray::LoaderWorker") only once started
+                self._kind[proc] = "driver" if proc is self._root else process_kind(proc.cmdline())
             except psutil.Error:
                 continue
             self._seen[proc] = max(self._seen.get(proc, 0.0), t.user + t.system)
@@ -110,6 +122,7 @@ class _Epochs:
         self._counts = self._requests()
         self._cpu_at = (0.0, 0.0)
         self._counters: dict[str, int] = {}
+        self._kinds_at: dict[str, float] = {}
 
     def _requests(self) -> dict[str, int]:
         return method_counts(self._proxy.counts()) if self._proxy else dict.fromkeys(_METHODS, 0)
@@ -124,6 +137,7 @@ class _Epochs:
         """Just before the loader is built: the clock and the CPU baselines (Ray's start and the listing
         left out)."""
         self._cpu_at = (self._cpu.loader(), self._cpu.store())
+        self._kinds_at = self._cpu.by_kind()
         self._start = time.perf_counter()
 
     def batch(self, n: int) -> None:
@@ -143,6 +157,13 @@ class _Epochs:
             "loader_cpu_s": cpu[0] - self._cpu_at[0],
             "store_cpu_s": cpu[1] - self._cpu_at[1],
         }
+        kinds = self._cpu.by_kind()
+        row["loader_cpu_s_by_process"] = {
+            k: round(v - self._kinds_at.get(k, 0.0), 3)
+            for k, v in sorted(kinds.items(), key=lambda kv: self._kinds_at.get(kv[0], 0.0) - kv[1])
+            if v - self._kinds_at.get(k, 0.0) >= 0.005
+        }
+        self._kinds_at = kinds
         if counters is not None:
             row["counters"] = {k: v - self._counters.get(k, 0) for k, v in counters.items()}
             self._counters = counters
