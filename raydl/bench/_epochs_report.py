@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["epoch_table", "image_folder", "later_rate", "median_epochs", "run_measurement"]
+__all__ = ["epoch_table", "image_folder", "later_rate", "median_epochs", "process_split", "run_measurement"]
 
 
 def image_folder(data: str | None, images: int, out: Path, *, seed: int = 0, classes: int = 10) -> str:
@@ -130,3 +130,15 @@ def epoch_table(rows: list[tuple[str, list[dict]]], *, requests: bool = True) ->
                 cells.append(_num(None if e["store_cpu_s"] is None else 1000 * e["store_cpu_s"] / n, ".2f"))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def process_split(runs: list[dict], name: str) -> dict[str, float]:
+    """Row `name`'s loader CPU in epochs 2-N by kind of process, ms per image, averaged over its rounds'
+    epochs and largest first (pure); kinds under 0.01 ms are left out."""
+    per: dict[str, float] = {}
+    epochs = [e for r in runs if r.get("name") == name and r.get("ok") for e in r["epochs"][1:]]
+    for e in epochs:
+        for kind, cpu in e.get("loader_cpu_s_by_process", {}).items():
+            key = kind.removeprefix("ray::")
+            per[key] = per.get(key, 0.0) + 1000 * cpu / e["images"] / len(epochs)
+    return {k: round(v, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.01}

@@ -40,6 +40,7 @@ from raydl.bench._epochs_report import (
     image_folder,
     later_rate,
     median_epochs,
+    process_split,
     run_measurement,
 )
 
@@ -202,6 +203,12 @@ def main(args: argparse.Namespace) -> int:
             "(--raydata-images): its images/s is a rate, its requests per epoch are for those objects"
         )
     report = summarize(runs, formats, rows)
+    for fmt in formats:
+        for row in ("local", "cached"):
+            split = process_split([r for r in runs if r["format"] == fmt], row)
+            if split and row in rows:
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in split.items())
+                notes.append(f"{fmt}, {LABELS[row]}: loader CPU by process, epochs 2-N, ms/img: {parts}")
     print(render(report, args, len(images), len(shards), notes))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args) | {"func": None}, **report, "runs": runs}))

@@ -32,10 +32,11 @@ from raydl.bench._epochs_report import (
     image_folder,
     later_rate,
     median_epochs,
+    process_split,
     run_measurement,
 )
 
-__all__ = ["add_parser", "costs", "main", "split_folder"]
+__all__ = ["add_parser", "costs", "main", "render", "split_folder"]
 
 ROWS = ("one", "mix")
 LABELS = {"one": "one source", "mix": "mix"}
@@ -134,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     table = {row: median_epochs([r for r in runs if r["name"] == row]) for row in ROWS}
     cost = costs(runs)
-    print(render(table, cost, args))
+    print(render(table, cost, args, {row: process_split(runs, row) for row in ROWS}))
     if args.json:
         record = {"args": vars(args) | {"func": None}, "epochs": table, "costs": cost, "runs": runs}
         Path(args.json).write_text(json.dumps(record))
@@ -183,7 +184,7 @@ def costs(runs: list[dict]) -> dict:
     return {"per_round": per_round, **medians}
 
 
-def render(table: dict, cost: dict, args: argparse.Namespace) -> str:
+def render(table: dict, cost: dict, args: argparse.Namespace, split: dict | None = None) -> str:
     """The command's output: the per-epoch table (medians) and the cost lines (pure)."""
     out = [
         f"raydl bench mix: {args.sources} sources ({args.batching}, weight 1/{args.sources} each) against "
@@ -209,4 +210,8 @@ def render(table: dict, cost: dict, args: argparse.Namespace) -> str:
         )
     if rounds:
         out.append(f"  * per round, epoch 1 / epochs 2-N (negative: the mix was faster): {rounds}")
+    for row, kinds in (split or {}).items():
+        if kinds:
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in kinds.items())
+            out.append(f"  * {LABELS[row]}: loader CPU by process, epochs 2-{args.epochs}, ms/img: {parts}")
     return "\n".join(out)

@@ -10,7 +10,7 @@ import pytest
 
 from raydl.bench import cache, mix
 from raydl.bench._epochs import method_counts
-from raydl.bench._epochs_report import epoch_table, later_rate, median_epochs
+from raydl.bench._epochs_report import epoch_table, later_rate, median_epochs, process_split
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -129,6 +129,11 @@ def test_the_mix_cost_is_the_median_of_the_rounds_ratios():
     text = mix.render(table, got, _parse(mix, ["--epochs", "2"]))
     assert "+2.0% of images/s in epochs 2-2" in text and "goal <= 3%: met" in text
     assert "r2 +0.0% / +10.0%" in text
+    runs[0]["epochs"][1]["loader_cpu_s_by_process"] = {"ray::LoaderWorker": 0.15, "driver": 0.05}
+    split = {row: process_split(runs, row) for row in mix.ROWS}  # a mean over the row's 4 later epochs
+    assert split["one"] == {"LoaderWorker": 0.375, "driver": 0.125} and split["mix"] == {}
+    text = mix.render(table, got, _parse(mix, ["--epochs", "2"]), split)
+    assert "one source: loader CPU by process, epochs 2-2, ms/img: LoaderWorker 0.38, driver 0.12" in text
 
 
 def test_split_folder_deals_files_round_robin_keeping_class_folders(tmp_path):
