@@ -425,7 +425,8 @@ class LoaderWorker:
 def _run_together(jobs: list[tuple[LoaderWorker, BatchTask, dict[str, np.ndarray]]]) -> list[BatchResult]:
     """Make several batches at once (a mix's sources' rows of one batch), each by its own worker part: every
     one's reads start before any is waited for. On a failure, raise once none of their tasks still runs."""
-    runs = [_BatchRun(worker, task, images) for worker, task, images in jobs]
+    rows = sum(len(task.ids) for _w, task, _i in jobs) or 1
+    runs = [_BatchRun(worker, task, images, len(task.ids) / rows) for worker, task, images in jobs]
     try:
         for run in runs:
             run._start_fetches()
@@ -466,7 +467,9 @@ class _BatchRun:
     stops the batch: nothing more of it is read or decoded.
     """
 
-    def __init__(self, worker: LoaderWorker, task: BatchTask, images: dict[str, np.ndarray]) -> None:
+    def __init__(
+        self, worker: LoaderWorker, task: BatchTask, images: dict[str, np.ndarray], share: float = 1.0
+    ) -> None:
         self._worker, self._task, self._images = worker, task, images  # images: field -> (n, ...) slots
         self._program, self._policy = worker._spec.program, worker._spec.policy
         self._ids = task.ids.astype(np.int64, copy=True)  # substitutes are written into it
@@ -489,7 +492,10 @@ class _BatchRun:
         self._drains = 0  # drain tasks of this batch submitted and not yet finished
         # Set when a drain failed, so the batch fails: no more reading or decoding for it.
         self._stop = threading.Event()
-        self._threads = worker._pool._max_workers
+        # `share`: this run's part of a batch that several runs make at once (a mix's sources); its decode
+        # threads and IO tasks are that share of the pools', so the runs together use what one batch would.
+        self._share = share
+        self._threads = max(1, round(worker._pool._max_workers * share))
         storage = worker._storage
         self._storage = storage.scoped() if isinstance(storage, CachedStorage) else storage
         # Every IO task and every decode-pool task of this batch: a failed batch waits for them all.
@@ -533,7 +539,7 @@ class _BatchRun:
             blocks = [
                 Block(b.shard, b.offset, b.length, tuple(todo[list(b.members)].tolist())) for b in blocks
             ]
-        per = max(1, len(blocks) // (IO_TASKS_PER_THREAD * io.concurrency))
+        per = max(1, len(blocks) // max(1, round(IO_TASKS_PER_THREAD * io.concurrency * self._share)))
         for k in range(0, len(blocks), per):
             self._io_tasks.append(io.submit(self.fetch, blocks[k : k + per]))
 
