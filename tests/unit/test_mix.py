@@ -237,7 +237,10 @@ def test_mix_checks_fields_shapes_and_weights_before_any_actor(folders):
     m = raydl.mix({"web": _ds(a), "curated": _ds(b)}, weights={"web": 2, "curated": 1})
     assert isinstance(m, raydl.Dataset) and len(m) == 12 + 30
     assert "'web' weight=0.6667" in repr(m)
-    with pytest.raises(ValueError, match=r"source 'curated' decodes image float32 \(3, 48, 48\), source 'web' image float32 \(3, 32, 32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"source 'curated' decodes image float32 \(3, 48, 48\), source 'web' image float32 \(3, 32, 32\)",
+    ):
         raydl.mix({"web": _ds(a), "curated": _ds(b, 48)}, weights={"web": 1, "curated": 1})
     raydl.mix({"web": _ds(a), "curated": _ds(b, 48)}, weights={"web": 1, "curated": 1}, batching="per_source")
     with pytest.raises(ValueError, match=r"missing \['curated'\], unknown \['x'\]"):
@@ -279,3 +282,19 @@ def test_a_weighted_source_in_a_mix_gets_its_share_drawn_by_its_weights():
     drawn = np.bincount(local[s == 0], minlength=50)
     assert set(np.flatnonzero(drawn).tolist()) == {3, 7, 11} and 70 < drawn[11] < 130  # about 100 of 200
     assert set(np.bincount(local[s == 1], minlength=20).tolist()) == {10}
+
+
+def test_whole_orders_and_lazy_lookups_give_the_same_rows(monkeypatch):
+    """Sources small enough to have their orders computed whole give exactly the rows the lazy, per-position
+    lookups of larger ones give (EAGER_ORDER only changes the cost)."""
+    import raydl.plan.mix as mix
+
+    counts = np.full(10, 30)
+    plan = _plan([300, 41], [0.6, 0.4], 500, batch_size=16, src={0: {"window": 2, "part_counts": counts}})
+    eager = _epoch_rows(plan, 2)
+    monkeypatch.setattr(mix, "EAGER_ORDER", 0)
+    lazy = _epoch_rows(
+        _plan([300, 41], [0.6, 0.4], 500, batch_size=16, src={0: {"window": 2, "part_counts": counts}}), 2
+    )
+    np.testing.assert_array_equal(eager[0], lazy[0])
+    np.testing.assert_array_equal(eager[1], lazy[1])
