@@ -497,7 +497,7 @@ class _BatchRun:
         self._share = share
         self._threads = max(1, round(worker._pool._max_workers * share))
         storage = worker._storage
-        self._storage = storage.scoped() if isinstance(storage, CachedStorage) else storage
+        self._storage = storage.scoped(behind=True) if isinstance(storage, CachedStorage) else storage
         # Every IO task and every decode-pool task of this batch: a failed batch waits for them all.
         self._io_tasks: list[Future] = []
         self._decode_tasks: list[Future] = []
@@ -746,9 +746,10 @@ class _BatchRun:
     def _cache_counts(self) -> dict[str, int]:
         """The node cache's counters of this batch's reads, and of the worker's own since its last batch
         (footers, index blocks, substitutes: every count lands in exactly one batch); {} without a
-        cache."""
+        cache. The entries this batch's misses write behind are on disk once it returns."""
         if not isinstance(self._storage, CachedStorage):
             return {}
+        self._storage.flush()
         mine, shared = self._storage.counts.take(), self._worker._storage.counts.take()
         return {k: mine[k] + shared[k] for k in mine}
 

@@ -583,6 +583,23 @@ _caches: dict[tuple[str, int], NodeCache] = {}
 _caches_lock = threading.Lock()
 
 
+WRITER_THREADS = 4  # a process's threads writing entries behind the reads (each mostly waits in fsync)
+_writer_pool = None
+_writer_lock = threading.Lock()
+
+
+def _writer():
+    """This process's pool of entry writers (made on first use)."""
+    global _writer_pool
+    if _writer_pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with _writer_lock:
+            if _writer_pool is None:
+                _writer_pool = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="raydl-cache-write")
+    return _writer_pool
+
+
 def node_cache(path: str, max_bytes: int) -> NodeCache:
     """This process's NodeCache of (path, max_bytes): one per folder, shared by its threads and loaders."""
     key = (os.path.abspath(path), max_bytes)
@@ -609,14 +626,31 @@ class CachedStorage:
     counts: CacheCounts = field(default_factory=CacheCounts, compare=False)
     _plans: dict = field(default_factory=dict, compare=False, repr=False)
     _plans_lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+    # A batch's scope (`scoped(behind=True)`): its misses' entries are written on the process's writer
+    # threads while the batch decodes, and `flush()` (at the batch's end) waits for them. Else, at once.
+    _behind: list | None = field(default=None, compare=False, repr=False)
 
     @property
     def default_io_concurrency(self) -> int:
         return self.inner.default_io_concurrency
 
-    def scoped(self) -> CachedStorage:
-        """The same storage and cache with counters of its own (a batch's)."""
-        return CachedStorage(self.inner, self.cache)
+    def scoped(self, *, behind: bool = False) -> CachedStorage:
+        """The same storage and cache with counters of its own (a batch's); with `behind`, a miss's entries
+        are written behind the read (the bytes go on at once; `flush()` waits for the writes)."""
+        return CachedStorage(self.inner, self.cache, _behind=[] if behind else None)
+
+    def flush(self) -> None:
+        """Wait for the entries this scope is writing behind, and count what they evicted."""
+        if not self._behind:
+            return
+        with self._plans_lock:
+            pending, self._behind[:] = list(self._behind), []
+        evicted = sum(f.result() or 0 for f in pending)  # _put never raises: a failed write is warned about
+        if evicted:
+            self.counts.add(evictions=evicted)
+
+    def _put(self, uri: str, etag: str, offset: int, length: int, data) -> int | None:
+        return self.cache.put(uri, etag, offset, length, data)
 
     def plan(self, uri: str, offset: int, length: int, pieces: list[tuple[int, int]]) -> None:
         """The next read of exactly (uri, offset, length) is made of the (offset, length) `pieces` (sorted,
@@ -657,10 +691,13 @@ class CachedStorage:
         data = self.inner.read_range(uri, offset, length, etag=etag)
         for (o, n), g in zip(pieces, got):
             if g is None:
-                kept = self.cache.put(
-                    uri, etag, o, n, data if n == length else data[o - offset : o - offset + n]
-                )
-                evicted += kept or 0
+                piece = data if n == length else data[o - offset : o - offset + n]
+                if self._behind is not None:  # fsyncs (about 1 ms an entry) off the batch's critical path
+                    future = _writer().submit(self._put, uri, etag, o, n, piece)
+                    with self._plans_lock:
+                        self._behind.append(future)
+                else:
+                    evicted += self._put(uri, etag, o, n, piece) or 0
         self.counts.add(misses=1, bytes_from_store=len(data), evictions=evicted)
         return data
 
