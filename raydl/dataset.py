@@ -412,7 +412,8 @@ def mix(
     run, exact resume, resume at another world size (with the same batch_size), node loss and equal batches
     per rank, as for one dataset. A resume state records the mix and refuses a loader whose weights,
     datasets or epoch differ, naming what changed. A ValueError names the dataset and field that do not fit,
-    before any actor starts. Aspect buckets cannot be mixed yet.
+    before any actor starts. Bucketed datasets (all with the same aspect_buckets) mix per_source, a bucket
+    of one dataset a batch (docs/data.md).
     """
     if not isinstance(datasets, dict) or not datasets:
         raise ValueError(f"mix() takes a non-empty dict {{name: dataset}}, got {type(datasets).__name__}")
@@ -423,10 +424,6 @@ def mix(
             raise ValueError(f"mix(): {name!r} is a mix itself; mix its datasets in one raydl.mix() call")
         if not isinstance(ds, Dataset):
             raise ValueError(f"mix(): {name!r} is a {type(ds).__name__}, not a raydl Dataset")
-        if any(isinstance(st, AspectBuckets) for st in ds.stages):
-            raise ValueError(
-                f"mix(): {name!r} has aspect_buckets(); mixing bucketed datasets is not supported yet"
-            )
     if weights is None:
         weights = {name: float(len(ds)) for name, ds in datasets.items()}
     if not isinstance(weights, dict):
@@ -464,7 +461,7 @@ class MixedDataset(Dataset):
         raise ValueError("with_weights() on a mix: weight the datasets inside it, then mix them")
 
     def bucket_counts(self) -> dict[tuple[int, int], int]:
-        raise ValueError("bucket_counts() on a mix: mixing bucketed datasets is not supported yet")
+        raise ValueError("bucket_counts() on a mix: call it on each dataset before mixing")
 
     def loader_from_config(self, config: LoaderConfig) -> Loader:
         return Loader(self.mixture, None, config)

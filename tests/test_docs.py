@@ -541,6 +541,15 @@ def _mix_triggers(tmp: Path) -> dict[str, list]:
             lambda: raydl.mix({"a": a.center_crop(8), "b": a.center_crop(16)}, weights={"a": 1, "b": 1})],
         "ValueError: mix(): weights must name every dataset and no other: missing […], unknown […] (datasets: […])": [
             lambda: raydl.mix({"a": a.center_crop(8)}, weights={"b": 1})],
+        "ValueError: mix(): bucketed datasets mix with batching='per_source' (each batch one bucket of one "
+        "dataset); stratified batches of several buckets cannot be bucket-pure": [
+            lambda: raydl.mix({"a": a.aspect_buckets(64), "b": a.aspect_buckets(64)}, weights={"a": 1, "b": 1})],
+        "ValueError: mix(): '…' has aspect_buckets() and '…' has not; bucketed datasets mix only with bucketed "
+        "ones": [lambda: raydl.mix({"a": a.aspect_buckets(64), "b": a.center_crop(8)}, weights={"a": 1, "b": 1},
+                                   batching="per_source")],
+        "ValueError: mix(): '…' and '…' have different aspect buckets; give them the same aspect_buckets(...) "
+        "arguments": [lambda: raydl.mix({"a": a.aspect_buckets(64), "b": a.aspect_buckets(96)},
+                                        weights={"a": 1, "b": 1}, batching="per_source")],
         "ValueError: mix(): the weight of '…' is …; weights must be finite and >= 0": [
             lambda: raydl.mix({"a": a.center_crop(8)}, weights={"a": -1})],
         "ValueError: …: weight … is …; weights must be finite and >= 0": [

@@ -196,11 +196,12 @@ class DataIterator:
         bucket = None
         if isinstance(order, MixEpoch):  # seeded by slot: a sample repeated in an epoch differs each time
             if order.per_source:
-                ids, slots = order.batch(int(plan.positions(self._rank, k)[0]))
+                j = int(plan.positions(self._rank, k)[0])
+                (ids, slots), bucket = order.batch(j), order.bucket(j)
             else:
                 ids, slots = order.rows(plan.positions(self._rank, k))
             seeds = augmentation_seeds(slots, seed=self._config.seed, epoch=self._epoch)
-            return BatchTask(rank=self._rank, epoch=self._epoch, index=k, ids=ids, seeds=seeds)
+            return BatchTask(rank=self._rank, epoch=self._epoch, index=k, ids=ids, seeds=seeds, bucket=bucket)
         if isinstance(order, BucketBatches):
             j = int(plan.positions(self._rank, k)[0])
             ids, bucket = order.batch(j), self._buckets[int(order.bucket[j])]  # type: ignore[index]

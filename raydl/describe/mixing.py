@@ -122,10 +122,37 @@ class Mixture:
             "fingerprints": [m.catalog.fingerprint for m in self.members],
         }
 
+    def _check_buckets(self) -> None:
+        """Bucketed datasets mix only with datasets of the same buckets, per_source (a batch holds one
+        bucket of one dataset); a ValueError naming the dataset otherwise."""
+        sets = [(m, _bucket_set(m)) for m in self.members]
+        bucketed = [(m, b) for m, b in sets if b is not None]
+        if not bucketed:
+            return
+        if len(bucketed) < len(sets):
+            plain = next(m for m, b in sets if b is None)
+            raise ValueError(
+                f"mix(): {bucketed[0][0].name!r} has aspect_buckets() and {plain.name!r} has not; bucketed "
+                "datasets mix only with bucketed ones"
+            )
+        first, ref = bucketed[0]
+        for m, b in bucketed[1:]:
+            if b != ref:
+                raise ValueError(
+                    f"mix(): {m.name!r} and {first.name!r} have different aspect buckets; give them the same "
+                    "aspect_buckets(...) arguments"
+                )
+        if self.batching != "per_source":
+            raise ValueError(
+                "mix(): bucketed datasets mix with batching='per_source' (each batch one bucket of one "
+                "dataset); stratified batches of several buckets cannot be bucket-pure"
+            )
+
     def _check_outputs(self) -> None:
         """Every member's batches have the first one's fields (and, stratified, dtypes and shapes); a
         ValueError naming the member and the field otherwise. Members with map/map_batches are left to the
         run-time check."""
+        self._check_buckets()
         if self.batching == "stratified":  # the decoded images make the batch's buffer: they must agree
             layouts = [(m, _image_layout(m)) for m in self.members]
             (first, ref) = layouts[0]
@@ -158,6 +185,11 @@ class Mixture:
                         f"{first.name!r} {_describe(ref[name])}; stratified batches stack them, so they must "
                         "agree (decode them to the same size and dtype, or use batching='per_source')"
                     )
+
+
+def _bucket_set(member: Member):
+    program = member.pipeline.program
+    return None if program is None or program.buckets is None else program.buckets.buckets
 
 
 def _image_layout(member: Member) -> tuple:

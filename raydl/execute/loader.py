@@ -120,11 +120,11 @@ class Loader:
             self.shuffle_window = _part_window(catalog, config)
             self.part_counts = catalog.column("count") if self.shuffle_window else None
         else:
-            self.mix = _mix_plan(mixture, config)
+            self.mix, unlisted = _mix_plan(mixture, config)
             self.num_samples = mixture.epoch_size
             self.fingerprint = _combined(m.catalog.fingerprint for m in mixture.members)
             self.samples_fingerprint = _combined(m.catalog.samples_fingerprint for m in mixture.members)
-            self.buckets, self.bucket_of, self.unlisted = None, None, ()
+            self.buckets, self.bucket_of, self.unlisted = None, None, unlisted
             self.plan_units = self.mix.units
             self.shuffle_window, self.part_counts = 0, None  # each source's own window is in the mix's plan
         self._lock = threading.Lock()
@@ -473,22 +473,66 @@ def _part_window(catalog: Catalog, config: LoaderConfig) -> int:
     return window if catalog.num_parts < len(catalog) else 0  # one sample a part: global
 
 
-def _mix_plan(mixture: Mixture, config: LoaderConfig) -> MixPlan:
-    """The plan of a mix: each source's samples, fingerprint, window and weights, and its share."""
-    sources = []
-    for m in mixture.members:
-        window = _part_window(m.catalog, config)
-        sources.append(
-            SourcePlan(
-                len(m.catalog),
-                m.catalog.samples_fingerprint,
-                window=window,
-                part_counts=m.catalog.column("count") if window else None,
-                weights=m.weights,
+def _mix_plan(mixture: Mixture, config: LoaderConfig) -> tuple[MixPlan, tuple[Failure, ...]]:
+    """The plan of a mix: each source's samples, fingerprint, window and weights, and its share; and the
+    samples of bucketed datasets that are in no bucket (their size unread), reported through on_error.
+
+    Bucketed datasets (all with the same buckets, batched per_source) are mixed a bucket at a time: each
+    bucket of each dataset is a source of its own, weighted by the dataset's weight times the bucket's
+    share of the dataset (of its samples, or of its per-sample weights), so that batches are bucket-pure
+    and their number is fixed before any epoch.
+    """
+    programs = [m.pipeline.program for m in mixture.members]
+    bucketed = programs[0] is not None and programs[0].buckets is not None
+    sources, weights, owners, buckets, unlisted = [], [], [], [], []
+    for i, (m, w) in enumerate(zip(mixture.members, mixture.weights)):
+        if not bucketed:
+            window = _part_window(m.catalog, config)
+            sources.append(
+                SourcePlan(
+                    len(m.catalog),
+                    m.catalog.samples_fingerprint,
+                    window=window,
+                    part_counts=m.catalog.column("count") if window else None,
+                    weights=m.weights,
+                )
             )
-        )
-    shares = tuple(int(x) for x in mix_shares(mixture.weights, mixture.epoch_size))
-    return MixPlan(tuple(sources), shares, mixture.batching, config.batch_size, config.drop_last)
+            weights.append(w)
+            continue
+        catalog = m.catalog.with_sizes()
+        bucket_list = programs[i].buckets.buckets
+        of = programs[i].buckets.assign(catalog.column("width"), catalog.column("height"))
+        for sid in np.flatnonzero(of < 0).tolist():
+            unlisted.append(
+                Failure.unsized(
+                    sid, catalog.uri(sid), catalog.size_errors.get(sid, "no image size in the catalog")
+                )
+            )
+        mass = m.weights if m.weights is not None else np.ones(len(of))
+        total = float(mass[of >= 0].sum()) or 1.0
+        for k in np.unique(of[of >= 0]).tolist():
+            ids = np.flatnonzero(of == k)
+            fp = hashlib.sha256(f"{m.catalog.samples_fingerprint}:{k}".encode()).hexdigest()
+            sub = None if m.weights is None else m.weights[ids]
+            if sub is not None and not sub.any():
+                continue  # no weight in this bucket: never drawn
+            sources.append(SourcePlan(len(ids), fp, weights=sub, ids=ids))
+            weights.append(w * float(mass[ids].sum()) / total)
+            owners.append(i)
+            buckets.append(tuple(bucket_list[k]))
+    ErrorPolicy(config.on_error).settle(tuple(unlisted))  # under "raise", the first stops the loader here
+    shares = tuple(int(x) for x in mix_shares(weights, mixture.epoch_size))
+    plan = MixPlan(
+        tuple(sources),
+        shares,
+        mixture.batching,
+        config.batch_size,
+        config.drop_last,
+        owners=tuple(owners) if bucketed else None,
+        buckets=tuple(buckets) if bucketed else None,
+        dataset_sizes=tuple(len(m.catalog) for m in mixture.members) if bucketed else None,
+    )
+    return plan, tuple(unlisted)
 
 
 def _combined(fingerprints) -> str:

@@ -172,6 +172,8 @@ class SourcePlan:
     window: int = 0
     part_counts: np.ndarray | None = field(default=None, compare=False, repr=False)
     weights: np.ndarray | None = field(default=None, compare=False, repr=False)
+    #: the dataset's own ids of this source's samples (an aspect bucket of a dataset); None: 0 .. n-1
+    ids: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         positive_int("num_samples", self.num_samples)
@@ -269,12 +271,19 @@ class MixPlan:
     batching: str
     batch_size: int
     drop_last: bool
+    #: with aspect buckets, each source is one bucket of one dataset: the dataset (its index) of each source,
+    #: the bucket (H, W) of each, and each dataset's size. None: a source per dataset.
+    owners: tuple[int, ...] | None = None
+    buckets: tuple[tuple[int, int], ...] | None = None
+    dataset_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {BATCHINGS}, got {self.batching!r}")
         if len(self.shares) != len(self.sources):
             raise ValueError("one share per source")
+        if self.buckets is not None and self.batching != "per_source":
+            raise ValueError("a mix of bucketed datasets batches per_source: a batch holds one bucket")
 
     @property
     def epoch_size(self) -> int:
@@ -286,8 +295,9 @@ class MixPlan:
 
     @property
     def id_offsets(self) -> np.ndarray:
-        """Where each source's ids start in the encoded ids handed to the workers."""
-        return np.concatenate([[0], np.cumsum([s.num_samples for s in self.sources])]).astype(np.int64)
+        """Where each dataset's ids start in the encoded ids handed to the workers."""
+        sizes = self.dataset_sizes or [s.num_samples for s in self.sources]
+        return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
     @property
     def slot_offsets(self) -> np.ndarray:
@@ -334,9 +344,12 @@ class MixEpoch:
 
     def _encode(self, source: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids = np.empty(len(source), np.int64)
+        owners = self.plan.owners
         for s in np.unique(source).tolist():
             rows = np.flatnonzero(source == s)
-            ids[rows] = self._ids[s] + self._streams[s][slot[rows]]
+            local = self._streams[s][slot[rows]]
+            own = self.plan.sources[s].ids
+            ids[rows] = self._ids[s if owners is None else owners[s]] + (local if own is None else own[local])
         return ids, self._slots[source] + slot
 
     def _layout(self, j: int) -> tuple[np.ndarray, np.ndarray]:
@@ -372,3 +385,8 @@ class MixEpoch:
     def source_of(self, j: int) -> int:
         """The source of batch j of a per_source epoch."""
         return int(self._batch_source[j])
+
+    def bucket(self, j: int) -> tuple[int, int] | None:
+        """The aspect bucket (H, W) of batch j of a per_source epoch of bucketed datasets, else None."""
+        buckets = self.plan.buckets
+        return None if buckets is None else tuple(buckets[int(self._batch_source[j])])

@@ -232,7 +232,7 @@ def _ds(root, size=32):
 
 def test_mix_checks_fields_shapes_and_weights_before_any_actor(folders):
     """Mismatched shapes name the source and field; weights must name every dataset; bad batching, stages on a mix,
-    nested mixes and aspect buckets are ValueErrors."""
+    nested mixes, and bucketed datasets other than all with the same buckets, per_source, are ValueErrors."""
     a, b = folders
     m = raydl.mix({"web": _ds(a), "curated": _ds(b)}, weights={"web": 2, "curated": 1})
     assert isinstance(m, raydl.Dataset) and len(m) == 12 + 30
@@ -254,8 +254,14 @@ def test_mix_checks_fields_shapes_and_weights_before_any_actor(folders):
     with pytest.raises(ValueError, match="is a mix itself"):
         raydl.mix({"m": m}, weights={"m": 1})
     bucketed = raydl.read_images(a).decode().aspect_buckets(64)
-    with pytest.raises(ValueError, match="aspect_buckets"):
-        raydl.mix({"b": bucketed}, weights={"b": 1})
+    with pytest.raises(ValueError, match="bucketed datasets mix with batching='per_source'"):
+        raydl.mix({"b": bucketed, "c": bucketed}, weights={"b": 1, "c": 1})
+    with pytest.raises(ValueError, match=r"'b' has aspect_buckets\(\) and 'c' has not"):
+        raydl.mix({"b": bucketed, "c": _ds(b)}, weights={"b": 1, "c": 1}, batching="per_source")
+    other = raydl.read_images(b).decode().aspect_buckets(128)
+    with pytest.raises(ValueError, match="'c' and 'b' have different aspect buckets"):
+        raydl.mix({"b": bucketed, "c": other}, weights={"b": 1, "c": 1}, batching="per_source")
+    raydl.mix({"b": bucketed, "c": bucketed}, weights={"b": 1, "c": 1}, batching="per_source")
 
 
 def test_with_weights_checks_its_weights(folders):
