@@ -103,6 +103,7 @@ def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list
     loader.config, loader.num_samples, loader.fingerprint = config, num_samples, "0" * 32
     loader.samples_fingerprint = "0" * 32
     loader.shuffle_window, loader.part_counts = 0, None  # one shuffle over every sample
+    loader.mix, loader.mix_state = None, None  # one dataset, not a mix
     # No buckets
     loader.buckets, loader.bucket_of, loader.unlisted, loader.plan_units = (
         None,
