@@ -492,10 +492,11 @@ class _BatchRun:
         self._drains = 0  # drain tasks of this batch submitted and not yet finished
         # Set when a drain failed, so the batch fails: no more reading or decoding for it.
         self._stop = threading.Event()
-        # `share`: this run's part of a batch that several runs make at once (a mix's sources); its decode
-        # threads and IO tasks are that share of the pools', so the runs together use what one batch would.
+        # `share`: this run's part of a batch that several runs make at once (a mix's sources); its IO tasks
+        # are that share of the pool's, so the runs together make as many as one batch would. Its decode
+        # drains are not cut: the last run to finish would decode its tail on one thread.
         self._share = share
-        self._threads = max(1, round(worker._pool._max_workers * share))
+        self._threads = worker._pool._max_workers
         storage = worker._storage
         self._storage = storage.scoped(behind=True) if isinstance(storage, CachedStorage) else storage
         # Every IO task and every decode-pool task of this batch: a failed batch waits for them all.
