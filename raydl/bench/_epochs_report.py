@@ -11,7 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["epoch_table", "image_folder", "later_rate", "median_epochs", "process_split", "run_measurement"]
+__all__ = [
+    "epoch_table",
+    "image_folder",
+    "kill_tree",
+    "later_rate",
+    "median_epochs",
+    "process_split",
+    "run_measurement",
+]
 
 
 def image_folder(data: str | None, images: int, out: Path, *, seed: int = 0, classes: int = 10) -> str:
@@ -50,7 +58,7 @@ def run_measurement(spec: dict, env: dict, *, timeout_s: float, log: Path) -> di
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_tree(proc.pid)
+            kill_tree(proc.pid)
             proc.communicate()
             return {"row": spec["row"], "ok": False, "error": f"timed out after {timeout_s:.0f} s"}
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
@@ -60,7 +68,8 @@ def run_measurement(spec: dict, env: dict, *, timeout_s: float, log: Path) -> di
     return row
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
+    """Kill a measurement's process and all its children (a stuck run)."""
     import psutil
 
     try:

@@ -63,6 +63,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from raydl.bench._epochs_report import kill_tree as _kill_tree
 from raydl.bench._tokens import SEQ_LEN
 from raydl.bench._transform import list_images
 from raydl.bench.peers import (
@@ -304,20 +305,6 @@ def _own_count(workload: str, data: str) -> int:
     from raydl.bench._tokens import token_rows
 
     return token_rows(data)
-
-
-def _kill_tree(pid: int) -> None:
-    import psutil
-
-    try:
-        procs = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
-    except psutil.Error:
-        return
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
 
 
 def _progress(i: int, rounds: int, row: dict, took: float) -> None:
