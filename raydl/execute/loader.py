@@ -502,12 +502,7 @@ def _mix_plan(mixture: Mixture, config: LoaderConfig) -> tuple[MixPlan, tuple[Fa
         catalog = m.catalog.with_sizes()
         bucket_list = programs[i].buckets.buckets
         of = programs[i].buckets.assign(catalog.column("width"), catalog.column("height"))
-        for sid in np.flatnonzero(of < 0).tolist():
-            unlisted.append(
-                Failure.unsized(
-                    sid, catalog.uri(sid), catalog.size_errors.get(sid, "no image size in the catalog")
-                )
-            )
+        unlisted.extend(_unsized(catalog, of))
         mass = m.weights if m.weights is not None else np.ones(len(of))
         total = float(mass[of >= 0].sum()) or 1.0
         for k in np.unique(of[of >= 0]).tolist():
@@ -608,12 +603,7 @@ def _plan_units(catalog: Catalog, program: SampleProgram | None, config: LoaderC
     catalog = catalog.with_sizes()
     buckets = program.buckets.buckets
     bucket_of = program.buckets.assign(catalog.column("width"), catalog.column("height"))
-    unlisted = tuple(
-        Failure.unsized(
-            int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog")
-        )
-        for i in np.flatnonzero(bucket_of < 0)
-    )
+    unlisted = _unsized(catalog, bucket_of)
     ErrorPolicy(config.on_error).settle(unlisted)  # under "raise", the first of them stops the loader here
     units = bucket_batch_count(bucket_of, len(buckets), config.batch_size, config.drop_last)
     if units == 0:
@@ -622,6 +612,16 @@ def _plan_units(catalog: Catalog, program: SampleProgram | None, config: LoaderC
             f"bucket sizes: {np.bincount(bucket_of[bucket_of >= 0], minlength=len(buckets)).tolist()}"
         )
     return buckets, bucket_of, unlisted, units
+
+
+def _unsized(catalog: Catalog, bucket_of: np.ndarray) -> tuple[Failure, ...]:
+    """A Failure for each sample in no bucket (its header gave no size), for on_error to settle."""
+    return tuple(
+        Failure.unsized(
+            int(i), catalog.uri(int(i)), catalog.size_errors.get(int(i), "no image size in the catalog")
+        )
+        for i in np.flatnonzero(bucket_of < 0)
+    )
 
 
 def _default_budget(nodes: list[scheduling.NodeInfo]) -> int:
