@@ -207,7 +207,7 @@ class LoaderWorker:
             if self._mixer is not None:
                 result = self._mixer.run(task, images, _run_together)
             else:
-                result = _BatchRun(self, task, images).run()
+                (result,) = _run_together([(self, task, images)])
         except BaseException:
             if self._reuse:
                 self._release(buf)
@@ -423,8 +423,9 @@ class LoaderWorker:
 
 
 def _run_together(jobs: list[tuple[LoaderWorker, BatchTask, dict[str, np.ndarray]]]) -> list[BatchResult]:
-    """Make several batches at once (a mix's sources' rows of one batch), each by its own worker part: every
-    one's reads start before any is waited for. On a failure, raise once none of their tasks still runs."""
+    """Make a batch's runs at once (one, or a mix's sources' rows of one batch, each by its own worker part):
+    every one's reads start before any is waited for. On a failure, raise once none of their tasks still
+    runs."""
     rows = sum(len(task.ids) for _w, task, _i in jobs) or 1
     runs = [_BatchRun(worker, task, images, len(task.ids) / rows) for worker, task, images in jobs]
     try:
@@ -433,6 +434,7 @@ def _run_together(jobs: list[tuple[LoaderWorker, BatchTask, dict[str, np.ndarray
         for run in runs:
             run._wait()
     except BaseException:
+        # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing there.
         for run in runs:
             futures_wait(run._io_tasks)
             futures_wait(list(run._decode_tasks))
@@ -502,19 +504,6 @@ class _BatchRun:
         # Every IO task and every decode-pool task of this batch: a failed batch waits for them all.
         self._io_tasks: list[Future] = []
         self._decode_tasks: list[Future] = []
-
-    def run(self) -> BatchResult:
-        """Make the batch; on any failure, raise once none of its IO and decode tasks still runs."""
-        try:
-            self._start_fetches()
-            self._wait()
-        except BaseException:
-            # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing
-            # there.
-            futures_wait(self._io_tasks)
-            futures_wait(list(self._decode_tasks))
-            raise
-        return self._result()
 
     def _start_fetches(self) -> None:
         # Several blocks per IO task, each handed to the decode threads as it lands: an image folder has one
