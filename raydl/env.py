@@ -13,6 +13,7 @@ import re
 __all__ = [
     "cache_dir",
     "checkpoint_bind",
+    "checkpoint_faults",
     "checkpoint_prepare",
     "environment_variable",
     "native_disabled",
@@ -78,6 +79,23 @@ def checkpoint_prepare() -> tuple[bool, int]:
     if not m:
         raise ValueError(f"RAYDL_CHECKPOINT_PREPARE={text!r}: want 0, 1 or a size such as 512MiB")
     return True, int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
+
+
+CHECKPOINT_FAULTS = ("hint", "ahead", "ahead-huge", "end-huge", "reads", "first")
+
+
+def checkpoint_faults() -> str:
+    """How a fresh receive buffer is faulted in, from RAYDL_CHECKPOINT_FAULTS (for benchmarks that
+    compare the ways; docs/checkpoints.md): "hint" (default: at import, inside Ray, one of the
+    cluster's last published checkpoint size starts faulting in; a fetch into fresh memory has
+    toucher threads just ahead of its reads), "ahead" (only the toucher threads), "ahead-huge"
+    (those, on transparent huge pages), "end-huge" (huge pages, one thread from the buffer's end:
+    main before issue 21), "reads" (the reads fault it), "first" (all of it on every core, then
+    the reads). Anything else is a ValueError naming the variable."""
+    text = os.environ.get("RAYDL_CHECKPOINT_FAULTS", "").strip() or "hint"
+    if text not in CHECKPOINT_FAULTS:
+        raise ValueError(f"RAYDL_CHECKPOINT_FAULTS={text!r}: want one of {', '.join(CHECKPOINT_FAULTS)}")
+    return text
 
 
 def environment_variable(name: str) -> str | None:

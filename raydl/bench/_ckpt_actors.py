@@ -151,16 +151,22 @@ class ColdFetcher:
         return True
 
     def fetch(self, ref, transport: str, timeout: float, link_gbps: float | None = None) -> dict[str, Any]:
+        import os
+
         from raydl import checkpoint
 
+        c0 = os.times()
         t0 = time.perf_counter()
         state = checkpoint.fetch(ref, transport=transport, timeout=timeout, link_gbps=link_gbps)
         seconds = time.perf_counter() - t0
+        c1 = os.times()
         out = {
             "seconds": seconds,
             "bytes": ref.size,
             "transport": state.transport,
             "phases": dict(state.phases),
+            # every thread of this process, during the fetch: the reads, the faults, the digests
+            "cpu_seconds": (c1.user - c0.user) + (c1.system - c0.system),
         }
         del state
         return out
@@ -178,13 +184,13 @@ class ColdFetcher:
         self, ref, timeout: float, link_gbps: float | None = None, max_inflight: int = 8
     ) -> dict[str, Any]:
         """The raw pyfi read loop from the same holder into this process: one read_into of every
-        byte, with fetch()'s chunk size and reads in flight, into memory already faulted in (huge
+        byte, with fetch()'s chunk size and reads in flight, into memory already faulted in (4 KiB
         pages, as fetch's), on a connection already up; no digest, no tensors. What a warm fetch is
         measured against."""
         from raydl.checkpoint.buffers import fresh, populate
         from raydl.native import pyfi
 
-        mm = fresh(ref.size)  # the kind of memory a fetch reads into (huge pages), faulted in
+        mm = fresh(ref.size)  # the kind of memory a fetch reads into (4 KiB pages), faulted in
         populate(mm)
         dst = np.frombuffer(mm, np.uint8)[: ref.size]
         pacer = pyfi.Pacer(link_gbps * 1e9 / 8, burst=ref.chunk_size) if link_gbps else None

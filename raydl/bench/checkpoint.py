@@ -104,6 +104,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="time first fetches in fresh processes, phase by phase, against a warm fetch and ray.get",
     )
     p.add_argument(
+        "--approaches",
+        action="store_true",
+        help="with --cold: also a first fetch per other way of faulting the receive buffer in "
+        "(RAYDL_CHECKPOINT_FAULTS: ahead, ahead-huge, end-huge, reads, first), each in its own fresh process",
+    )
+    p.add_argument(
         "--link-gbps",
         type=float,
         default=None,
@@ -576,7 +582,7 @@ def _report(
 def _main_cold(args, bench, provider: str) -> int:
     from raydl.bench._ckpt_cold import format_cold, run_cold, summarize_cold
 
-    runs = run_cold(bench, args.rounds, _log)
+    runs = run_cold(bench, args.rounds, _log, approaches=args.approaches)
     try:
         raw = bench.raw()["seconds"]
     except Exception as exc:  # noqa: BLE001 - the table says "-"

@@ -124,6 +124,7 @@ class _Process:
             endpoint.close()
 
     def close(self) -> None:
+        self.buffers.cancel_started()
         self.published.close_all()
         with self._lock:
             client, self._fabric = self._fabric, None
@@ -155,9 +156,16 @@ def prepare(*, buffer_bytes: int | None = None, wait: bool = False) -> None:
     thread = _PROCESS.start_preparing(_prepare_fabric)
     prefault = None
     if buffer_bytes:
+        from raydl.env import checkpoint_faults
+
+        try:
+            huge = checkpoint_faults().endswith("-huge")
+        except ValueError:  # the fetch says so
+            huge = False
         prefault = threading.Thread(
             target=_PROCESS.buffers.prefault,
             args=(buffer_bytes,),
+            kwargs={"huge": huge},
             name="raydl-checkpoint-prefault",
             daemon=True,
         )
@@ -180,6 +188,97 @@ def _prepare_fabric() -> None:
         logger.info("raydl: checkpoint.prepare() could not start libfabric: %s", exc)
 
 
+# -- the size hint: a fresh process's receive buffer faulted in before its first fetch -----------------
+SIZE_HINT_KEY = b"checkpoint:last_size"
+SIZE_HINT_NAMESPACE = "raydl"
+HINT_TTL_S = 60.0  # a buffer faulted in from the hint and not fetched into by then is dropped
+HINT_MAX_SHARE = 0.25  # ... and none is faulted in when it would take more of MemAvailable than this
+
+
+def _ray_connected():
+    """The ray module when this process is connected to a cluster (never imports Ray), else None."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    try:
+        return ray if ray is not None and ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - a half-imported Ray: no hint
+        return None
+
+
+def _record_size_hint(size: int) -> None:
+    """Inside Ray, note the last published checkpoint's size in the cluster's KV store (best effort): a
+    process that imports raydl.checkpoint later faults a receive buffer that large in before it fetches."""
+    if _ray_connected() is None:
+        return
+    try:
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(
+            SIZE_HINT_KEY, str(int(size)).encode(), overwrite=True, namespace=SIZE_HINT_NAMESPACE
+        )
+    except Exception as exc:  # noqa: BLE001 - a hint, nothing depends on it
+        logger.debug("raydl: could not record the checkpoint size hint: %s", exc)
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def size_hint() -> int | None:
+    """The last checkpoint size published in this process's Ray cluster, when it is a sane receive
+    buffer here: at most HINT_MAX_SHARE of MemAvailable (the value comes from the cluster's KV store,
+    so it is checked like any other input). None outside Ray, without a hint, or when too large."""
+    if _ray_connected() is None:
+        return None
+    try:
+        from ray.experimental import internal_kv
+
+        raw = internal_kv._internal_kv_get(SIZE_HINT_KEY, namespace=SIZE_HINT_NAMESPACE)
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("raydl: no checkpoint size hint: %s", exc)
+        return None
+    try:
+        size = int(raw.decode()[:20]) if raw else 0
+    except (UnicodeDecodeError, ValueError):
+        return None
+    available = _mem_available()
+    if size <= 0 or available is None or size > HINT_MAX_SHARE * available:
+        return None
+    return size
+
+
+def decline_receive_prefault() -> None:
+    """This process will not fetch into a receive buffer (a broadcast peer): no receive buffer is
+    faulted in from the size hint, and one under way is dropped."""
+    _PROCESS.buffers.decline_ahead()
+
+
+def _prepare_from_hint() -> None:
+    """What the import's background thread does: inside Ray, a receive buffer of the cluster's last
+    published checkpoint size starts faulting in (Toucher threads, returning at once) unless this
+    process publishes or fetched already; then libfabric's start-up. A fetch that starts meanwhile
+    takes the buffer over; unfetched, it goes after HINT_TTL_S."""
+    from raydl.env import checkpoint_faults
+
+    try:
+        way = checkpoint_faults()
+    except ValueError:
+        way = "hint"
+    size = None if way != "hint" or len(_PROCESS.published) else size_hint()
+    if size is not None:  # first: it takes longer than libfabric's start-up, and runs beside it
+        if _PROCESS.buffers.prefault_ahead(size, ttl_s=HINT_TTL_S):
+            logger.debug("raydl: faulting a %d-byte receive buffer in ahead of the first fetch", size)
+    _prepare_fabric()
+
+
 def prepare_at_import() -> None:
     """What importing raydl.checkpoint does: prepare() in the background, as RAYDL_CHECKPOINT_PREPARE
     says (default: the fabric side only; a size: a receive buffer that large too; 0: nothing). It
@@ -191,8 +290,12 @@ def prepare_at_import() -> None:
     except ValueError as exc:
         logger.warning("raydl: %s; not preparing the checkpoint fabric at import", exc)
         return
-    if enabled:
-        prepare(buffer_bytes=buffer_bytes or None)
+    if not enabled:
+        return
+    if buffer_bytes:
+        prepare(buffer_bytes=buffer_bytes)
+    else:
+        _PROCESS.start_preparing(_prepare_from_hint)
 
 
 def _before_fork() -> None:
@@ -276,6 +379,8 @@ def publish(
             sha256=sha256,
         )
         _PROCESS.published.add(HeldCopy(key, memory, server))
+        _PROCESS.buffers.decline_ahead()  # a publisher keeps no receive buffer faulted in from the hint
+        _record_size_hint(ref.size)
     except BaseException:
         if server is not None:
             server.close()
@@ -352,7 +457,7 @@ def fetch(
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
     target = FetchTarget(ref.size, into, _PROCESS.buffers, name=ref.key[:8])
-    target.fault_ahead()  # fresh memory faults in while the stack comes up and the reads run
+    target.fault_ahead()  # fresh memory: toucher threads fault it in just ahead of the reads
     phases["register"] = time.perf_counter() - t0
     try:
         t = time.perf_counter()
@@ -369,6 +474,7 @@ def fetch(
                 max_inflight=max_inflight,
                 link_gbps=link_gbps,
                 phases=phases,
+                on_landed=target.landed,
             )
         else:
             t = time.perf_counter()
@@ -377,8 +483,10 @@ def fetch(
             t = time.perf_counter()
             verify(target.buffer, ref, 0, len(ref.checksums), peer)
             phases["verify"] = time.perf_counter() - t
+        target.done()
         target.commit()
     except BaseException:
+        target.done()
         target.abort()
         raise
     t = time.perf_counter()

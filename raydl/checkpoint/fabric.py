@@ -269,6 +269,7 @@ def pull(
     progress_at: int | None = None,
     on_done: Callable[[int], None] | None = None,
     phases: dict[str, float] | None = None,
+    on_landed: Callable[[int], None] | None = None,
 ) -> None:
     """Read chunks [start, end) of the checkpoint from ref.fabric into dst, verifying each as it lands.
 
@@ -281,7 +282,9 @@ def pull(
     max_inflight in a chain). link_gbps
     paces the reads (a simulated link, for benchmarks and tests). phases, when
     given, gets "setup" and "connect" (a new connection), "transfer" and
-    "verify" (digests, checked between the reads) seconds added.
+    "verify" (digests, checked between the reads) seconds added. on_landed(end)
+    hears, on the reading thread, that a read ending at byte `end` has landed
+    (fetch's Toucher keeps faulting just ahead of that).
     """
     n = len(ref.checksums)
     c = ref.chunk_size
@@ -297,6 +300,12 @@ def pull(
 
         pacer = Pacer(link_gbps * 1e9 / 8, burst=chunk_size)
     landing = _Landing(dst, ref, peer, start, on_done)
+
+    def _landed(pos: int, length: int) -> None:
+        landing.landed(pos, length)
+        if on_landed is not None:
+            on_landed(pos + length)
+
     watch = holder_watchdog(ref)
     word = np.zeros(1, np.int64)
     try:
@@ -332,7 +341,7 @@ def pull(
                     watchdog=watch,
                     watch_every=WATCH_EVERY_S,
                     pacer=pacer,
-                    on_chunk=lambda pos, length, lo=lo: landing.landed(lo + pos, length),
+                    on_chunk=lambda pos, length, lo=lo: _landed(lo + pos, length),
                 )
                 done = end  # every chunk of the window landed, so every one was checked (and on_done heard)
             t2 = time.perf_counter()

@@ -42,6 +42,7 @@ class CheckpointPeer:
         self._endpoint = None
         self._refs: dict[str, CheckpointRef] = {}
         self._state: dict[str, Any] | None = None
+        api.decline_receive_prefault()  # it receives into served memory, not a receive buffer
 
     def name(self) -> str:
         return self._name

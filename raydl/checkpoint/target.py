@@ -12,6 +12,7 @@ directory, so the name and the bytes survive a crash together.
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import shutil
@@ -20,8 +21,16 @@ import threading
 
 import numpy as np
 
-from raydl.checkpoint.buffers import BufferPool, populate_in_slices
+from raydl.checkpoint.buffers import (
+    BufferPool,
+    Toucher,
+    populate_in_slices,
+    populate_on_threads,
+    touch_threads,
+)
 from raydl.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FetchTarget", "allocate"]
 
@@ -66,8 +75,21 @@ class FetchTarget:
         self.path = None if into is None else os.fspath(into)
         self._tmp: str | None = None
         self._name = name
+        self.toucher: Toucher | None = None
         if self.path is None:
-            self.buffer, self._fresh = pool.take(size)
+            from raydl.env import checkpoint_faults
+
+            try:
+                self._faults = checkpoint_faults()
+            except ValueError as exc:
+                logger.warning("raydl: %s; faulting receive buffers in the default way", exc)
+                self._faults = "hint"
+            started = pool.claim_started(size)  # a background prefault under way: its toucher goes on
+            if started is not None:
+                self.buffer, self.toucher = started
+                self._fresh = None
+                return
+            self.buffer, self._fresh = pool.take(size, huge=self._faults.endswith("-huge"))
             return
         self._fresh = None
         self._dir = os.path.dirname(os.path.abspath(self.path))
@@ -94,18 +116,37 @@ class FetchTarget:
         self.buffer = np.frombuffer(self._mm, np.uint8)
 
     def fault_ahead(self) -> None:
-        """Fault fresh memory in on a thread (no GIL held), in slices: each holds the process's mmap
-        lock only briefly, which opening the stack meanwhile also needs. From the end: the reads fill
-        (and fault) the buffer from its start, so the two meet in the middle instead of racing."""
-        if self._fresh is not None:
+        """Start faulting fresh memory in (a buffer from the pool is faulted in already): toucher
+        threads just ahead of the reads, which fill the buffer from its start and tell it how far
+        they got (landed). RAYDL_CHECKPOINT_FAULTS picks another way, for benchmarks: "end-huge"
+        one thread from the end (the reads fault the front), "reads" nothing, "first" all of it
+        on every core before returning."""
+        mm, self._fresh = self._fresh, None
+        if mm is None or self._faults == "reads":
+            return
+        if self._faults == "first":
+            populate_on_threads(mm, touch=False)
+        elif self._faults == "end-huge":
             threading.Thread(
                 target=populate_in_slices,
-                args=(self._fresh,),
+                args=(mm,),
                 kwargs={"from_end": True},
                 name="raydl-prefault",
                 daemon=True,
             ).start()
-            self._fresh = None
+        else:
+            self.toucher = Toucher(mm, threads=touch_threads()).start()
+
+    def landed(self, end: int) -> None:
+        """The reads have filled the buffer up to about `end`."""
+        if self.toucher is not None:
+            self.toucher.landed(end)
+
+    def done(self) -> None:
+        """The reads are over (or failed): stop faulting ahead of them."""
+        toucher, self.toucher = self.toucher, None
+        if toucher is not None:
+            toucher.stop()
 
     def commit(self) -> None:
         """Make the file durable and give it its name: fsync it, rename it, fsync the directory."""
