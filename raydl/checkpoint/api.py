@@ -245,14 +245,19 @@ def size_hint() -> int | None:
     except Exception as exc:  # noqa: BLE001
         logger.debug("raydl: no checkpoint size hint: %s", exc)
         return None
+    return sane_size_hint(raw, _mem_available())
+
+
+def sane_size_hint(raw: bytes | None, available: int | None) -> int | None:
+    """The hint's bytes as a size, when it is a positive decimal of at most HINT_MAX_SHARE of
+    `available` bytes; else None. Pure."""
+    if not raw or len(raw) > 20 or available is None:
+        return None
     try:
-        size = int(raw.decode()[:20]) if raw else 0
+        size = int(raw.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         return None
-    available = _mem_available()
-    if size <= 0 or available is None or size > HINT_MAX_SHARE * available:
-        return None
-    return size
+    return size if 0 < size <= HINT_MAX_SHARE * available else None
 
 
 def decline_receive_prefault() -> None:

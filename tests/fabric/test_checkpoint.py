@@ -90,6 +90,64 @@ def test_fetch_between_actors_on_two_nodes(cluster):
     ray.kill(pub)
 
 
+@ray.remote(num_cpus=0)
+class FreshFetcher:
+    """A fresh process that only imports raydl.checkpoint (at start, as a trainer does) and fetches."""
+
+    def __init__(self):
+        from raydl import checkpoint  # noqa: F401 - the import is what is tested
+
+    def prefaulted(self):
+        """(address, bytes) of each receive buffer faulted in (or faulting) ahead of any fetch."""
+        import numpy as np
+
+        from raydl.checkpoint import api
+
+        pool = api._PROCESS.buffers
+        with pool._lock:
+            mms = [mm for mm, _ in pool._started] + list(pool._free)
+        return [(np.frombuffer(mm, np.uint8).ctypes.data, len(mm)) for mm in mms]
+
+    def fetch(self, ref):
+        got = checkpoint.fetch(ref)
+        lowest = min(t.data_ptr() for t in got.values() if t.numel())
+        return {k: v.clone() for k, v in got.items()}, lowest
+
+
+def test_a_fresh_process_faults_the_last_published_size_in_and_fetches_into_it(cluster):
+    """Inside Ray a publish leaves its size in the cluster's KV store; a process that then imports
+    raydl.checkpoint faults a receive buffer that large in, in the background, and its first fetch
+    lands there, byte for byte the published tensors."""
+    ref = checkpoint.publish(_state(9))
+    fetcher = FreshFetcher.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+        _other_node(cluster), soft=False)).remote()
+    deadline = time.monotonic() + 30
+    while not (buffers := ray.get(fetcher.prefaulted.remote())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(buffers) == 1 and buffers[0][1] >= ref.size
+    got, lowest = ray.get(fetcher.fetch.remote(ref))
+    _assert_same(got, _state(9))
+    (addr, size), = buffers
+    assert addr <= lowest < addr + size  # the tensors sit on the prefaulted buffer
+    ray.kill(fetcher)
+    checkpoint.unpublish(ref)
+
+
+def test_every_way_of_faulting_the_receive_buffer_gives_the_same_bytes(cluster, monkeypatch):
+    """Each RAYDL_CHECKPOINT_FAULTS way (toucher threads ahead of the reads, huge pages, from the end,
+    none, all first) fetches the published tensors byte for byte, into fresh memory each time."""
+    from raydl.env import CHECKPOINT_FAULTS
+
+    g = torch.Generator().manual_seed(11)
+    state = {"big": torch.randn(3_000_000, generator=g), "small": torch.arange(7)}  # 12 MB: 3 slices
+    ref = checkpoint.publish(state, chunk_size=1 << 20)
+    for way in CHECKPOINT_FAULTS:
+        monkeypatch.setenv("RAYDL_CHECKPOINT_FAULTS", way)
+        monkeypatch.setattr(checkpoint.api._PROCESS, "buffers", checkpoint.api.BufferPool(max_free=1))  # fresh
+        _assert_same(checkpoint.fetch(ref), state)
+    checkpoint.unpublish(ref)
+
+
 def test_fetch_into_a_file_is_a_valid_safetensors_file(cluster, tmp_path):
     """into=path writes a .safetensors file atomically that safetensors reads back identically."""
     st = pytest.importorskip("safetensors.torch")

@@ -62,3 +62,143 @@ def test_populate_in_slices_faults_every_byte_without_changing_them():
     view[:1 << 20] = 9
     populate_in_slices(mm, slice_bytes=2 << 20)
     assert (view[:1 << 20] == 9).all() and not view[1 << 20:].any()
+
+
+def _resident(mm) -> int:
+    """Bytes of mm's mapping resident now (its Rss line in /proc/self/smaps)."""
+    addr = np.frombuffer(mm, np.uint8).ctypes.data
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("Rss:"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
+def test_toucher_faults_ahead_of_the_reads_and_leaves_landed_bytes_alone():
+    """A Toucher faults in every page the reads have not passed, without changing a byte, and skips
+    what they passed (they faulted that themselves)."""
+    from raydl.checkpoint.buffers import Toucher, fresh
+
+    mm = fresh(12 << 20)
+    view = np.frombuffer(mm, np.uint8)
+    view[: 1 << 20] = 7  # landed already
+    toucher = Toucher(mm, threads=2, slice_bytes=1 << 20)
+    toucher.landed(4 << 20)  # the reads are at 4 MiB: it starts there
+    toucher.start()
+    toucher.join(10)
+    assert not toucher.alive and toucher.finished
+    assert (view[: 1 << 20] == 7).all() and not view[1 << 20 :].any()
+    assert 8 << 20 <= _resident(mm) < 11 << 20  # 1 MiB written + 8 MiB faulted; 3 MiB skipped
+
+
+def test_a_stopped_toucher_hands_out_no_more_slices():
+    """stop() ends it after the slice under way; a stopped toucher is not a faulted-in buffer."""
+    from raydl.checkpoint.buffers import Toucher, fresh
+
+    mm = fresh(256 << 20)
+    toucher = Toucher(mm, threads=1, slice_bytes=1 << 20).start()
+    toucher.stop(10)
+    assert not toucher.alive and not toucher.finished
+    assert _resident(mm) < 64 << 20
+
+
+def test_a_background_prefault_is_taken_over_and_a_live_buffer_never_reused(monkeypatch):
+    """prefault_ahead() returns at once; a fetch claims its buffer with the toucher still going; while
+    the claimed array (or a tensor on it) lives, nothing hands that memory out again."""
+    import threading
+
+    from raydl.checkpoint import buffers
+
+    torch = pytest.importorskip("torch")
+    go = threading.Event()
+    real = buffers.populate
+
+    def slow_populate(*a, **kw):  # the toucher is still at work when the fetch comes
+        go.wait(10)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(buffers, "populate", slow_populate)
+    pool = BufferPool(max_free=1)
+    assert pool.prefault_ahead(8 << 20, ttl_s=30)
+    assert not pool.prefault_ahead(8 << 20, ttl_s=30)  # one under way fits: not a second
+    view, toucher = pool.claim_started(8 << 20)
+    assert pool.claim_started(8 << 20) is None and toucher.alive
+    toucher.landed(2 << 20)
+    go.set()
+    view[:] = 5
+    toucher.stop(10)
+    assert not toucher.alive
+    tensor = torch.frombuffer(view, dtype=torch.uint8)  # fetch builds tensors on the bytes
+    addr = view.ctypes.data
+    del view
+    gc.collect()
+    other, fresh_mm = pool.take(4 << 20)
+    assert fresh_mm is not None and other.ctypes.data != addr  # the tensor still holds it
+    assert int(tensor.sum()) == 5 * (8 << 20)
+    del tensor, other
+    gc.collect()
+    again, fresh_again = pool.take(8 << 20)
+    assert fresh_again is None and again.ctypes.data == addr and (again == 5).all()
+
+
+def test_an_unclaimed_background_prefault_is_dropped_after_its_ttl():
+    """A process that never fetches does not keep the buffer: it is free once faulted, gone after ttl_s."""
+    import time
+
+    pool = BufferPool()
+    assert pool.prefault_ahead(4 << 20, ttl_s=0.5)
+    deadline = time.monotonic() + 10
+    while not pool.free_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.free_bytes() >= 4 << 20
+    while pool.free_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.free_bytes() == 0
+
+
+def test_no_background_prefault_once_a_fetch_took_memory_or_it_was_declined():
+    """A fetch that started first faults its own buffer: the import's prefault must not fault a second."""
+    pool = BufferPool()
+    buf, _ = pool.take(1 << 20)
+    assert not pool.prefault_ahead(4 << 20, ttl_s=30)
+    declined = BufferPool()
+    declined.decline_ahead()
+    assert not declined.prefault_ahead(4 << 20, ttl_s=30)
+
+
+def test_the_size_hint_is_bounded_like_any_input():
+    """The hint comes from the cluster's KV store: only a positive decimal within a quarter of
+    MemAvailable is a size."""
+    from raydl.checkpoint.api import sane_size_hint
+
+    gib = 1 << 30
+    assert sane_size_hint(b"536870912", 8 * gib) == 512 << 20
+    assert sane_size_hint(str(3 * gib).encode(), 8 * gib) is None  # more than a quarter
+    for bad in (None, b"", b"-5", b"0", b"12abc", b"\xff", b"9" * 30):
+        assert sane_size_hint(bad, 8 * gib) is None
+    assert sane_size_hint(b"4096", None) is None
+
+
+def test_touchers_are_stopped_before_the_interpreter_exits(tmp_path):
+    """The exit's atexit handlers stop every toucher (no thread faults memory the interpreter is
+    tearing down): checked from a handler that runs after raydl's."""
+    import subprocess
+    import sys
+
+    code = """
+import atexit, threading
+def check():
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("raydl-toucher") and t.is_alive()]
+    print("alive:", alive, flush=True)
+atexit.register(check)  # registered first: runs after raydl's own handlers
+from raydl.checkpoint.buffers import Toucher, fresh
+Toucher(fresh(1 << 30), threads=2, slice_bytes=1 << 20).start()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert "alive: []" in out.stdout
