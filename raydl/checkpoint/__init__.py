@@ -24,7 +24,8 @@ The package, along its seams:
 
 Importing it starts libfabric on a background thread (checkpoint.prepare();
 RAYDL_CHECKPOINT_PREPARE=0 turns it off, a size such as 512MiB also faults a
-receive buffer that large in), but opens no endpoint: nothing listens until
+receive buffer that large in; inside Ray, by default, one of the cluster's
+last published checkpoint size), but opens no endpoint: nothing listens until
 something is published, and the last unpublish closes the listener (see
 docs/security.md).
 """
