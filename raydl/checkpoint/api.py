@@ -193,6 +193,7 @@ SIZE_HINT_KEY = b"checkpoint:last_size"
 SIZE_HINT_NAMESPACE = "raydl"
 HINT_TTL_S = 60.0  # a buffer faulted in from the hint and not fetched into by then is dropped
 HINT_MAX_SHARE = 0.25  # ... and none is faulted in when it would take more of MemAvailable than this
+_hinted: int | None = None  # the size this process last wrote there
 
 
 def _ray_connected():
@@ -209,7 +210,8 @@ def _ray_connected():
 def _record_size_hint(size: int) -> None:
     """Inside Ray, note the last published checkpoint's size in the cluster's KV store (best effort): a
     process that imports raydl.checkpoint later faults a receive buffer that large in before it fetches."""
-    if _ray_connected() is None:
+    global _hinted
+    if _ray_connected() is None or _hinted == size:  # a trainer publishes the same size again and again
         return
     try:
         from ray.experimental import internal_kv
@@ -217,6 +219,7 @@ def _record_size_hint(size: int) -> None:
         internal_kv._internal_kv_put(
             SIZE_HINT_KEY, str(int(size)).encode(), overwrite=True, namespace=SIZE_HINT_NAMESPACE
         )
+        _hinted = size
     except Exception as exc:  # noqa: BLE001 - a hint, nothing depends on it
         logger.debug("raydl: could not record the checkpoint size hint: %s", exc)
 

@@ -329,13 +329,17 @@ class BufferPool:
             del self._free[self._max_free :]  # the smallest go: their munmap comes with the last reference
 
     def prefault(self, n: int, *, huge: bool | None = None) -> None:
-        """Have a buffer of at least n bytes faulted in and free (reuses a free one when it fits), on
-        touch_threads() threads. It is made a little larger (up to 3 MiB): a checkpoint is its tensors'
-        bytes plus a header."""
+        """Have a buffer of at least n bytes faulted in and free (reuses a free one, or one that
+        prefault_ahead() is faulting in, when it fits), on touch_threads() threads. It is made a
+        little larger (up to 3 MiB): a checkpoint is its tensors' bytes plus a header."""
         n = -(-(n + (1 << 20)) // _HUGE) * _HUGE
         done = threading.Event()
         with self._lock:
-            if any(len(mm) >= n for mm in self._free) or any(size >= n for size, _ in self._pending):
+            if (
+                any(len(mm) >= n for mm in self._free)
+                or any(size >= n for size, _ in self._pending)
+                or any(len(mm) >= n for mm, _ in self._started)  # the import's, from the size hint
+            ):
                 return
             self._pending.append((n, done))
         try:

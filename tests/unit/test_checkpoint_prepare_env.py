@@ -51,3 +51,34 @@ def test_pyfi_names_rxm_queue_size_unless_the_user_did(monkeypatch):
     monkeypatch.setenv("FI_OFI_RXM_MSG_RX_SIZE", "4096")
     apply_provider_defaults()
     assert os.environ["FI_OFI_RXM_MSG_RX_SIZE"] == "4096"
+
+
+def test_the_cold_table_heads_with_the_default_and_keeps_each_approach():
+    """The default (import-only) first fetch is the first column and the first goal, with its ratio to
+    ray.get; the --approaches columns each get a ratio too; a bad RAYDL_CHECKPOINT_FAULTS is named."""
+    from raydl.bench._ckpt_cold import format_cold
+
+    def out(s, cpu=0.1):
+        return {"seconds": s, "cpu_seconds": cpu, "phases": {"transfer": s / 2}}
+
+    runs = [{"cold": out(0.2), "cold_prepared": out(0.25), "cold_off": out(1.0), "warm": out(0.2),
+             "raw": out(0.18), "faults=end-huge": out(1.6, 1.5), "ray_get": out(0.8)}]
+    summary = summarize_cold(runs, None)
+    assert summary["columns"][0] == "cold" and "faults=end-huge" in summary["columns"]
+    assert "faults=reads" not in summary["columns"]  # no round has it
+    first = summary["goals"][0]
+    assert "by default" in first["name"] and first["value"] == pytest.approx(4.0)
+    assert any(g["name"].startswith("first fetch (faults=end-huge)") and g["value"] == pytest.approx(0.5)
+               for g in summary["goals"])
+    table = format_cold(summary, "head")
+    assert "first, by default" in table.splitlines()[2] and "x ray.get" in table
+
+
+def test_checkpoint_faults_names_the_variable_on_a_bad_value(monkeypatch):
+    from raydl.env import CHECKPOINT_FAULTS, checkpoint_faults
+
+    monkeypatch.delenv("RAYDL_CHECKPOINT_FAULTS", raising=False)
+    assert checkpoint_faults() == "hint" == CHECKPOINT_FAULTS[0]
+    monkeypatch.setenv("RAYDL_CHECKPOINT_FAULTS", "sideways")
+    with pytest.raises(ValueError, match="RAYDL_CHECKPOINT_FAULTS"):
+        checkpoint_faults()
