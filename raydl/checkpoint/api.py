@@ -8,7 +8,10 @@ publishes (a HeldCopies) and its fabric client (connections it reads over).
 Only this module writes to it; interpreter exit closes it (servers stop before
 libfabric is unloaded). Importing raydl.checkpoint starts prepare()'s fabric
 work on a background thread (RAYDL_CHECKPOINT_PREPARE=0 turns that off), so a
-fresh process's first fetch finds libfabric started. No endpoint opens before
+fresh process's first fetch finds libfabric started; inside Ray that thread
+also starts faulting in a receive buffer of the size the cluster's last
+publish left in its KV store (the size hint), so the first fetch lands on
+memory already faulted in. No endpoint opens before
 it is needed: the serving one with the first publish (closed again with the
 last unpublish), the client one with the first fetch (docs/security.md).
 """
@@ -289,7 +292,8 @@ def _prepare_from_hint() -> None:
 
 def prepare_at_import() -> None:
     """What importing raydl.checkpoint does: prepare() in the background, as RAYDL_CHECKPOINT_PREPARE
-    says (default: the fabric side only; a size: a receive buffer that large too; 0: nothing). It
+    says (default: the fabric side, and inside Ray a receive buffer of the cluster's last published
+    checkpoint size, see _prepare_from_hint; a size: a receive buffer that large; 0: nothing). It
     never blocks the import nor fails it: a bad value is logged and ignored."""
     from raydl.env import checkpoint_prepare
 
