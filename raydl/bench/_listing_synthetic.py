@@ -6,7 +6,8 @@
   own `catalog_from_row_counts`);
 - `ImageNetListing`: a Storage whose `list()` yields 1.28 M ImageNet-like
   objects (`train/n01440764/n01440764_10026.JPEG`) without holding them, for the
-  image-folder listing's memory;
+  image-folder listing's memory; `make_empty_folder` the same names as empty files on local disk, and
+  `watch_opens` the files a listing of them opens (none);
 - `measure_memory` and `plan_cost`: tracemalloc's peak (plus Arrow's own pool,
   which tracemalloc does not see), the RSS growth, and the time to plan one
   batch (EpochOrder positions -> ids -> `Catalog.locate`).
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import resource
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -36,9 +39,11 @@ __all__ = [
     "ImageNetListing",
     "Memory",
     "imagenet_keys",
+    "make_empty_folder",
     "measure_memory",
     "parquet_catalog",
     "plan_cost",
+    "watch_opens",
     "webdataset_catalog",
 ]
 
@@ -221,6 +226,34 @@ class ImageNetListing:
 
     def read(self, uri: str) -> bytes:
         raise NotImplementedError("a synthetic listing: no object can be read")
+
+
+def make_empty_folder(root: str, classes: int, per_class: int) -> str:
+    """`classes` x `per_class` empty files under root/train, named as `imagenet_keys` names them (a real
+    folder on local disk for the listing to walk and stat); returns root/train."""
+    made: set[str] = set()
+    for key in imagenet_keys(classes, per_class):
+        path = os.path.join(root, key)
+        folder = os.path.dirname(path)
+        if folder not in made:
+            os.makedirs(folder, exist_ok=True)
+            made.add(folder)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    return os.path.join(root, "train")
+
+
+def watch_opens(root: str) -> list[str]:
+    """From now on, every file under `root` this process opens (Python's open and os.open; folders
+    left out) is appended to the list returned. An audit hook: it stays for the process's life."""
+    opened: list[str] = []
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], str) and args[0].startswith(root):
+            if not os.path.isdir(args[0]):
+                opened.append(args[0])
+
+    sys.addaudithook(hook)
+    return opened
 
 
 @dataclass(frozen=True)

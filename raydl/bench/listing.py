@@ -21,7 +21,9 @@ Four sections, each in its own child process (so a memory peak is its own):
   --rows rows (a part per row group).
 * images: list_image_folder over a synthetic storage listing --image-classes x
   --images-per-class ImageNet-like keys; peak memory and the catalog's size.
-  Goal: <= 200 MB.
+  Goal: <= 200 MB. Then the same names as empty files in a temporary folder on
+  local disk, listed for real (walk and stat): its time, CPU and the files it
+  opened (an audit hook). Goals: <= 5 s a million files, none opened.
 
 Memory is tracemalloc's peak plus what Arrow's pool holds (tracemalloc does not
 see it), and the growth of the child's peak RSS over its start.
@@ -218,6 +220,8 @@ def run_synthetic(name: str, opts: dict) -> dict:
     """One synthetic section in this process: memory and (for catalogs) the planning cost."""
     from raydl.bench import _listing_synthetic as syn
 
+    if name == "images-disk":
+        return _run_disk(opts)
     if name in ("images", "images-walk"):
         from raydl.sources.images import list_image_folder
 
@@ -245,6 +249,45 @@ def run_synthetic(name: str, opts: dict) -> dict:
     return out
 
 
+def _run_disk(opts: dict) -> dict:
+    """The image listing of a real folder of --image-classes x --images-per-class empty files on local disk
+    (made first, in a temporary folder, and removed after): its time, its CPU, its memory and the files it
+    opened (an audit hook counts them; the goal is none)."""
+    from raydl.bench import _listing_synthetic as syn
+    from raydl.sources.images import list_image_folder
+
+    top = tempfile.mkdtemp(prefix="raydl-bench-listing-")
+    try:
+        t0 = time.perf_counter()
+        root = syn.make_empty_folder(top, opts["image_classes"], opts["images_per_class"])
+        made_s = time.perf_counter() - t0
+        opened = syn.watch_opens(root)
+        cpu: list[float] = []
+
+        def build():
+            c0 = time.process_time()
+            cat = list_image_folder(root)
+            cpu.append(time.process_time() - c0)
+            return cat
+
+        cat, mem = syn.measure_memory(build)
+        return {
+            "samples": len(cat),
+            "parts": cat.num_parts,
+            "shards": cat.shards.num_rows,
+            "nbytes": cat.nbytes,
+            "peak_bytes": mem.peak_bytes,
+            "rss_bytes": mem.rss_bytes,
+            "held_bytes": mem.held_bytes,
+            "build_s": mem.seconds,
+            "cpu_s": cpu[0],
+            "files_opened": len(opened),
+            "made_s": made_s,
+        }
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def _section_child(name: str, args: argparse.Namespace, env: dict) -> dict:
     import subprocess
 
@@ -264,12 +307,15 @@ GOALS = {
     "parquet": (500 * _MB, 1e-3),
     "images": (200 * _MB, None),
     "images-walk": (200 * _MB, None),
+    "images-disk": (200 * _MB, None),
 }
+DISK_GOAL_S = 5.0  # a million files on local disk, listed (no file read)
 _WHAT = {
     "catalog": "WebDataset catalog (synthetic)",
     "parquet": "Parquet catalog (synthetic)",
     "images": "images on S3 (key order, etags)",
     "images-walk": "images on local disk (os.walk order)",
+    "images-disk": "empty files on this disk (walk + stat)",
 }
 
 
@@ -328,11 +374,21 @@ def report(results: dict) -> str:
             )
             goal = f"<= {mem_goal / _MB:.0f} MB" + (f", <= {plan_goal * 1e3:g} ms" if plan_goal else "")
             rss_cell = f"{rss / _MB:>9.1f}" if rss is not None else f"{'?':>9}"
+            if "files_opened" in r:  # the real folder: its time per million files and the files it opened
+                per_m = r["build_s"] * 1e6 / max(r["samples"], 1)
+                ok = ok and per_m <= DISK_GOAL_S and r["files_opened"] == 0
+                goal += f", <= {DISK_GOAL_S:g} s a million files, none opened"
             lines.append(
                 f"{_WHAT[name]:<40}{r['samples']:>13,}{r['parts']:>11,}{r['nbytes'] / _MB:>10.1f}"
                 f"{r['peak_bytes'] / _MB:>9.1f}{rss_cell}{r['build_s']:>9.2f}{plan}  "
                 f"{goal}: {'ok' if ok else 'MISSED'}"
             )
+            if "files_opened" in r:
+                lines.append(
+                    f"  * {r['samples']:,} files: {r['build_s']:.2f} s, {r['cpu_s']:.2f} s CPU, "
+                    f"{r['files_opened']} opened, {r['nbytes'] / max(r['samples'], 1):.0f} bytes of catalog "
+                    f"a file (made in {r['made_s']:.0f} s, not counted)"
+                )
         lines.append(
             "  * peak: tracemalloc's peak + Arrow's pool; RSS+: the rise of the child's peak RSS (a bare "
             "build); plan ms: per batch, the best of 5 runs (rank 0 of 8)"
@@ -356,8 +412,9 @@ def main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         if name == "wds":
             results[name] = run_wds(args)
-        else:  # the image listing twice: as S3 lists (key order, etags) and as a local disk (a sort more)
-            for part in (name, "images-walk") if name == "images" else (name,):
+        else:  # the image listing as S3 lists (key order, etags), as a local disk does (a sort more), and
+            # of a real folder on this disk (walk and stat)
+            for part in (name, "images-walk", "images-disk") if name == "images" else (name,):
                 results[part] = _section_child(part, args, env)
         _log(f"{name}: done in {time.perf_counter() - t0:.1f} s")
     print(report(results))

@@ -9,7 +9,9 @@ list of (key, ObjectInfo) held about 700 (docs/benchmarks.md, listing).
 
 from __future__ import annotations
 
+import os
 from array import array
+from itertools import accumulate
 
 import numpy as np
 import pyarrow as pa
@@ -19,10 +21,15 @@ from raydl.errors import DataSourceError
 from raydl.sources.base import ImageFiles
 from raydl.storage.base import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import int_array
+from raydl.util.progress import Progress
 
 __all__ = ["IMAGE_EXTENSIONS", "list_image_folder"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+_PROGRESS_AFTER_S = (
+    2.0  # a listing that takes less shows no progress (an S3 prefix of 1 M objects takes more)
+)
+_PROGRESS_EVERY = 1000  # objects between two looks at the clock, listing object by object
 
 
 def list_image_folder(root: str, *, labels: str | None = "folder", storage: Storage | None = None) -> Catalog:
@@ -46,8 +53,18 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     # An object-store prefix is a folder: "s3://b/train" must not also list "s3://b/train2/...".
     prefix = root if scheme == "file" or root.endswith("/") else root + "/"
     scan = _Scan(prefix, local=scheme == "file")
-    for obj in storage.list(prefix):
-        scan.add(obj)
+    with Progress(None, f"listing {root}", unit="files", delay_s=_PROGRESS_AFTER_S) as bar:
+        folders = getattr(storage, "list_folders", None)
+        if folders is not None and scheme == "file" and os.path.isdir(prefix):
+            for folder, names, sizes in folders(prefix):  # a local folder: no ObjectInfo per file
+                scan.add_folder(folder, names, sizes)
+                bar.update(len(scan.sizes))
+        else:
+            for i, obj in enumerate(storage.list(prefix)):
+                scan.add(obj)
+                if not i % _PROGRESS_EVERY:
+                    bar.update(len(scan.sizes))
+        bar.update(len(scan.sizes))
     n = len(scan.sizes)
     if not n:
         raise DataSourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {root!r}", uri=root)
@@ -117,6 +134,41 @@ class _Scan:
         self.etags.append(obj.etag)
         self.sizes.append(obj.size)
 
+    def add_folder(self, folder: str, names: list[str], sizes: list[int]) -> None:
+        """The files `names` (of `sizes` bytes) of one local folder: what `add` does for each of them, once
+        per folder where it can (its key prefix, its class, its URIs encoded together)."""
+        base = folder if folder.endswith(os.sep) else folder + os.sep  # os.path.join(folder, name)
+        every = "\0".join(names) + "\0"  # no name holds a NUL: one string to look at them all in C
+        if not base.startswith(self.prefix) or "\\" in base or "\\" in every:
+            for name, size in zip(names, sizes):  # keys made otherwise: the general path
+                self.add(ObjectInfo(base + name, size))
+            return
+        rel = base[len(self.prefix) :].lstrip("/")
+        every = every.lower()
+        if sum(every.count(ext + "\0") for ext in IMAGE_EXTENSIONS) < len(names):  # not every one an image
+            keep = [i for i, name in enumerate(names) if name.lower().endswith(IMAGE_EXTENSIONS)]
+            if not keep:
+                return
+            names, sizes = [names[i] for i in keep], [sizes[i] for i in keep]
+        head = base[: len(base) - len(rel)]
+        if self.head is None:
+            self.head = head
+        self.plain = self.plain and head == self.head
+        if self.ordered:
+            first = rel + names[0]
+            self.ordered = not first < self.last and all(a <= b for a, b in zip(names, names[1:]))
+        self.last = rel + names[-1]
+        top, sep, _ = rel.partition("/")
+        if sep:
+            self.klass.extend([self.classes.setdefault(top, len(self.classes))] * len(names))
+        else:  # files directly in the root
+            self.klass.extend([0] * len(names))
+            self.loose += len(names)
+            self.first_loose = self.first_loose or base + names[0]
+        self.uris.extend([(base + name).encode() for name in names])
+        self.etags.extend_empty(len(names))
+        self.sizes.extend(sizes)
+
     def finish(self) -> tuple[pa.Table, np.ndarray, dict[str, int]]:
         """The shards table (uri, size, etag) in key order, each file's first-seen class number, the
         classes. The buffers move into the table: the scan is spent."""
@@ -173,6 +225,20 @@ class _Text:
         except OverflowError:
             self.ends = array("q", self.ends)
             self.ends.append(len(self.data))
+
+    def extend(self, encoded: list[bytes]) -> None:
+        """Strings already encoded, appended together."""
+        start = len(self.data)
+        self.data += b"".join(encoded)
+        ends = accumulate(map(len, encoded), initial=start)
+        next(ends)
+        if len(self.data) >= 2**31 and self.ends.typecode == "i":
+            self.ends = array("q", self.ends)
+        self.ends.extend(ends)
+
+    def extend_empty(self, n: int) -> None:
+        """`n` empty strings."""
+        self.ends.extend([len(self.data)] * n)
 
     def views(self) -> tuple[np.ndarray, np.ndarray]:
         """The end offsets (len + 1) and the bytes, as numpy views."""

@@ -19,19 +19,22 @@ def eta_s(done: int, total: int, elapsed_s: float) -> float | None:
 class Progress:
     """`with Progress(total, "label") as bar: ... bar.update(done)`; finishes the line on exit.
 
-    `delay_s`: draw nothing until the run has taken that long (short runs stay quiet)."""
+    `delay_s`: draw nothing until the run has taken that long (short runs stay quiet). `total=None`: a count
+    with no end known (a listing), drawn as the count, its `unit` and the rate so far."""
 
     def __init__(
         self,
-        total: int,
+        total: int | None,
         label: str,
         *,
+        unit: str = "",
         stream=None,
         width: int = 30,
         log_every_s: float = 10.0,
         delay_s: float = 0.0,
     ) -> None:
-        self.total, self.label, self.width = max(1, total), label, width
+        self.known = total is not None
+        self.total, self.label, self.width, self.unit = max(1, total or 0), label, width, unit
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.log_every_s = log_every_s
@@ -41,14 +44,26 @@ class Progress:
         self.drawn = False
 
     def update(self, done: int, note: str = "") -> None:
-        self.done = min(done, self.total)
+        self.done = min(done, self.total) if self.known else done
         now = time.monotonic()
         elapsed = now - self.started
         if elapsed < self.delay_s:
             return
-        if self.drawn and not self.tty and now - self._last < self.log_every_s and self.done < self.total:
+        finished = self.known and self.done >= self.total
+        if self.drawn and not self.tty and now - self._last < self.log_every_s and not finished:
             return
+        if self.drawn and self.tty and not self.known and now - self._last < 0.1:
+            return  # a count is updated often: a terminal redraws it 10 times a second at most
         self._last = now
+        if not self.known:
+            rate = f", {self.done / elapsed:,.0f}/s" if elapsed > 0 else ""
+            line = (
+                f"{self.label}: {self.done:,} {self.unit} {elapsed:.0f} s{rate}{'  ' + note if note else ''}"
+            )
+            self.stream.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+            self.stream.flush()
+            self.drawn = True
+            return
         filled = self.width * self.done // self.total
         left = eta_s(self.done, self.total, elapsed)
         eta = "" if left is None or self.done >= self.total else f", ~{left:.0f} s left"
@@ -65,6 +80,9 @@ class Progress:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.drawn and not self.known and exc[0] is None:  # the count it ended at
+            self._last = self.started - self.log_every_s
+            self.update(self.done, "done")
         if self.tty and self.drawn:
             self.stream.write("\n")
             self.stream.flush()
