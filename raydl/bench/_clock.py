@@ -44,6 +44,7 @@ class PeerSpec:
     label_column: str | None = "label"  # parquet
     nodes: int = 1  # raydl only: > 1 runs it on a local ray.cluster_utils.Cluster of this many nodes
     epochs: int = 1  # epochs of the same loader; the first is the one measured, the rest are timed apart
+    ray_address: str | None = None  # raydl only: connect to this running cluster instead of starting Ray
 
 
 @dataclass(frozen=True)

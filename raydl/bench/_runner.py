@@ -42,8 +42,11 @@ _MIB = 1024 * 1024
 class TreeSampler:
     """Peak PSS and CPU seconds of this process and all its descendants, over one window."""
 
-    def __init__(self, interval: float = 0.25):
+    def __init__(self, interval: float = 0.25, *, also: tuple[int, ...] = ()):
         self._root = psutil.Process()
+        # other trees to count as this one's (--running-cluster: the cluster's processes, which the run's
+        # LoaderWorker lives among, are not its children)
+        self._also = [psutil.Process(pid) for pid in also]
         self._interval = interval
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -79,10 +82,12 @@ class TreeSampler:
         with self._lock:
             if self._state == "closed":
                 return
-            try:
-                procs = [self._root, *self._root.children(recursive=True)]
-            except psutil.Error:
-                procs = [self._root]
+            procs = []
+            for top in (self._root, *self._also):
+                try:
+                    procs += [top, *top.children(recursive=True)]
+                except psutil.Error:
+                    procs.append(top)
             pss = 0
             by_kind: dict[str, int] = {}
             shmem_by_kind: dict[str, int] = {}
@@ -323,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label-column", default="label")
     p.add_argument("--nodes", type=int, default=1, help="raydl only: simulated nodes (ray.cluster_utils)")
     p.add_argument("--epochs", type=int, default=1, help="epochs of the same loader (peers in MULTI_EPOCH)")
+    p.add_argument("--ray-address", help="raydl only: connect to this running cluster (ray start --head)")
+    p.add_argument(
+        "--cluster-pid", type=int, help="with --ray-address: the cluster's root process, sampled too"
+    )
     args = p.parse_args(argv)
 
     cores = list(range(os.cpu_count() or 1)) if args.no_pin else _pin(args.cpus)
@@ -345,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         label_column=args.label_column,
         nodes=args.nodes,
         epochs=args.epochs,
+        ray_address=args.ray_address,
     )
-    sampler = TreeSampler()
+    sampler = TreeSampler(also=(args.cluster_pid,) if args.cluster_pid else ())
     clock = EpochClock(
         args.expected,
         on_start=sampler.open_window,

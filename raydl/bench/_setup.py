@@ -28,9 +28,17 @@ def ray_init(cpus: int, tries: int = 3) -> None:
 @contextlib.contextmanager
 def raydl_ray(spec: PeerSpec):
     """Ray for the raydl rows: a local instance, or with spec.nodes > 1 a local `ray.cluster_utils.Cluster`
-    of that many nodes sharing the CPU budget (each max(1, cpus // nodes) CPUs; the driver on the head)."""
+    of that many nodes sharing the CPU budget (each max(1, cpus // nodes) CPUs; the driver on the head), or
+    with spec.ray_address a connection to a cluster that is already running."""
     import ray
 
+    if spec.ray_address:  # a cluster started before this process (--running-cluster): connect only
+        ray.init(address=spec.ray_address, logging_level="ERROR")
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
     if spec.nodes <= 1:
         ray_init(spec.cpus)
         try:

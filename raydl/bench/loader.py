@@ -4,6 +4,7 @@
         --cpus 8 --rounds 3 --json bench.json --plot bench.png
     raydl bench loader --data /data/hires --workload buckets --compare raydl-fast,datago,dali,spdl
     raydl bench loader --data /data/in1k --compare dataio --nodes 3    # raydl on a local 3-node Cluster
+    raydl bench loader --data /data/in1k --compare dataio --running-cluster  # raydl joins a running head
     raydl bench loader --source webdataset --data 's3://bucket/in1k/shard-{000..009}.tar' \\
         --endpoint-url http://127.0.0.1:9000 --baseline-data '/data/in1k-wds/shard-{000..009}.tar'
     python -m raydl.bench.shards /data/in1k /data/bench --clip       # LAION-style jpg + txt + json shards
@@ -32,8 +33,14 @@ in the table is the median over the rounds:
 * images/s: images after the first batch / time from the first batch to the last,
   in brackets and without a ratio when that window is under 1 s or 3 batches;
 * first batch: seconds from listing the data and building the loader (after `ray.init`) to batch one
-  (a note splits raydl's into listing, `loader()` and the batch);
-* from start: seconds from the run's process start (imports, `ray.init`, loader) to batch one;
+  (a note splits raydl's into listing, `loader()`, until the driver starts its first task, the task
+  and the hand-over to the caller, with each process's CPU meanwhile: Ray's own start-up shows there);
+* from start: seconds from the run's process start (imports, `ray.init`, loader) to batch one (a note
+  splits raydl's into imports, `ray.init` and the first batch, against each peer's in the same round).
+  With `--running-cluster` the bench starts `ray start --head` on 127.0.0.1 first (same CPUs, token
+  authentication off) and stops it by PID at the end; each raydl run is a fresh process that connects
+  to it, so "from start" compares whole start-ups on a cluster that is already up. The cluster's
+  processes are sampled with the run's (memory and CPU columns);
 * peak PSS: the process tree's largest summed PSS while the epoch ran (Ray's own processes
   included; a note splits raydl's by process);
 * CPU ms/img: user+system CPU of the whole tree during the epoch, per image;
@@ -53,6 +60,7 @@ it is the first epoch's, as without --epochs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -154,6 +162,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="run the raydl rows on a local ray.cluster_utils.Cluster of N nodes sharing --cpus "
         "(each max(1, cpus // N) CPUs, default threads); the other peers are unaffected",
     )
+    p.add_argument(
+        "--running-cluster",
+        action="store_true",
+        help="start a Ray head (ray start --head on 127.0.0.1, --cpus CPUs) before the rounds and run "
+        "raydl as a fresh process that connects to it; 'from start' then compares whole start-ups "
+        "(stopped by PID at the end)",
+    )
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--epochs",
@@ -236,6 +251,8 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
         cmd += ["--endpoint-url", args.endpoint_url]
     if args.nodes > 1 and peer.startswith("raydl"):
         cmd += ["--nodes", str(args.nodes)]
+    if getattr(args, "ray_address", None) and peer.startswith("raydl"):
+        cmd += ["--ray-address", args.ray_address, "--cluster-pid", str(args.cluster_pid)]
     if args.epochs > 1 and peer in MULTI_EPOCH:
         cmd += ["--epochs", str(args.epochs)]
     if args.no_pin:
@@ -420,6 +437,8 @@ def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     batch = 1 if args.batch_size is None else args.batch_size  # None: chosen once the images are counted
     if min(args.cpus, args.rounds, args.nodes, args.epochs, batch) < 1:
         raise _Refused("--cpus, --rounds, --batch-size, --nodes and --epochs must be positive")
+    if getattr(args, "running_cluster", False) and args.nodes > 1:
+        raise _Refused("--running-cluster runs raydl on one running head node; leave --nodes out")
     wanted = [p.strip() for p in args.compare.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in _COMPARABLE]
     if unknown:
@@ -494,7 +513,8 @@ def _inputs(args: argparse.Namespace, peers: list[str], skipped: dict[str, str])
 
 
 def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dict]:
-    """Every peer once per round, in turn, each in a fresh process: one row per run."""
+    """Every peer once per round, in turn, each in a fresh process: one row per run (with
+    --running-cluster, the raydl rows connect to a head started here first and stopped at the end)."""
     tmp = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
     try:
         data = _subset(files, args.data, tmp / "data") if args.limit else args.data
@@ -503,18 +523,56 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
             f"{args.cpus} CPUs, "
             f"{args.rounds} round(s) of: {' '.join(peers)}"
         )
-        runs = []
-        for i in range(1, args.rounds + 1):
-            for peer in peers:
-                t0 = time.perf_counter()
-                row = _run_once(
-                    peer, args, args.baseline_data if peer == "raydl-base" else data, len(files), tmp
+        with contextlib.ExitStack() as stack:
+            args.ray_address = None
+            if getattr(args, "running_cluster", False):
+                from raydl.bench._running_cluster import RunningCluster
+
+                cluster = RunningCluster(args.cpus, tmp, pin=not args.no_pin)
+                args.ray_address = stack.enter_context(cluster)
+                args.cluster_pid = cluster.proc.pid
+                _log(
+                    f"running cluster: ray start --head on {args.ray_address} (a fresh process's first "
+                    f"connection took {cluster.connect_s:.2f} s)"
                 )
-                _progress(i, args.rounds, row, time.perf_counter() - t0)
-                runs.append({"round": i, **row})
+            runs = []
+            for i in range(1, args.rounds + 1):
+                for peer in peers:
+                    t0 = time.perf_counter()
+                    row = _run_once(
+                        peer, args, args.baseline_data if peer == "raydl-base" else data, len(files), tmp
+                    )
+                    _progress(i, args.rounds, row, time.perf_counter() - t0)
+                    runs.append({"round": i, **row})
+            args.ray_address = None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return runs
+
+
+def _startup_notes(args: argparse.Namespace, runs: list[dict]) -> list[str]:
+    """raydl's whole start-up per round (process start to batch one: imports, ray.init or the connection,
+    listing to the batch) beside each other peer's from-start in the same round, as a ratio."""
+    ours = [r for r in runs if r["peer"] == "raydl" and r.get("ok") and "ray_init_s" in r]
+    if not ours:
+        return []
+    how = "connecting to the running cluster" if getattr(args, "running_cluster", False) else "a local Ray"
+    parts = []
+    for r in ours:
+        whole, first, init = r["first_batch_from_start_s"], r["first_batch_s"], r["ray_init_s"]
+        peers = [
+            f"{p['peer']} {(theirs := p['first_batch_from_start_s']):.2f} s ({whole / theirs:.2f} x)"
+            for p in runs
+            if p["round"] == r["round"]
+            and p["peer"] != "raydl"
+            and p.get("ok")
+            and p.get("first_batch_from_start_s")
+        ]
+        parts.append(
+            f"round {r['round']}: {whole:.2f} s = imports {whole - first - init:.2f} + ray.init {init:.2f} + "
+            f"first batch {first:.2f}" + (f"; against {', '.join(peers)}" if peers else "")
+        )
+    return [f"raydl start-up from process start ({how}; raydl / peer in brackets): " + "; ".join(parts)]
 
 
 def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], runs: list[dict], n: int):
@@ -545,6 +603,7 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
                 for r in phased
             )
         )
+    notes += _startup_notes(args, runs)
     steady = [r for r in runs if r["peer"] == "raydl" and r.get("steady_cpu_ms_per_image_by_process")]
     if steady:
         notes.append(

@@ -64,7 +64,9 @@ def raydl_source(spec: PeerSpec):
 
 
 def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measurement:
+    t_init = time.perf_counter()
     with raydl_ray(spec):
+        clock.extra["ray_init_s"] = time.perf_counter() - t_init  # ray.init: a local Ray, or a connection
         clock.start()
         t0 = time.perf_counter()
         ds = raydl_source(spec).decode(fast=fast)
@@ -81,16 +83,22 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
             threads_per_worker=spec.cpus if spec.nodes <= 1 else None,
         )
         t2 = time.perf_counter()
+        boot = loader._bootstrap  # the driver's own first batches, while the workers start
 
         def timed(batch):
             if len(batch["id"]) != batch["image"].shape[0]:
                 raise RuntimeError("raydl batch: len(id) != len(image)")
             if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
-                clock.extra["first_batch_phases_s"] = {
-                    "listing": t1 - t0,
-                    "loader()": t2 - t1,
-                    "batch": time.perf_counter() - t2,
-                }
+                now = time.perf_counter()
+                phases = {"listing": t1 - t0, "loader()": t2 - t1}
+                task = boot.first_task if boot is not None else None
+                if task is None:  # made by a worker
+                    phases["batch"] = now - t2
+                else:  # planned and asked for, made in the driver (the first task), handed over
+                    phases.update(
+                        {"to task": task[0] - t2, "task": task[1] - task[0], "hand-over": now - task[1]}
+                    )
+                clock.extra["first_batch_phases_s"] = phases
             return batch["image"]
 
         return raydl_epochs(loader, spec, clock, timed)

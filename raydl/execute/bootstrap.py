@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -37,6 +38,8 @@ class Bootstrap:
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
         self._on_first = on_first  # called when the first batch is done (or failed)
         self.busy = False  # a batch was asked for and the first is not done yet
+        self.first_task: tuple[float, float] | None = None  # perf_counter at the first batch's start and end
+        self._taken = threading.Event()  # the caller has the first batch in hand
         import ray
 
         name = f"{process_name()} (this process, while the workers start)"
@@ -44,10 +47,19 @@ class Bootstrap:
 
     def submit(self, task) -> Future:
         self.busy = True
-        return self._exec.submit(self._run, task)
+        out = _Handed(self._taken)
+        inner = self._exec.submit(self._run, task)
+        inner.add_done_callback(out.copy)
+        return out
 
     def _run(self, task):
         first = self._worker is None
+        if not first:
+            # The second batch starts once the caller has the first in hand: its set-up (planning the
+            # reads, queueing them) holds the GIL that the hand-over waits for, 40-60 ms of it measured
+            # on 2 cores (docs/benchmarks.md, start-up); bounded, should the caller never take it.
+            self._taken.wait(_HAND_OVER_WAIT_S)
+        started = time.perf_counter()
         try:
             if first:
                 # The caller gets the arrays as they are, with no copy into the object store; a batch's
@@ -56,6 +68,7 @@ class Bootstrap:
             result = self._worker.run_batch(task)
         finally:
             if first:
+                self.first_task = (started, time.perf_counter())
                 self._on_first()
                 # From the second batch on, the worker processes starting now must not be starved: Ray
                 # starts them at niceness 15 (RAY_worker_niceness), and this process's loader threads
@@ -70,6 +83,35 @@ class Bootstrap:
         self._exec.shutdown(wait=False)  # batches already asked for still finish
         if self._worker is not None:  # the buffer kept for the next batch: there is none
             self._worker.drop_buffers()
+
+
+_HAND_OVER_WAIT_S = 0.25
+
+
+class _Handed(Future):
+    """A bootstrap batch's future: the executor's result copied in, and `taken` set once the caller has it."""
+
+    def __init__(self, taken: threading.Event) -> None:
+        super().__init__()
+        self._taken_event = taken
+
+    def copy(self, inner: Future) -> None:
+        if inner.cancelled():
+            self.cancel()
+            self.set_running_or_notify_cancel()
+            return
+        exc = inner.exception()
+        if exc is None:
+            self.set_result(inner.result())
+        else:
+            self.set_exception(exc)
+
+    def result(self, timeout=None):
+        try:
+            return super().result(timeout)
+        finally:
+            if self.done():
+                self._taken_event.set()
 
 
 def renice(thread_ids: list[int], niceness: int) -> None:

@@ -54,7 +54,10 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
     assert all(r["first_batch_from_start_s"] > r["first_batch_s"] > 0 for r in raydl_runs)
     assert all(r["peak_pss_by_process_mib"]["this process"] > 0 for r in raydl_runs)
     assert all(isinstance(r["peak_shmem_by_process_mib"], dict) for r in raydl_runs)
-    assert all(set(r["first_batch_phases_s"]) == {"listing", "loader()", "batch"} for r in raydl_runs)
+    made_here = {"listing", "loader()", "to task", "task", "hand-over"}  # the driver's first task (bootstrap)
+    assert all(set(r["first_batch_phases_s"]) in ({"listing", "loader()", "batch"}, made_here) for r in raydl_runs)
+    assert all(r["ray_init_s"] > 0 for r in raydl_runs)
+    assert any(note.startswith("raydl start-up from process start (a local Ray") for note in report["notes"])
     assert any(note.startswith("raydl first batch, per round") for note in report["notes"])
     assert any(note.startswith("raydl peak PSS by process") for note in report["notes"])
     assert all(r["images"] == 40 for r in report["runs"] if r["ok"]), report["runs"]
@@ -392,3 +395,27 @@ def test_bench_tokens_runs_raydl_and_the_pyarrow_ceiling(tmp_path):
         ("ceiling", True, 256, [32, 2048]),
     ], report["runs"]
     assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
+
+
+@pytest.mark.timeout(300)
+def test_bench_runs_raydl_against_a_running_cluster_and_stops_it(tmp_path):
+    """--running-cluster: a head started by the bench on 127.0.0.1, raydl in a fresh process that connects to it
+    (every image delivered, its start-up split and noted), and the head's processes gone at the end (by PID)."""
+    import psutil
+
+    data = _tiny_folder(tmp_path / "data", n=16)
+    out = tmp_path / "bench.json"
+    args = _parse(["--data", str(data), "--compare", "", "--no-ceiling", "--rounds", "1", "--cpus", "1",
+                   "--running-cluster", "--batch-size", "8", "--json", str(out)])
+    assert loader.main(args) == 0
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert run["peer"] == "raydl" and run["ok"] and run["images"] == 16, run
+    assert 0 < run["ray_init_s"] < run["first_batch_from_start_s"]
+    assert any("connecting to the running cluster" in note for note in report["notes"]), report["notes"]
+    assert "raylet" in run["peak_pss_by_process_mib"], run  # the cluster's processes are sampled with the run's
+    try:
+        head = psutil.Process(args.cluster_pid)
+        assert head.status() == psutil.STATUS_ZOMBIE, head
+    except psutil.NoSuchProcess:
+        pass
