@@ -45,6 +45,7 @@ __all__ = [
     "resample_bound",
     "resample_work",
     "simd",
+    "simd_level",
 ]
 
 _OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED, _ETOOBIG, _EWORK = 0, -1, -2, -3, -4, -5, -6
@@ -96,23 +97,37 @@ def kernel_status() -> str:
     jpeg = (
         "region JPEG decode (libjpeg-turbo)" if jpeg_available() else f"whole-JPEG decode ({_load_jpeg()[2]})"
     )
-    path = "AVX2" if lib.raydl_simd(-1) else "portable C"
+    path = _SIMD_NAMES.get(int(lib.raydl_simd(-1)), "portable C")
     return f"native C kernel (cffi, fixed-point resampler, {path}), {jpeg}"
 
 
 def simd(enabled: bool | None = None) -> bool:
-    """Whether the resampler uses its AVX2 path; `enabled=False` forces the portable C one.
+    """Whether the resampler uses its AVX2 path; `enabled=False` forces the portable C one, True the best
+    this CPU has (simd_level).
 
-    Both paths compute the same integer sums, so they give the same bytes: this
+    Every path computes the same integer sums, so they give the same bytes: this
     switch exists to test that. It applies to this process's kernels (both the
     plain and the JPEG module). False when the kernels are not loaded.
     """
-    mode = -1 if enabled is None else int(bool(enabled))
-    now = False
+    return simd_level(None if enabled is None else (SIMD_AVX512 if enabled else SIMD_PORTABLE)) > 0
+
+
+SIMD_PORTABLE, SIMD_AVX2, SIMD_AVX512 = 0, 1, 2
+_SIMD_NAMES = {SIMD_PORTABLE: "portable C", SIMD_AVX2: "AVX2", SIMD_AVX512: "AVX2 + AVX-512 vertical pass"}
+
+
+def simd_level(level: int | None = None) -> int:
+    """The resampler's path: SIMD_PORTABLE (0), SIMD_AVX2 (1) or SIMD_AVX512 (2: the vertical pass 64
+    bytes at a time, where the CPU has AVX-512 BW and VNNI); `level` asks for at most that one.
+
+    All three give the same bytes (tests/unit/test_kernels.py); -1 without the kernels.
+    """
+    mode = -1 if level is None else int(level)
+    now = -1
     for loader in (_load, _load_jpeg):
         lib = loader()[1]
         if lib is not None:
-            now = bool(lib.raydl_simd(mode))
+            now = int(lib.raydl_simd(mode))
     return now
 
 

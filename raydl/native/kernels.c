@@ -61,12 +61,17 @@ void raydl_scratch_release(int slot, void *p) {
 
 /* ---- SIMD selection ---------------------------------------------------- */
 
-static int simd_state = -1; /* -1: not probed yet; 0: portable C; 1: AVX2 */
+static int simd_state = -1; /* -1: not probed yet; 0: portable C; 1: AVX2; 2: AVX2 + the AVX-512 vertical pass */
 
-static int avx2_supported(void) {
+static int simd_best(void) {
 #ifdef RAYDL_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (!__builtin_cpu_supports("avx2")) return 0;
+    /* the 64-byte vertical pass: byte unpacks (BW), masked tails (BW), vpdpwssd (VNNI) */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return 2;
+    return 1;
 #else
     return 0;
 #endif
@@ -74,7 +79,10 @@ static int avx2_supported(void) {
 
 int raydl_simd(int mode) {
     if (mode == 0) simd_state = 0;
-    else if (mode > 0 || simd_state < 0) simd_state = avx2_supported();
+    else if (mode > 0) {
+        int best = simd_best();
+        simd_state = mode < best ? mode : best;
+    } else if (simd_state < 0) simd_state = simd_best();
     return simd_state;
 }
 
@@ -215,6 +223,50 @@ __attribute__((target("avx2"))) static void vpass_avx2(const uint8_t *const *row
         int32_t acc = 1 << (VSHIFT - 1);
         for (int t = 0; t < n; t++) acc += (int32_t)k[t] * rows[t][i];
         out[i] = (int16_t)(acc >> VSHIFT);
+    }
+}
+
+/* vpass_avx2 64 bytes at a time: the same pairs of taps, the same int32 sums (vpdpwssd adds exactly what
+ * pmaddwd + paddd add), the same shift and saturating pack; the tail is a masked load and store, so
+ * nothing past `len` is read or written. Only where the CPU has AVX-512 BW and VNNI (raydl_simd). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void vpass_avx512(const uint8_t *const *rows,
+                                                                                  const int16_t *k, int n,
+                                                                                  int len, int16_t *out) {
+    const __m512i zero = _mm512_setzero_si512(), rnd = _mm512_set1_epi32(1 << (VSHIFT - 1));
+    /* qwords of the two packed vectors in output order: r0 holds 8 of every 16, r1 the other 8 */
+    const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i hi_idx = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    for (int i = 0; i < len; i += 64) {
+        int left = len - i;
+        __mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+        __m512i a0 = rnd, a1 = rnd, a2 = rnd, a3 = rnd;
+        for (int t = 0; t < n; t += 2) {
+            __m512i x = _mm512_maskz_loadu_epi8(m, rows[t] + i), y = zero;
+            uint32_t pair = (uint16_t)k[t];
+            if (t + 1 < n) {
+                y = _mm512_maskz_loadu_epi8(m, rows[t + 1] + i);
+                pair |= (uint32_t)(uint16_t)k[t + 1] << 16;
+            }
+            __m512i kk = _mm512_set1_epi32((int)pair);
+            __m512i lo = _mm512_unpacklo_epi8(x, y), hi = _mm512_unpackhi_epi8(x, y);
+            a0 = _mm512_dpwssd_epi32(a0, _mm512_unpacklo_epi8(lo, zero), kk);
+            a1 = _mm512_dpwssd_epi32(a1, _mm512_unpackhi_epi8(lo, zero), kk);
+            a2 = _mm512_dpwssd_epi32(a2, _mm512_unpacklo_epi8(hi, zero), kk);
+            a3 = _mm512_dpwssd_epi32(a3, _mm512_unpackhi_epi8(hi, zero), kk);
+        }
+        /* per 128-bit lane L, a0..a3 hold elements 16L + [0-3], [4-7], [8-11], [12-15] */
+        __m512i r0 = _mm512_packs_epi32(_mm512_srai_epi32(a0, VSHIFT), _mm512_srai_epi32(a1, VSHIFT));
+        __m512i r1 = _mm512_packs_epi32(_mm512_srai_epi32(a2, VSHIFT), _mm512_srai_epi32(a3, VSHIFT));
+        __m512i o0 = _mm512_permutex2var_epi64(r0, lo_idx, r1), o1 = _mm512_permutex2var_epi64(r0, hi_idx, r1);
+        if (left >= 64) {
+            _mm512_storeu_si512((void *)(out + i), o0);
+            _mm512_storeu_si512((void *)(out + i + 32), o1);
+        } else {
+            __mmask32 m0 = left >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << left) - 1);
+            __mmask32 m1 = left > 32 ? (((__mmask32)1 << (left - 32)) - 1) : 0;
+            _mm512_mask_storeu_epi16(out + i, m0, o0);
+            _mm512_mask_storeu_epi16(out + i + 32, m1, o1);
+        }
     }
 }
 
@@ -524,7 +576,8 @@ void raydl_resize_row(raydl_resize_t *r, int yy, const uint8_t *const *src_rows)
     for (int t = 0; t < n; t++) r->rows[t] = src_rows[t] + (size_t)r->col0 * 3;
 #ifdef RAYDL_X86
     if (r->simd) {
-        vpass_avx2(r->rows, k, n, r->span * 3, r->row);
+        if (r->simd >= 2) vpass_avx512(r->rows, k, n, r->span * 3, r->row);
+        else vpass_avx2(r->rows, k, n, r->span * 3, r->row);
         if (r->out_format == RAYDL_OUT_U8_HWC) {
             hpass_u8_avx2(r->row, r->xstart, (const __m256i *)r->kv, r->nq, r->out_w, r->flip,
                           (uint8_t *)r->dst + (size_t)yy * r->out_w * 3);
