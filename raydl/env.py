@@ -19,12 +19,27 @@ __all__ = [
     "native_disabled",
     "ray_address",
     "ray_worker_niceness",
+    "simd_cap",
 ]
 
 
 def native_disabled() -> bool:
     """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
     return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
+
+
+_SIMD_LEVELS = {"portable": 0, "avx2": 1, "avx512": 2}
+
+
+def simd_cap() -> int | None:
+    """RAYDL_SIMD=portable|avx2|avx512: the most the resampler may use (raydl.native.simd_level), for
+    measuring one path against another in the same benchmark; unset: the best this CPU has."""
+    value = os.environ.get("RAYDL_SIMD", "").strip().lower()
+    if not value:
+        return None
+    if value not in _SIMD_LEVELS:
+        raise ValueError(f"RAYDL_SIMD must be one of {', '.join(_SIMD_LEVELS)}, got {value!r}")
+    return _SIMD_LEVELS[value]
 
 
 def cache_dir() -> str:

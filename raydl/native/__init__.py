@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from raydl.env import native_disabled
+from raydl.env import native_disabled, simd_cap
 from raydl.errors import DecodeError, NativeKernelError
 from raydl.native import decode
 
@@ -60,6 +60,9 @@ def _import(module: str, missing: str) -> tuple[Any, Any, str]:
         mod = importlib.import_module(f"raydl.native.{module}")
     except ImportError as exc:
         return None, None, f"raydl.native.{module} is missing ({exc}); {missing}"
+    cap = simd_cap()
+    if cap is not None:
+        mod.lib.raydl_simd(cap)
     return mod.ffi, mod.lib, "loaded"
 
 

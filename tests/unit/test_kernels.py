@@ -446,3 +446,16 @@ def test_c_kernel_itself_refuses_nan_boxes():
         rc = lib.raydl_crop_resize(ffi.from_buffer("uint8_t[]", src), 10, 10, 30, *box, 4, 4, 0, 0,
                                    ffi.NULL, ffi.NULL, ffi.from_buffer(out, require_writable=True), 1 << 30)
         assert rc == -1
+
+
+def test_raydl_simd_caps_the_path(monkeypatch):
+    """RAYDL_SIMD names the most the resampler may use (for A/B benchmarks); anything else is refused by name."""
+    from raydl import env
+
+    monkeypatch.setenv("RAYDL_SIMD", "AVX2")
+    assert env.simd_cap() == native.SIMD_AVX2
+    monkeypatch.setenv("RAYDL_SIMD", "")
+    assert env.simd_cap() is None
+    monkeypatch.setenv("RAYDL_SIMD", "sse9")
+    with pytest.raises(ValueError, match="RAYDL_SIMD must be one of portable, avx2, avx512"):
+        env.simd_cap()
