@@ -32,8 +32,8 @@ _SIMD_LEVELS = {"portable": 0, "avx2": 1, "avx512": 2}
 
 
 def simd_cap() -> int | None:
-    """RAYDL_SIMD=portable|avx2|avx512: the most the resampler may use (raydl.native.simd_level), for
-    measuring one path against another in the same benchmark; unset: the best this CPU has."""
+    """RAYDL_SIMD=portable|avx2|avx512: the resampler's path (raydl.native.simd_level, at most what the CPU
+    has), for measuring one path against another in the same benchmark; unset: AVX2 where the CPU has it."""
     value = os.environ.get("RAYDL_SIMD", "").strip().lower()
     if not value:
         return None

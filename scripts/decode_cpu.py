@@ -7,7 +7,8 @@ Rows (interleaved, --rounds times; the best round is shown):
   ceiling   simplejpeg full decode into a fresh array per image (what `raydl bench loader`'s ceiling does)
   ceilbuf   the same into one reused buffer: the decode alone, no page faults of fresh arrays
   raydl@L   SampleProgram.run_many, the LoaderWorker's native call (chunks of 16 samples of one bucket),
-            resampler at simd level L (0 portable, 1 AVX2, 2 AVX-512 vertical pass; raydl.native.simd_level)
+            resampler at simd level L (0 portable, 1 AVX2: the default, 2 the opt-in AVX-512 vertical pass;
+            raydl.native.simd_level)
   fast@L    the same with decode(fast=True)
 The bytes are read before the clock starts; threads (--threads) share the work as the worker's decode
 threads do. CPU is this process's (time.process_time), so other load on the machine hardly moves it: run
@@ -80,6 +81,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rows", default="ceiling,ceilbuf,raydl@1,raydl@2,fast@1,fast@2")
     args = p.parse_args()
+    default = native.simd_level()
     files = list_images(args.data)
     random.Random(0).shuffle(files)
     blobs = []
@@ -131,7 +133,7 @@ def main() -> None:
                 cpu, wall = (time.process_time() - c0) / len(blobs) * 1e3, time.perf_counter() - t0
                 if name not in best or cpu < best[name][0]:
                     best[name] = (cpu, len(blobs) / wall)
-    native.simd_level(native.SIMD_AVX512)
+    native.simd_level(default)
     base = best.get("ceilbuf", best.get("ceiling", (None,)))[0]
     print(
         f"{len(blobs)} images from {args.data}, workload {args.workload}, {args.threads} thread(s), "

@@ -105,14 +105,14 @@ def kernel_status() -> str:
 
 
 def simd(enabled: bool | None = None) -> bool:
-    """Whether the resampler uses its AVX2 path; `enabled=False` forces the portable C one, True the best
-    this CPU has (simd_level).
+    """Whether the resampler uses its AVX2 path; `enabled=False` forces the portable C one, True AVX2
+    (simd_level: the AVX-512 vertical pass is opt-in).
 
     Every path computes the same integer sums, so they give the same bytes: this
     switch exists to test that. It applies to this process's kernels (both the
     plain and the JPEG module). False when the kernels are not loaded.
     """
-    return simd_level(None if enabled is None else (SIMD_AVX512 if enabled else SIMD_PORTABLE)) > 0
+    return simd_level(None if enabled is None else (SIMD_AVX2 if enabled else SIMD_PORTABLE)) > 0
 
 
 SIMD_PORTABLE, SIMD_AVX2, SIMD_AVX512 = 0, 1, 2
@@ -120,8 +120,10 @@ _SIMD_NAMES = {SIMD_PORTABLE: "portable C", SIMD_AVX2: "AVX2", SIMD_AVX512: "AVX
 
 
 def simd_level(level: int | None = None) -> int:
-    """The resampler's path: SIMD_PORTABLE (0), SIMD_AVX2 (1) or SIMD_AVX512 (2: the vertical pass 64
-    bytes at a time, where the CPU has AVX-512 BW and VNNI); `level` asks for at most that one.
+    """The resampler's path: SIMD_PORTABLE (0), SIMD_AVX2 (1, the default where the CPU has it) or
+    SIMD_AVX512 (2: the vertical pass 64 bytes at a time, where the CPU has AVX-512 BW and VNNI; opt-in,
+    also by RAYDL_SIMD=avx512, as it measured no faster overall, docs/benchmarks.md); `level` asks for at
+    most that one.
 
     All three give the same bytes (tests/unit/test_kernels.py); -1 without the kernels.
     """

@@ -63,11 +63,11 @@ void raydl_scratch_release(int slot, void *p) {
 
 static int simd_state = -1; /* -1: not probed yet; 0: portable C; 1: AVX2; 2: AVX2 + the AVX-512 vertical pass */
 
+/* The most this CPU can run: 2 with AVX-512 BW + VNNI (the 64-byte vertical pass), 1 with AVX2, else 0. */
 static int simd_best(void) {
 #ifdef RAYDL_X86
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2")) return 0;
-    /* the 64-byte vertical pass: byte unpacks (BW), masked tails (BW), vpdpwssd (VNNI) */
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vnni"))
         return 2;
@@ -77,12 +77,18 @@ static int simd_best(void) {
 #endif
 }
 
+/* mode 0: portable; mode > 0: at most that level; mode < 0: the current one, AVX2 (or less) when not
+ * chosen yet. AVX-512 is opt-in (mode 2): its vertical pass is a third faster, yet the whole program
+ * measured 1-2 % more CPU with it on the development VM (docs/benchmarks.md, 2026-12-02). */
 int raydl_simd(int mode) {
     if (mode == 0) simd_state = 0;
     else if (mode > 0) {
         int best = simd_best();
         simd_state = mode < best ? mode : best;
-    } else if (simd_state < 0) simd_state = simd_best();
+    } else if (simd_state < 0) {
+        int best = simd_best();
+        simd_state = best < 1 ? best : 1;
+    }
     return simd_state;
 }
 
