@@ -27,6 +27,7 @@ import numpy as np
 import ray
 
 from raydl.consume.formats import check_batch_format, format_batches
+from raydl.env import shared_batches
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
 from raydl.plan.failures import ErrorPolicy, Failure
@@ -42,6 +43,7 @@ from raydl.plan.order import (
 from raydl.plan.scheduling import choose_worker, prefetch_depth
 from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
 from raydl.plan.timeouts import batch_timeout
+from raydl.util import shared
 
 if TYPE_CHECKING:
     from raydl.execute.coordinator import WorkerInfo
@@ -144,6 +146,8 @@ class DataIterator:
             int, tuple[ray.ObjectRef | Future, WorkerInfo, int]
         ] = {}  # k -> (ref, worker, attempt)
         self._node = ray.get_runtime_context().get_node_id()
+        # Worker name -> whether this process maps its shared memory (raydl/util/shared.py); None: never
+        self._shares: dict[str, bool] | None = {} if shared_batches() else None
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
         self._logged: set[str] = set()  # URIs of failed samples logged so far (each once)
@@ -223,7 +227,35 @@ class DataIterator:
         for _ref, pw, _a in self._pending.values():
             inflight[pw.name] = inflight.get(pw.name, 0) + 1
         w = workers[choose_worker([(x.name, x.node_id) for x in workers], inflight, self._node)]
-        self._pending[task.index] = (w.handle.run_batch.remote(task), w, attempt)
+        self._pending[task.index] = (w.handle.run_batch.remote(task, self._shares_with(w)), w, attempt)
+
+    def _shares_with(self, worker: WorkerInfo) -> bool:
+        """Whether `worker` makes this rank's batches in its shared memory, which this process maps: on
+        this node, where its probe maps (once per worker), unless RAYDL_SHARED_BATCHES=0."""
+        if self._shares is None or worker.node_id != self._node:
+            return False
+        ok = self._shares.get(worker.name)
+        if ok is None:
+            try:
+                ok = shared.probe(ray.get(worker.handle.shared_probe.remote(), timeout=60))
+            except (ray.exceptions.RayError, OSError, AttributeError):  # died (asked again), or no probe
+                return False
+            if not ok:
+                logger.warning(
+                    "rank %d: cannot map the shared memory of loader worker %s (/proc/PID/fd); its batches "
+                    "come through the object store",
+                    self._rank,
+                    worker.name,
+                )
+            self._shares[worker.name] = ok
+        return ok
+
+    def _drop_pending(self) -> None:
+        """Forget the batches in flight; their workers free the shared slots of those made on this node."""
+        for ref, worker, _attempt in self._pending.values():
+            if not isinstance(ref, Future) and self._shares and self._shares.get(worker.name):
+                worker.handle.free_shared.remote(ref)
+        self._pending.clear()
 
     def _failed(self, k: int, worker: WorkerInfo, cause: BaseException, exc: BaseException) -> NoReturn:
         """The worker raised while making batch k: not a sample it could skip. Name the rank and batch."""
@@ -254,12 +286,15 @@ class DataIterator:
                 except Exception as exc:  # noqa: BLE001 - named by _failed
                     self._failed(k, worker, exc, exc)
             try:
-                return ray.get(ref, timeout=wait)
+                result = ray.get(ref, timeout=wait)
+                shared.attach_batch(result.batch)  # views of the worker's memory where it made them there
+                return result
             except ray.exceptions.GetTimeoutError as exc:
                 raise self._timeout(k, timeout, worker) from exc
             except ray.exceptions.RayTaskError as exc:  # the worker raised: not a sample it could skip
                 self._failed(k, worker, exc.cause, exc)
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, OSError) as exc:
+                # OSError: the worker's shared memory is gone (the worker died after making the batch)
                 if attempt + 1 >= _MAX_ATTEMPTS:
                     raise LoaderError(
                         f"rank {self._rank}: batch {k} of epoch {self._epoch} failed {attempt + 1} times; "
@@ -512,7 +547,7 @@ class DataIterator:
             ):
                 epoch, start = epoch + 1, 0
         self._epoch, self._start, self._next = epoch, start, next_batch
-        self._pending.clear()
+        self._drop_pending()
         self._stats.epoch = epoch
 
     def stats(self) -> IteratorStats:

@@ -62,6 +62,7 @@ from raydl.storage.fetch import Block, IOPool, coalesce
 from raydl.util.arrow import StringColumn, int_column
 from raydl.util.memory import populated_empty
 from raydl.util.process import process_name
+from raydl.util.shared import Slots, described
 
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
 
@@ -138,6 +139,9 @@ class LoaderWorker:
         self._free: list[np.ndarray] = []  # batch buffers not in use
         self._dropped = False  # drop_buffers() was called
         self._buffers: list[np.ndarray] = []  # every batch buffer made, for memory()
+        self._slots: Slots | None = (
+            None  # shared-memory batch slots, for readers on this node (made on demand)
+        )
         self._membership = 0
         self._mixer = None
         if mix is not None:
@@ -168,20 +172,44 @@ class LoaderWorker:
         }
 
     def memory(self) -> dict:
-        """Bytes this worker holds between batches: its reused batch buffers (one per batch call in flight)
-        and the catalog columns it keeps (the table itself is a view of the object store)."""
+        """Bytes this worker holds between batches: its reused batch buffers (one per batch call in flight
+        whose reader is on another node), its shared-memory slots (batches in flight or held by a reader
+        on this node) and the catalog columns it keeps (the table itself is a view of the object store)."""
+        shared, slots = self._slots.nbytes() if self._slots is not None else (0, 0)
         return {
             "batch_arrays": sum(b.nbytes for b in self._buffers),
             "batch_arrays_count": len(self._buffers),
+            "shared_slots": shared,
+            "shared_slots_count": slots,
             "catalog_columns": self._catalog.nbytes,
         }
+
+    def shared_probe(self):
+        """A SharedArray a reader tests with `raydl.util.shared.probe`: can it map this worker's slots?"""
+        return self._shared_slots().probe()
+
+    def free_shared(self, result: BatchResult) -> None:
+        """A result its reader dropped unread (e.g. a prefetched batch before load_state_dict): its slot is
+        free again. Ray hands over the result itself (the caller passes its ObjectRef)."""
+        if self._slots is not None:
+            self._slots.free_described(described(result.batch))
+
+    def _shared_slots(self) -> Slots:
+        with self._free_lock:
+            if self._slots is None:
+                self._slots = Slots()
+            return self._slots
 
     def thread_ids(self) -> list[int]:
         """Native ids of the decode and IO threads started so far (to set their priority)."""
         pools = (self._pool, self._io._pool)
         return [t.native_id for pool in pools for t in list(pool._threads) if t.native_id is not None]
 
-    def run_batch(self, task: BatchTask) -> BatchResult:
+    def run_batch(self, task: BatchTask, shared: bool = False) -> BatchResult:
+        """Make the batch `task` names. shared: its reader is on this node and can map this worker's
+        memory (raydl/util/shared.py): the decoded images are made in a shared slot and the result
+        carries where they lie in it, not their bytes (no private buffer, no copy into the object
+        store)."""
         n = len(task.ids)
         # One flat buffer holds every decoded image field of the batch (aspect buckets: the shapes vary per
         # batch); each field's array is a view of it, 64-byte aligned.
@@ -191,6 +219,9 @@ class LoaderWorker:
             size = math.prod((n, *slot)) * dtype.itemsize
             layout.append((name, dtype, (n, *slot), nbytes, size))
             nbytes += -(-size // 64) * 64
+        leased = self._shared_slots().lease(max(nbytes, 1)) if shared and not self._handoff else None
+        if leased is not None:  # None: every slot is held; through the object store, as without shared
+            return self._run_shared(task, layout, *leased)
         buf = self._lease(max(nbytes, 1))
         flat = buf[: max(nbytes, 1)]
         if self._handoff:
@@ -214,6 +245,33 @@ class LoaderWorker:
             raise
         if self._reuse:  # back to the free list once Ray has copied the result out
             weakref.finalize(result, self._release, buf)
+        return result
+
+    def _run_shared(self, task: BatchTask, layout: list, slot, number: int) -> BatchResult:
+        """run_batch into shared slot `slot` (holding batch `number`): each array of the result that lies
+        in the slot is sent as a SharedArray; the slot is free again at once when none does (or the batch
+        failed)."""
+        flat = slot.data
+        images = {
+            name: flat[at : at + size].view(dtype).reshape(shape) for name, dtype, shape, at, size in layout
+        }
+        try:
+            if self._mixer is not None:
+                result = self._mixer.run(task, images, _run_together)
+            else:
+                (result,) = _run_together([(self, task, images)])
+            del images
+            sent = False
+            for name, value in list(result.batch.items()):
+                desc = slot.describe(value, number) if isinstance(value, np.ndarray) else None
+                if desc is not None:
+                    result.batch[name] = desc
+                    sent = True
+        except BaseException:
+            self._slots.free(slot, number)
+            raise
+        if not sent:  # failed rows left out (a copy), or the user's map_batches made new arrays
+            self._slots.free(slot, number)
         return result
 
     def _outputs(self, bucket: tuple[int, int] | None) -> list[tuple[str, bool, np.dtype, tuple[int, ...]]]:
