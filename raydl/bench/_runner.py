@@ -10,7 +10,10 @@ GCS and Ray workers. A thread samples that tree every 0.25 s:
 * peak memory is the largest sum of PSS (proportional set size, so pages shared
   between processes, such as plasma's or forked workers', count once) seen
   while the epoch runs, kept per kind of process at that peak (`process_kind`)
-  with each kind's share of shared-memory pages (the object store's);
+  with each kind's share of shared-memory pages (the object store's); and the
+  same peak of two parts of the tree on their own (`ray_service`): the
+  loader's own processes (the runner, its actors and task workers, torch's
+  workers) and Ray's services (GCS, raylet, agents, idle workers);
 * CPU is, per process, the largest user+system time seen minus its value when
   the epoch started, summed over the tree, less the sampler's own CPU.
 
@@ -35,6 +38,7 @@ import psutil
 from raydl.bench._clock import EpochClock, PeerSpec
 from raydl.bench._tokens import SEQ_LEN
 from raydl.bench.peers import PEERS, WORKLOADS, peer_function
+from raydl.bench.report import ray_service
 
 _MIB = 1024 * 1024
 
@@ -59,9 +63,12 @@ class TreeSampler:
         # (the object store's pages, for Ray's processes)
         self.peak_by_kind: dict[str, int] = {}
         self.peak_shmem_by_kind: dict[str, int] = {}
+        # Each part's own peak (it may fall at another sample than the total's): the loader's, Ray's
+        self.peak_own = 0
+        self.peak_ray = 0
         self.cpu_at_first: float | None = None
         self.first_epoch: tuple | None = (
-            None  # (CPU s, peak PSS, its split, its shared part) at epoch 1's end
+            None  # (CPU s, peak PSS, its split, its shared part, own peak, Ray's peak) at epoch 1's end
         )
         self.first_cpu_by_kind: dict[
             str, float
@@ -112,6 +119,8 @@ class TreeSampler:
             if self._state == "open":
                 if pss > self.peak_pss:
                     self.peak_pss, self.peak_by_kind, self.peak_shmem_by_kind = pss, by_kind, shmem_by_kind
+                ray = sum(v for k, v in by_kind.items() if ray_service(k))
+                self.peak_own, self.peak_ray = max(self.peak_own, pss - ray), max(self.peak_ray, ray)
                 self._overhead += time.thread_time() - t0
 
     def open_window(self) -> None:
@@ -119,7 +128,7 @@ class TreeSampler:
         self._sample(memory=False)
         with self._lock:
             self._state = "open"
-            self.peak_pss = 0
+            self.peak_pss = self.peak_own = self.peak_ray = 0
         self._sample(memory=True)
 
     def close_window(self) -> None:
@@ -145,6 +154,8 @@ class TreeSampler:
             self.peak_pss,
             dict(self.peak_by_kind),
             dict(self.peak_shmem_by_kind),
+            self.peak_own,
+            self.peak_ray,
         )
         self.first_epoch_cpu_by_kind = self.cpu_by_kind()
 
@@ -229,10 +240,17 @@ def _per_image(before: dict[str, float], after: dict[str, float], images: int) -
 def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wall: float) -> dict:
     m = clock.result()
     cpu_all = sampler.cpu_seconds()
-    cpu, peak, by_kind, shmem_by_kind = (
+    cpu, peak, by_kind, shmem_by_kind, own, ray = (
         sampler.first_epoch
         if sampler.first_epoch is not None
-        else (cpu_all, sampler.peak_pss, sampler.peak_by_kind, sampler.peak_shmem_by_kind)
+        else (
+            cpu_all,
+            sampler.peak_pss,
+            sampler.peak_by_kind,
+            sampler.peak_shmem_by_kind,
+            sampler.peak_own,
+            sampler.peak_ray,
+        )
     )
     row = {
         "peer": peer,
@@ -248,6 +266,9 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         # Start-up included: what a short job sees, and what prefetch cannot flatter.
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
         "peak_pss_mib": peak / _MIB,
+        # The same peak of the loader's own processes alone, and of Ray's services alone (ray_service)
+        "own_pss_mib": own / _MIB,
+        "ray_pss_mib": ray / _MIB,
         "cpu_s": cpu,
         "peak_pss_by_process_mib": {
             k: round(v / _MIB, 1) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])
@@ -287,6 +308,8 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
             later_images_per_s=m.later_images / m.later_s if m.later_s > 0 else None,
             later_cpu_s_per_image=(cpu_all - cpu) / m.later_images,
             later_peak_pss_mib=sampler.peak_pss / _MIB,
+            later_own_pss_mib=sampler.peak_own / _MIB,
+            later_ray_pss_mib=sampler.peak_ray / _MIB,
             later_cpu_ms_per_image_by_process=_per_image(epoch1_by_kind, end_by_kind, m.later_images),
         )
     row.update(clock.extra)

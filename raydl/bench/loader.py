@@ -42,7 +42,9 @@ in the table is the median over the rounds:
   to it, so "from start" compares whole start-ups on a cluster that is already up. The cluster's
   processes are sampled with the run's (memory and CPU columns);
 * peak PSS: the process tree's largest summed PSS while the epoch ran (Ray's own processes
-  included; a note splits raydl's by process);
+  included; a note splits raydl's by process); own PSS and Ray PSS: the peak of the peer's own
+  processes alone (raydl's driver, LoaderWorker(s) and LoaderCoordinator) and of Ray's services
+  alone (GCS, raylet, agents, idle workers);
 * CPU ms/img: user+system CPU of the whole tree during the epoch, per image;
 * steady CPU ms/img: the same from the first batch on (start-up left out), per image after it:
   on a loaded machine the fairest measure of work per image;
@@ -85,7 +87,7 @@ from raydl.bench.peers import (
     WORKLOAD_REQUIRES,
     WORKLOADS,
 )
-from raydl.bench.report import format_table, peer_versions, summarize, write_plot
+from raydl.bench.report import format_table, peer_versions, ray_service, summarize, write_plot
 
 __all__ = ["add_parser", "main"]
 
@@ -347,15 +349,15 @@ def _memory_note(mem: dict) -> str:
     mib = 1 << 20
     arrays = mem["worker_batch_arrays"]
     counts = mem["worker_batch_array_count"]
+    slots, slot_counts = mem.get("worker_shared_slots", []), mem.get("worker_shared_slot_count", [])
     return (
-        f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; reused batch arrays "
-        f"{sum(arrays) / mib:.0f} MiB in {len(arrays)} worker(s) ({sum(counts)} arrays, one per concurrent "
-        f"batch call); object store at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches "
+        f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; shared-memory batch slots "
+        f"{sum(slots) / mib:.0f} MiB in {len(slots)} worker(s) ({sum(slot_counts)} slots: the batches in "
+        f"flight and held by readers on the worker's node); reused batch arrays {sum(arrays) / mib:.0f} MiB "
+        f"({sum(counts)} arrays, one per concurrent batch call for a reader on another node); object store "
+        f"at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches to other nodes "
         f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)"
     )
-
-
-_RAYDL_PROCESSES = ("this process", "ray::LoaderWorker", "ray::LoaderCoordinator")
 
 
 def _process_note(run: dict) -> str:
@@ -366,11 +368,28 @@ def _process_note(run: dict) -> str:
         for kind, mib in run["peak_pss_by_process_mib"].items()
     )
     by = run["peak_pss_by_process_mib"]
-    ours = sum(mib for kind, mib in by.items() if kind in _RAYDL_PROCESSES)
+    ours = sum(mib for kind, mib in by.items() if not ray_service(kind))
     return (
         f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver; "
-        f"'shared': its share of shared-memory pages, i.e. the object store's batches): {parts}; "
-        f"raydl's processes {ours:.0f}, Ray's own {sum(by.values()) - ours:.0f}"
+        f"'shared': its share of shared-memory pages, i.e. the batches' shared slots and the object store): "
+        f"{parts}; raydl's processes {ours:.0f}, Ray's own {sum(by.values()) - ours:.0f}"
+    )
+
+
+def _own_memory_note(summary: list[dict], epochs: int) -> str | None:
+    """own PSS and Ray PSS, said in words, and raydl's own against each peer's (medians, epoch 1; with
+    --epochs, also over the whole run in the JSON as later_own_pss_mib)."""
+    own = {r["peer"]: r.get("own_pss_mib") for r in summary if r.get("own_pss_mib")}
+    if "raydl" not in own:
+        return None
+    ratios = ", ".join(f"{own['raydl'] / mib:.2f}x {peer}" for peer, mib in own.items() if peer != "raydl")
+    return (
+        "own PSS MiB: the peak of the peer's own processes alone (raydl: the driver, its LoaderWorker(s) "
+        "and LoaderCoordinator; torch: the process and its workers); Ray PSS MiB: the peak of Ray's services "
+        "alone (GCS, raylet, dashboard and runtime-env agents, monitors, idle workers); each its own peak, "
+        "epoch 1"
+        + (f" (the JSON's later_own_pss_mib: all {epochs} epochs)" if epochs > 1 else "")
+        + (f"; raydl's own PSS is {ratios}" if ratios else "")
     )
 
 
@@ -582,6 +601,9 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
     notes = [notes_of[p] for p in peers if p in notes_of] + list(skipped.values())
     notes += _workload_notes(args.workload, summarize(peers, runs))
     notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
+    own = _own_memory_note(summarize(peers, runs), args.epochs)
+    if own:
+        notes.append(own)
     mem = next((r["memory"] for r in runs if r["peer"] == "raydl" and r.get("memory")), None)
     if mem:
         notes.append(_memory_note(mem))

@@ -5,13 +5,15 @@ from __future__ import annotations
 import statistics
 from importlib import metadata
 
-__all__ = ["format_table", "peer_versions", "summarize", "write_plot"]
+__all__ = ["format_table", "peer_versions", "ray_service", "summarize", "write_plot"]
 
 _FIGURES = (
     "images_per_s",
     "first_batch_s",
     "first_batch_from_start_s",
     "peak_pss_mib",
+    "own_pss_mib",
+    "ray_pss_mib",
     "cpu_s_per_image",
     "steady_cpu_s_per_image",
     "later_images_per_s",
@@ -21,6 +23,21 @@ _FIGURES = (
 # prefetch and timer resolution than about throughput: its images/s is shown greyed, with no ratio.
 MIN_WINDOW_S = 1.0
 MIN_STEADY_BATCHES = 3
+
+
+# Ray's own services, by process_kind: what any program on Ray pays (the loader's actors and tasks are not).
+_RAY_SERVICES = ("raylet", "gcs_server", "ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def ray_service(kind: str) -> bool:
+    """Whether a process of the tree (its `process_kind`) is one of Ray's services (GCS, raylet, the
+    dashboard and runtime-env agents, the log monitor, idle and spill workers) rather than the loader's own
+    (the runner, its Ray actors and task workers, torch's worker processes)."""
+    if kind == "this process":
+        return False
+    if kind.endswith(".py"):  # Ray's Python services: dashboard/agent.py, log_monitor.py, monitor.py
+        return True
+    return kind in _RAY_SERVICES or kind.startswith("ray::IDLE")
 
 
 def short_window(run: dict) -> bool:
@@ -69,6 +86,8 @@ def format_table(summary: list[dict], *, header: str, rate: str = "images/s") ->
         "first batch s",
         "from start s",
         "peak PSS MiB",
+        "own PSS MiB",
+        "Ray PSS MiB",
         "CPU ms/img",
         "steady CPU ms/img",
         *(("later img/s", "later CPU ms/img") if later else ()),
@@ -93,6 +112,8 @@ def format_table(summary: list[dict], *, header: str, rate: str = "images/s") ->
                 _cell(first, ".2f"),
                 _cell(from_start, ".2f"),
                 _cell(row["peak_pss_mib"], ".0f"),
+                _cell(row.get("own_pss_mib"), ".0f"),
+                _cell(row.get("ray_pss_mib"), ".0f"),
                 _cell(None if cpu is None else 1000 * cpu, ".2f"),
                 _cell(None if steady is None else 1000 * steady, ".2f"),
                 *(

@@ -53,6 +53,15 @@ def test_bench_writes_a_row_per_peer_with_positive_throughput(tmp_path):
         assert rows["raydl"]["ratio_to_raydl"] == pytest.approx(1.0)
     assert all(r["first_batch_from_start_s"] > r["first_batch_s"] > 0 for r in raydl_runs)
     assert all(r["peak_pss_by_process_mib"]["this process"] > 0 for r in raydl_runs)
+    # raydl's own processes and Ray's services apart, each at most the whole tree's peak (epoch 1 and all)
+    for run in raydl_runs:
+        assert 0 < run["own_pss_mib"] <= run["peak_pss_mib"] + 1 and 0 < run["ray_pss_mib"] <= run["peak_pss_mib"] + 1
+        assert run["later_own_pss_mib"] >= run["own_pss_mib"] and run["later_ray_pss_mib"] >= run["ray_pss_mib"]
+    torch_runs = [r for r in report["runs"] if r["peer"] == "torch" and r["ok"]]
+    assert all(r["ray_pss_mib"] == 0 and r["own_pss_mib"] > 0 for r in torch_runs)  # no Ray
+    assert rows["raydl"]["own_pss_mib"] > 0 and rows["raydl"]["ray_pss_mib"] > 0
+    assert any(note.startswith("own PSS MiB: the peak of the peer's own") and "x torch" in note
+               for note in report["notes"]), report["notes"]
     assert all(isinstance(r["peak_shmem_by_process_mib"], dict) for r in raydl_runs)
     made_here = {"listing", "loader()", "to task", "task", "hand-over"}  # the driver's first task (bootstrap)
     assert all(set(r["first_batch_phases_s"]) in ({"listing", "loader()", "batch"}, made_here) for r in raydl_runs)
@@ -201,6 +210,40 @@ def test_epoch_clock_keeps_the_first_epoch_and_times_the_later_ones_apart():
     for _ in range(2):
         one.batch(stand_in(10, (3,)))
     assert one.result().later_images == 0  # one epoch: nothing apart, as before
+
+
+@pytest.mark.timeout(10)
+def test_table_shows_own_and_ray_memory_next_to_the_total():
+    """'own PSS MiB' and 'Ray PSS MiB' follow 'peak PSS MiB', medians over the rounds; '-' where a row has none."""
+    runs = [
+        {"peer": "raydl", "ok": True, "images_per_s": 100.0, "first_batch_s": 1.0, "peak_pss_mib": 1300.0,
+         "own_pss_mib": 912.0, "ray_pss_mib": 388.0, "cpu_s_per_image": 0.002},
+        {"peer": "dataio", "ok": True, "images_per_s": 80.0, "first_batch_s": 1.0, "peak_pss_mib": 985.0,
+         "own_pss_mib": 985.0, "ray_pss_mib": 0.0, "cpu_s_per_image": 0.003},
+        {"peer": "torch", "ok": True, "images_per_s": 80.0, "first_batch_s": 1.0, "peak_pss_mib": 700.0,
+         "cpu_s_per_image": 0.003},
+    ]
+    summary = summarize(["raydl", "dataio", "torch"], runs)
+    table = format_table(summary, header="h")
+    head = next(line for line in table.splitlines() if line.startswith("peer"))
+    assert head.index("peak PSS MiB") < head.index("own PSS MiB") < head.index("Ray PSS MiB")
+    line = next(x for x in table.splitlines() if x.startswith("raydl")).split()
+    assert line[5:8] == ["1300", "912", "388"], line
+    assert next(x for x in table.splitlines() if x.startswith("torch")).split()[6:8] == ["-", "-"]
+    note = loader._own_memory_note(summary, epochs=3)
+    assert "0.93x dataio" in note and "later_own_pss_mib: all 3 epochs" in note
+
+
+@pytest.mark.timeout(10)
+def test_ray_services_are_told_from_the_loaders_own_processes():
+    """GCS, raylet, agents, monitors and idle workers are Ray's; the runner and any loader actor are the peer's."""
+    from raydl.bench.report import ray_service
+
+    for kind in ("raylet", "gcs_server", "ray::IDLE", "ray::IDLE_SpillWorker", "ray::DashboardAgent",
+                 "ray::RuntimeEnvAgent", "dashboard/agent.py", "log_monitor.py", "monitor.py", "dashboard.py"):
+        assert ray_service(kind), kind
+    for kind in ("this process", "ray::LoaderWorker", "ray::LoaderCoordinator", "ray::MapBatches", "python3"):
+        assert not ray_service(kind), kind
 
 
 @pytest.mark.timeout(10)
