@@ -227,7 +227,9 @@ class DataIterator:
         for _ref, pw, _a in self._pending.values():
             inflight[pw.name] = inflight.get(pw.name, 0) + 1
         w = workers[choose_worker([(x.name, x.node_id) for x in workers], inflight, self._node)]
-        self._pending[task.index] = (w.handle.run_batch.remote(task, self._shares_with(w)), w, attempt)
+        call = w.handle.run_batch
+        ref = call.remote(task, True) if self._shares_with(w) else call.remote(task)
+        self._pending[task.index] = (ref, w, attempt)
 
     def _shares_with(self, worker: WorkerInfo) -> bool:
         """Whether `worker` makes this rank's batches in its shared memory, which this process maps: on
