@@ -275,6 +275,8 @@ class Loader:
             with self._lock:
                 if self._version == 0:
                     self._workers.append(WorkerInfo(handle, info["node_id"], info["name"], info["node_ip"]))
+                if self._bootstrap is not None:  # no batch goes to it from here on: its spare buffer goes
+                    self._bootstrap.drop_spare()
 
     def _update(self, version: int, workers: list[WorkerInfo], events: list[tuple[int, str]]) -> None:
         with self._lock:
