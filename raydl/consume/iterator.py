@@ -240,8 +240,13 @@ class DataIterator:
         if ok is None:
             try:
                 ok = shared.probe(ray.get(worker.handle.shared_probe.remote(), timeout=60))
-            except (ray.exceptions.RayError, OSError, AttributeError):  # died (asked again), or no probe
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return False  # it died or is busy: asked again with its next batch
+            except AttributeError:  # not a LoaderWorker (a stand-in without the method): nothing to say
+                self._shares[worker.name] = False
                 return False
+            except ray.exceptions.RayError:  # it cannot (no memfd on this system)
+                ok = False
             if not ok:
                 logger.warning(
                     "rank %d: cannot map the shared memory of loader worker %s (/proc/PID/fd); its batches "

@@ -57,3 +57,18 @@ def test_batches_dropped_unread_give_their_slots_back(ray_local, image_folder):
             del batches
         again = [b["id"] for b in it.iter_batches()]
         assert again and _slots(loader) <= 4
+
+
+def test_a_rank_that_cannot_map_the_workers_memory_reads_the_object_store(ray_local, image_folder, monkeypatch, caplog):
+    """Where the probe does not map (another PID namespace, no /proc access) the rank says so once and its
+    batches come through the object store, whole; the worker makes no slot for it."""
+    from raydl.util import shared
+
+    monkeypatch.setattr(shared, "probe", lambda desc: False)
+    with _pipeline(image_folder).loader(batch_size=8, seed=5) as loader:
+        loader.refresh()
+        ids = [b["id"] for b in loader.iterator(0).iter_batches()]
+        assert _slots(loader) == 0
+    assert sorted(int(i) for b in ids for i in b) == list(range(61))
+    warned = [r for r in caplog.records if "cannot map the shared memory of loader worker" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
