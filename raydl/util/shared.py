@@ -19,9 +19,12 @@ memfd, which the reader checks (a PID and fd number can be reused).
 
 Where /proc/PID/fd cannot be opened (another node, another PID namespace, a
 stricter ptrace policy), `probe` says so and the worker returns its arrays
-through the object store as before. A worker has at most `MAX_SLOTS` slots;
-with all of them held it falls back the same way, so a reader that drops
-results unread costs at most that much.
+through the object store as before. A free slot too small for a batch (aspect
+buckets vary its size) is replaced by a bigger one, so a worker has as many
+slots as batches held at once, and at most `MAX_SLOTS`: with all of them held
+it falls back the same way, so a reader that drops results unread costs at
+most that much. A dropped slot's state says so (`CLOSED`), and a reader's idle
+mapping of it is closed with it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ __all__ = [
 
 HEADER = 64  # state (8 bytes), token (16 bytes), unused; the data starts 64-byte aligned after it
 MAX_SLOTS = 8  # slots per worker: batches in flight and held by readers (prefetch depth + 1 per rank)
+CLOSED = (1 << 64) - 1  # a slot's state once its worker has dropped it
 _IDLE_MAPS = 8  # mappings a reader keeps open while none of its arrays view them (reused next batch)
 
 
@@ -108,6 +112,7 @@ class Slot:
         )
 
     def close(self) -> None:
+        self.state[0] = CLOSED  # a reader's idle mapping of it lets it go (_close_idle)
         del self.state, self.data
         self.mm.close()
         os.close(self.fd)
@@ -132,12 +137,12 @@ class Slots:
             if fits:
                 slot = min(fits, key=lambda s: s.size)
             else:
-                if len(self._slots) >= self._max:
-                    if not free:
-                        return None
-                    small = min(free, key=lambda s: s.size)  # aspect buckets: batches grow; drop a small one
+                if free:  # aspect buckets: a bigger batch replaces a free slot too small, so that there are
+                    small = min(free, key=lambda s: s.size)  # only as many slots as batches held at once
                     self._slots.remove(small)
                     small.close()
+                elif len(self._slots) >= self._max:
+                    return None
                 slot = Slot(nbytes)
                 self._slots.append(slot)
             self._batches += 1
@@ -188,6 +193,8 @@ def _map(desc: SharedArray) -> mmap.mmap:
     fd = os.open(f"/proc/{desc.pid}/fd/{desc.fd}", os.O_RDWR)
     try:
         mm = mmap.mmap(fd, HEADER + desc.size, flags=mmap.MAP_SHARED)
+    except ValueError as exc:  # shorter than described: not the memfd the worker meant
+        raise OSError(f"shared batch memory of process {desc.pid} (fd {desc.fd}): {exc}") from exc
     finally:
         os.close(fd)
     if mm[8:24] != desc.token:
@@ -204,7 +211,7 @@ def _close_idle(everything: bool = False) -> None:
     them with `everything`); under _maps_lock. A mapping kept open saves the next batch of that slot its
     page faults (8 ms per 147 MiB batch read); one of a dead worker would keep its memory alive."""
     idle = [k for k in _maps if not _leases.get(k)]
-    keep = [] if everything else [k for k in idle if _alive(k[0])]
+    keep = [] if everything else [k for k in idle if _alive(k[0]) and int(_header(_maps[k])[0]) != CLOSED]
     for key in [k for k in idle if k not in keep] + keep[: max(0, len(keep) - _IDLE_MAPS)]:
         try:
             _maps[key].close()

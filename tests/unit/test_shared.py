@@ -54,13 +54,18 @@ def test_all_slots_held_gives_none_and_a_dropped_result_frees_its_slot():
     assert slots.lease(16) is not None
 
 
-def test_a_bigger_batch_replaces_a_free_small_slot_at_the_cap():
-    """Aspect buckets change a batch's size: at the cap a free slot too small is dropped for a bigger one."""
-    slots = shared.Slots(max_slots=1)
-    a, _ = _batch(slots, 1, n=16)
-    slots.free_described(shared.described(a))
-    b, slot = _batch(slots, 2, n=4096)
-    assert slot.size == 4096 * 4 and slots.nbytes() == (4096 * 4, 1)
+def test_a_bigger_batch_replaces_a_free_slot_too_small():
+    """Aspect buckets change a batch's size: a free slot too small is dropped for a bigger one (so there are
+    only as many slots as batches held at once), and a reader's idle mapping of the dropped one goes."""
+    slots = shared.Slots(max_slots=8)
+    for n in (16, 64, 4096):
+        batch, slot = _batch(slots, 1, n=n)
+        arrays = shared.attach_batch(batch)
+        del arrays, batch
+        gc.collect()
+        assert slots.nbytes() == (n * 4, 1) and int(slot.state[0]) == 0
+    with shared._maps_lock:  # the dropped slots' mappings were closed when the next one was mapped
+        assert all(int(shared._header(mm)[0]) != shared.CLOSED for mm in shared._maps.values())
 
 
 def test_an_array_outside_the_slot_is_not_described():
