@@ -231,14 +231,8 @@ class LoaderWorker:
             weakref.finalize(lease, self._release, buf)
             flat = np.frombuffer(lease, np.uint8)
             del lease
-        images = {
-            name: flat[at : at + size].view(dtype).reshape(shape) for name, dtype, shape, at, size in layout
-        }
         try:
-            if self._mixer is not None:
-                result = self._mixer.run(task, images, _run_together)
-            else:
-                (result,) = _run_together([(self, task, images)])
+            result = self._run_into(task, flat, layout)
         except BaseException:
             if self._reuse:
                 self._release(buf)
@@ -247,20 +241,22 @@ class LoaderWorker:
             weakref.finalize(result, self._release, buf)
         return result
 
+    def _run_into(self, task: BatchTask, flat: np.ndarray, layout: list) -> BatchResult:
+        """The batch of `task` made with its image fields in `flat` (at the places `layout` gives)."""
+        images = {
+            name: flat[at : at + size].view(dtype).reshape(shape) for name, dtype, shape, at, size in layout
+        }
+        if self._mixer is not None:
+            return self._mixer.run(task, images, _run_together)
+        (result,) = _run_together([(self, task, images)])
+        return result
+
     def _run_shared(self, task: BatchTask, layout: list, slot, number: int) -> BatchResult:
         """run_batch into shared slot `slot` (holding batch `number`): each array of the result that lies
         in the slot is sent as a SharedArray; the slot is free again at once when none does (or the batch
         failed)."""
-        flat = slot.data
-        images = {
-            name: flat[at : at + size].view(dtype).reshape(shape) for name, dtype, shape, at, size in layout
-        }
         try:
-            if self._mixer is not None:
-                result = self._mixer.run(task, images, _run_together)
-            else:
-                (result,) = _run_together([(self, task, images)])
-            del images
+            result = self._run_into(task, slot.data, layout)
             sent = False
             for name, value in list(result.batch.items()):
                 desc = slot.describe(value, number) if isinstance(value, np.ndarray) else None
