@@ -139,9 +139,7 @@ class LoaderWorker:
         self._free: list[np.ndarray] = []  # batch buffers not in use
         self._dropped = False  # drop_buffers() was called
         self._buffers: list[np.ndarray] = []  # every batch buffer made, for memory()
-        self._slots: Slots | None = (
-            None  # shared-memory batch slots, for readers on this node (made on demand)
-        )
+        self._slots: Slots | None = None  # shared-memory batch slots for readers on this node, made on demand
         self._membership = 0
         self._mixer = None
         if mix is not None:
