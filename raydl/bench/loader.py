@@ -599,9 +599,10 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
     notes_of = {**NOTES, **BUCKET_NOTES} if args.workload == "buckets" else NOTES
     notes_of = WORKLOAD_NOTES.get(args.workload, notes_of)
     notes = [notes_of[p] for p in peers if p in notes_of] + list(skipped.values())
-    notes += _workload_notes(args.workload, summarize(peers, runs))
+    summary = summarize(peers, runs)
+    notes += _workload_notes(args.workload, summary)
     notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
-    own = _own_memory_note(summarize(peers, runs), args.epochs)
+    own = _own_memory_note(summary, args.epochs)
     if own:
         notes.append(own)
     mem = next((r["memory"] for r in runs if r["peer"] == "raydl" and r.get("memory")), None)
