@@ -19,7 +19,6 @@ __all__ = [
     "native_disabled",
     "ray_address",
     "ray_worker_niceness",
-    "shared_batches",
     "simd_cap",
 ]
 
@@ -27,12 +26,6 @@ __all__ = [
 def native_disabled() -> bool:
     """RAYDL_DISABLE_NATIVE=1 forces the numpy/Pillow fallback (for tests and debugging)."""
     return os.environ.get("RAYDL_DISABLE_NATIVE", "") not in ("", "0")
-
-
-def shared_batches() -> bool:
-    """RAYDL_SHARED_BATCHES=0 sends every batch through Ray's object store, even to a reader on the worker's
-    node (by default it maps the worker's shared memory: raydl/util/shared.py). Read by the iterator."""
-    return os.environ.get("RAYDL_SHARED_BATCHES", "1").strip() not in ("0", "false", "no")
 
 
 _SIMD_LEVELS = {"portable": 0, "avx2": 1, "avx512": 2}

@@ -349,13 +349,10 @@ def _memory_note(mem: dict) -> str:
     mib = 1 << 20
     arrays = mem["worker_batch_arrays"]
     counts = mem["worker_batch_array_count"]
-    slots, slot_counts = mem.get("worker_shared_slots", []), mem.get("worker_shared_slot_count", [])
     return (
-        f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; shared-memory batch slots "
-        f"{sum(slots) / mib:.0f} MiB in {len(slots)} worker(s) ({sum(slot_counts)} slots: the batches in "
-        f"flight and held by readers on the worker's node); reused batch arrays {sum(arrays) / mib:.0f} MiB "
-        f"({sum(counts)} arrays, one per concurrent batch call for a reader on another node); object store "
-        f"at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches to other nodes "
+        f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; reused batch arrays "
+        f"{sum(arrays) / mib:.0f} MiB in {len(arrays)} worker(s) ({sum(counts)} arrays, one per concurrent "
+        f"batch call); object store at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches "
         f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)"
     )
 
@@ -371,7 +368,7 @@ def _process_note(run: dict) -> str:
     ours = sum(mib for kind, mib in by.items() if not ray_service(kind))
     return (
         f"raydl peak PSS by process, round {run['round']} (MiB; 'this process' is the driver; "
-        f"'shared': its share of shared-memory pages, i.e. the batches' shared slots and the object store): "
+        f"'shared': its share of shared-memory pages, i.e. the object store's batches): "
         f"{parts}; raydl's processes {ours:.0f}, Ray's own {sum(by.values()) - ours:.0f}"
     )
 

@@ -27,7 +27,6 @@ import numpy as np
 import ray
 
 from raydl.consume.formats import check_batch_format, format_batches
-from raydl.env import shared_batches
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
 from raydl.plan.failures import ErrorPolicy, Failure
@@ -43,7 +42,6 @@ from raydl.plan.order import (
 from raydl.plan.scheduling import choose_worker, prefetch_depth
 from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
 from raydl.plan.timeouts import batch_timeout
-from raydl.util import shared
 
 if TYPE_CHECKING:
     from raydl.execute.coordinator import WorkerInfo
@@ -146,8 +144,6 @@ class DataIterator:
             int, tuple[ray.ObjectRef | Future, WorkerInfo, int]
         ] = {}  # k -> (ref, worker, attempt)
         self._node = ray.get_runtime_context().get_node_id()
-        # Worker name -> whether this process maps its shared memory (raydl/util/shared.py); None: never
-        self._shares: dict[str, bool] | None = {} if shared_batches() else None
         self._stats = IteratorStats(rank=rank)
         self._created = time.perf_counter()
         self._logged: set[str] = set()  # URIs of failed samples logged so far (each once)
@@ -227,41 +223,10 @@ class DataIterator:
         for _ref, pw, _a in self._pending.values():
             inflight[pw.name] = inflight.get(pw.name, 0) + 1
         w = workers[choose_worker([(x.name, x.node_id) for x in workers], inflight, self._node)]
-        call = w.handle.run_batch
-        ref = call.remote(task, True) if self._shares_with(w) else call.remote(task)
-        self._pending[task.index] = (ref, w, attempt)
-
-    def _shares_with(self, worker: WorkerInfo) -> bool:
-        """Whether `worker` makes this rank's batches in its shared memory, which this process maps: on
-        this node, where its probe maps (once per worker), unless RAYDL_SHARED_BATCHES=0."""
-        if self._shares is None or worker.node_id != self._node:
-            return False
-        ok = self._shares.get(worker.name)
-        if ok is None:
-            try:
-                ok = shared.probe(ray.get(worker.handle.shared_probe.remote(), timeout=60))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                return False  # it died or is busy: asked again with its next batch
-            except AttributeError:  # not a LoaderWorker (a stand-in without the method): nothing to say
-                self._shares[worker.name] = False
-                return False
-            except ray.exceptions.RayError:  # it cannot (no memfd on this system)
-                ok = False
-            if not ok:
-                logger.warning(
-                    "rank %d: cannot map the shared memory of loader worker %s (/proc/PID/fd); its batches "
-                    "come through the object store",
-                    self._rank,
-                    worker.name,
-                )
-            self._shares[worker.name] = ok
-        return ok
+        self._pending[task.index] = (w.handle.run_batch.remote(task), w, attempt)
 
     def _drop_pending(self) -> None:
-        """Forget the batches in flight; their workers free the shared slots of those made on this node."""
-        for ref, worker, _attempt in self._pending.values():
-            if not isinstance(ref, Future) and self._shares and self._shares.get(worker.name):
-                worker.handle.free_shared.remote(ref)
+        """Forget the batches in flight (their objects go once no reference is left)."""
         self._pending.clear()
 
     def _failed(self, k: int, worker: WorkerInfo, cause: BaseException, exc: BaseException) -> NoReturn:
@@ -293,15 +258,12 @@ class DataIterator:
                 except Exception as exc:  # noqa: BLE001 - named by _failed
                     self._failed(k, worker, exc, exc)
             try:
-                result = ray.get(ref, timeout=wait)
-                shared.attach_batch(result.batch)  # views of the worker's memory where it made them there
-                return result
+                return ray.get(ref, timeout=wait)
             except ray.exceptions.GetTimeoutError as exc:
                 raise self._timeout(k, timeout, worker) from exc
             except ray.exceptions.RayTaskError as exc:  # the worker raised: not a sample it could skip
                 self._failed(k, worker, exc.cause, exc)
-            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, OSError) as exc:
-                # OSError: the worker's shared memory is gone (the worker died after making the batch)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 if attempt + 1 >= _MAX_ATTEMPTS:
                     raise LoaderError(
                         f"rank {self._rank}: batch {k} of epoch {self._epoch} failed {attempt + 1} times; "

@@ -61,7 +61,6 @@ from raydl.plan import scheduling
 from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.mix import MixPlan, SourcePlan, mix_shares
 from raydl.plan.order import bucket_batch_count
-from raydl.util import shared
 from raydl.util.arrow import int_column
 
 if TYPE_CHECKING:
@@ -343,10 +342,8 @@ class Loader:
 
     def memory(self) -> dict:
         """Where this loader's memory goes, in bytes: each worker's reused batch arrays (one per
-        concurrent batch call for a reader on another node), its shared-memory slots (the batches it
-        made for readers on its node, in flight or held), the object store's share (at most prefetch
-        depth + 1 batches per rank in flight or in use), and the catalog (one copy in the object store,
-        mapped by all)."""
+        concurrent batch call), the object store's share (at most prefetch depth + 1 batches per rank in
+        flight or in use), and the catalog (one copy in the object store, mapped by all)."""
         workers = self.workers()
         per_worker = ray.get([w.handle.memory.remote() for w in workers], timeout=30) if workers else []
         depth = scheduling.prefetch_depth(
@@ -359,9 +356,6 @@ class Loader:
             "batch_bytes": self.batch_bytes,
             "worker_batch_arrays": [m["batch_arrays"] for m in per_worker],
             "worker_batch_array_count": [m["batch_arrays_count"] for m in per_worker],
-            # the batches made in shared memory for readers on the worker's node (raydl/util/shared.py)
-            "worker_shared_slots": [m["shared_slots"] for m in per_worker],
-            "worker_shared_slot_count": [m["shared_slots_count"] for m in per_worker],
             "object_store_batches_max": (depth + 1) * self.batch_bytes * self.config.world_size,
             "catalog": self._catalog_bytes,
         }
@@ -416,7 +410,6 @@ class Loader:
             if self._bootstrap is not None:
                 self._bootstrap.close()
                 self._bootstrap = None
-        shared.close_idle()  # this process's idle mappings of the workers' batch memory (none is viewed)
         if not self._owner:
             return
         self._launch_now.set()  # a launch still waiting sees _closed and starts nothing

@@ -35,6 +35,7 @@ import ctypes
 import dataclasses
 import math
 import os
+import queue
 import sys
 import threading
 import weakref
@@ -62,7 +63,6 @@ from raydl.storage.fetch import Block, IOPool, coalesce
 from raydl.util.arrow import StringColumn, int_column
 from raydl.util.memory import populated_empty
 from raydl.util.process import process_name
-from raydl.util.shared import Slots, described
 
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "WorkerSpec"]
 
@@ -137,9 +137,9 @@ class LoaderWorker:
         self._name = process_name()
         self._free_lock = threading.Lock()
         self._free: list[np.ndarray] = []  # batch buffers not in use
+        self._returned: queue.SimpleQueue = queue.SimpleQueue()  # given back while _free_lock was held
         self._dropped = False  # drop_buffers() was called
         self._buffers: list[np.ndarray] = []  # every batch buffer made, for memory()
-        self._slots: Slots | None = None  # shared-memory batch slots for readers on this node, made on demand
         self._membership = 0
         self._mixer = None
         if mix is not None:
@@ -170,44 +170,21 @@ class LoaderWorker:
         }
 
     def memory(self) -> dict:
-        """Bytes this worker holds between batches: its reused batch buffers (one per batch call in flight
-        whose reader is on another node), its shared-memory slots (batches in flight or held by a reader
-        on this node) and the catalog columns it keeps (the table itself is a view of the object store)."""
-        shared, slots = self._slots.nbytes() if self._slots is not None else (0, 0)
+        """Bytes this worker holds between batches: its reused batch buffers (one per batch call in flight)
+        and the catalog columns it keeps (the table itself is a view of the object store)."""
         return {
             "batch_arrays": sum(b.nbytes for b in self._buffers),
             "batch_arrays_count": len(self._buffers),
-            "shared_slots": shared,
-            "shared_slots_count": slots,
             "catalog_columns": self._catalog.nbytes,
         }
-
-    def shared_probe(self):
-        """A SharedArray a reader tests with `raydl.util.shared.probe`: can it map this worker's slots?"""
-        return self._shared_slots().probe()
-
-    def free_shared(self, result: BatchResult) -> None:
-        """A result its reader dropped unread (e.g. a prefetched batch before load_state_dict): its slot is
-        free again. Ray hands over the result itself (the caller passes its ObjectRef)."""
-        if self._slots is not None:
-            self._slots.free_described(described(result.batch))
-
-    def _shared_slots(self) -> Slots:
-        with self._free_lock:
-            if self._slots is None:
-                self._slots = Slots()
-            return self._slots
 
     def thread_ids(self) -> list[int]:
         """Native ids of the decode and IO threads started so far (to set their priority)."""
         pools = (self._pool, self._io._pool)
         return [t.native_id for pool in pools for t in list(pool._threads) if t.native_id is not None]
 
-    def run_batch(self, task: BatchTask, shared: bool = False) -> BatchResult:
-        """Make the batch `task` names. shared: its reader is on this node and can map this worker's
-        memory (raydl/util/shared.py): the decoded images are made in a shared slot and the result
-        carries where they lie in it, not their bytes (no private buffer, no copy into the object
-        store)."""
+    def run_batch(self, task: BatchTask) -> BatchResult:
+        """Make the batch `task` names; its arrays go into Ray's object store as they are."""
         n = len(task.ids)
         # One flat buffer holds every decoded image field of the batch (aspect buckets: the shapes vary per
         # batch); each field's array is a view of it, 64-byte aligned.
@@ -217,9 +194,6 @@ class LoaderWorker:
             size = math.prod((n, *slot)) * dtype.itemsize
             layout.append((name, dtype, (n, *slot), nbytes, size))
             nbytes += -(-size // 64) * 64
-        leased = self._shared_slots().lease(max(nbytes, 1)) if shared and not self._handoff else None
-        if leased is not None:  # None: every slot is held; through the object store, as without shared
-            return self._run_shared(task, layout, *leased)
         buf = self._lease(max(nbytes, 1))
         flat = buf[: max(nbytes, 1)]
         if self._handoff:
@@ -247,25 +221,6 @@ class LoaderWorker:
         if self._mixer is not None:
             return self._mixer.run(task, images, _run_together)
         (result,) = _run_together([(self, task, images)])
-        return result
-
-    def _run_shared(self, task: BatchTask, layout: list, slot, number: int) -> BatchResult:
-        """run_batch into shared slot `slot` (holding batch `number`): each array of the result that lies
-        in the slot is sent as a SharedArray; the slot is free again at once when none does (or the batch
-        failed)."""
-        try:
-            result = self._run_into(task, slot.data, layout)
-            sent = False
-            for name, value in list(result.batch.items()):
-                desc = slot.describe(value, number) if isinstance(value, np.ndarray) else None
-                if desc is not None:
-                    result.batch[name] = desc
-                    sent = True
-        except BaseException:
-            self._slots.free(slot, number)
-            raise
-        if not sent:  # failed rows left out (a copy), or the user's map_batches made new arrays
-            self._slots.free(slot, number)
         return result
 
     def _outputs(self, bucket: tuple[int, int] | None) -> list[tuple[str, bool, np.dtype, tuple[int, ...]]]:
@@ -445,6 +400,7 @@ class LoaderWorker:
         calls in flight at once, not one per Ray call thread.
         """
         with self._free_lock:
+            self._collect_returned()
             for i, buf in enumerate(self._free):
                 if buf.nbytes >= nbytes:
                     return self._free.pop(i)
@@ -455,22 +411,45 @@ class LoaderWorker:
         return buf
 
     def _release(self, buf: np.ndarray) -> None:
-        with self._free_lock:
-            # Handed-off buffers: at most one waits for the next batch (the caller's and the batches in
-            # flight hold the rest), so the pool adds at most one batch of memory, and none after
-            # drop_buffers().
-            if self._handoff and self._dropped:
+        """Give a batch buffer back. A finalizer calls this, and the garbage collector may run one inside
+        any allocation, also while this thread holds `_free_lock`: so it never waits for the lock; when
+        the lock is held, the buffer waits in `_returned` (a SimpleQueue, safe to put into from there) for
+        the next lease."""
+        if not self._free_lock.acquire(blocking=False):
+            self._returned.put(buf)
+            return
+        try:
+            self._keep(buf)
+        finally:
+            self._free_lock.release()
+
+    def _collect_returned(self) -> None:
+        """Buffers given back while the lock was held, onto the free list (call with `_free_lock` held)."""
+        while True:
+            try:
+                buf = self._returned.get_nowait()
+            except queue.Empty:
                 return
-            if self._handoff and self._free:
-                if buf.nbytes > self._free[0].nbytes:  # keep the larger: bucket batches vary in size
-                    self._free[0] = buf
-                return
-            self._free.append(buf)
+            self._keep(buf)
+
+    def _keep(self, buf: np.ndarray) -> None:
+        """Put a buffer given back on the free list (call with `_free_lock` held)."""
+        # Handed-off buffers: at most one waits for the next batch (the caller's and the batches in
+        # flight hold the rest), so the pool adds at most one batch of memory, and none after
+        # drop_buffers().
+        if self._handoff and self._dropped:
+            return
+        if self._handoff and self._free:
+            if buf.nbytes > self._free[0].nbytes:  # keep the larger: bucket batches vary in size
+                self._free[0] = buf
+            return
+        self._free.append(buf)
 
     def drop_buffers(self) -> None:
         """Free the buffers kept for reuse now, and keep none from here on (the Loader's bootstrap, done)."""
         with self._free_lock:
             self._dropped = True
+            self._collect_returned()
             self._free.clear()
 
 

@@ -223,3 +223,18 @@ def test_a_failed_batch_returns_only_once_none_of_its_tasks_still_writes(image_f
         worker.run_batch(task)
     assert faulty.active == 0
     assert len(worker._free) == 1  # its buffer is back in the pool, and nothing writes there any more
+
+
+def test_a_buffer_given_back_while_its_lock_is_held_waits_for_the_next_lease(image_folder):
+    """The garbage collector may run a batch's finalizer inside any allocation, also while the same thread holds
+    the free list's lock (inside a lease): giving the buffer back then never waits on that lock, and the next
+    batch still gets the buffer."""
+    worker, _ = _worker(image_folder)
+    result = worker.run_batch(_task(range(8), 0))
+    first = result.batch["image"].__array_interface__["data"][0]
+    with worker._free_lock:  # as inside _lease, when a collection runs the finalizer there
+        del result
+        gc.collect()
+    again = worker.run_batch(_task(range(8), 1))
+    assert again.batch["image"].__array_interface__["data"][0] == first
+    assert worker.memory()["batch_arrays_count"] == 1
