@@ -7,7 +7,7 @@
 
 The public names are imported on first use (PEP 562): a process that only
 needs one module (the loader's coordinator actor, which imports
-raydl.execute.coordinator) does not pay for numpy, pyarrow, Pillow and the
+raydl.actors.coordinator) does not pay for numpy, pyarrow, Pillow and the
 rest at start-up.
 """
 

@@ -1,7 +1,10 @@
-"""read_* entry points and Dataset, the lazy description of a pipeline.
+"""read_* entry points, `mix`, and Dataset, the lazy description of a pipeline.
 
 Nothing runs until `.loader(...)`: a Dataset is a catalog plus a tuple of
-declarative stages, and printing it shows every stage.
+declarative stages, and printing it shows every stage. Every Dataset describes
+a mixture of one or more members (`mixture()`): one dataset read as it is, one
+drawn by per-sample weights (`with_weights`, a mix of one), or several mixed by
+weight (`raydl.mix`); the loader reads every one of them the same way.
 """
 
 from __future__ import annotations
@@ -195,9 +198,16 @@ class Dataset:
     #: per-sample weights (with_weights), one float64 per sample, and the epoch they draw; None: none
     weights: np.ndarray | None = field(default=None, compare=False, repr=False)
     epoch_size: int | None = None
+    #: the mix this dataset is, made by `raydl.mix` (its members keep their own stages); None: one dataset
+    mix: Mixture | None = field(default=None, repr=False)
 
     def _with(self, stage: Stage) -> Dataset:
         """This dataset with `stage` added; a ValueError naming the stage when it is out of order."""
+        if self.mix is not None:
+            raise ValueError(
+                f".{stage.method}() on a mix: give each dataset its stages before raydl.mix(...) "
+                "(each keeps its own)"
+            )
         stages = self.stages + (stage,)
         check_pipeline_order(stages)  # here, at the call that makes the mistake, not at loader()
         return replace(self, stages=stages)
@@ -215,6 +225,8 @@ class Dataset:
         """
         from raydl.describe.mixing import check_sample_weights
 
+        if self.mix is not None:
+            raise ValueError("with_weights() on a mix: weight the datasets inside it, then mix them")
         what = f"with_weights() on {self.catalog.source.name} {self.catalog.root!r}"
         if isinstance(weights, str):
             from raydl.sources.parquet import ParquetSource, read_column
@@ -300,6 +312,8 @@ class Dataset:
 
     def bucket_counts(self) -> dict[tuple[int, int], int]:
         """How many images go to each bucket (H, W), from the images' sizes, in bucket order."""
+        if self.mix is not None:
+            raise ValueError("bucket_counts() on a mix: call it on each dataset before mixing")
         stage = next((st for st in self.stages if isinstance(st, AspectBuckets)), None)
         if stage is None:
             raise ValueError("bucket_counts() needs .aspect_buckets(...) in the pipeline")
@@ -357,21 +371,28 @@ class Dataset:
 
     def loader_from_config(self, config: LoaderConfig) -> Loader:
         """As `loader(...)`, with the settings in a LoaderConfig (e.g. from `load_loader_config`)."""
-        if self.weights is not None:  # a weighted draw is a mix of one source
-            return Loader(self._mixture(), None, config)
-        return Loader(self.catalog, compile_pipeline(self.stages), config)
+        return Loader(self.mixture(), None, config)
+
+    def mixture(self) -> Mixture:
+        """What this dataset describes: its members, their weights, the epoch size and the batching."""
+        if self.mix is not None:
+            return self.mix
+        if self.weights is not None:  # a weighted draw is a mix of one member
+            return Mixture((self._member("0"),), (1.0,), self.epoch_size, labelled=False)
+        return Mixture.one(self.catalog, compile_pipeline(self.stages))
 
     def _member(self, name: str) -> Member:
         return Member(name, self.catalog, compile_pipeline(self.stages), self.weights)
 
-    def _mixture(self) -> Mixture:
-        return Mixture((self._member("0"),), (1.0,), self.epoch_size, labelled=False)
-
     def __len__(self) -> int:
-        """Samples in an epoch: the catalog's, or with_weights' epoch_size."""
+        """Samples in an epoch: the catalog's, with_weights' epoch_size, or the mix's."""
+        if self.mix is not None:
+            return self.mix.epoch_size
         return len(self.catalog) if self.epoch_size is None else self.epoch_size
 
     def __repr__(self) -> str:
+        if self.mix is not None:
+            return _mix_repr(self.mix)
         c = self.catalog
         classes = str(len(c.classes))
         # Labels without names: counted where the driver has them (image folders), else read with the samples
@@ -420,7 +441,7 @@ def mix(
     for name, ds in datasets.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"mix(): dataset names must be non-empty strings, got {name!r}")
-        if isinstance(ds, MixedDataset):
+        if isinstance(ds, Dataset) and ds.mix is not None:
             raise ValueError(f"mix(): {name!r} is a mix itself; mix its datasets in one raydl.mix() call")
         if not isinstance(ds, Dataset):
             raise ValueError(f"mix(): {name!r} is a {type(ds).__name__}, not a raydl Dataset")
@@ -442,45 +463,20 @@ def mix(
         batching,
     )
     first = next(iter(datasets.values()))
-    return MixedDataset(first.catalog, (), mixture=mixture)
+    return Dataset(first.catalog, (), mix=mixture)
 
 
-@dataclass(frozen=True)
-class MixedDataset(Dataset):
-    """What `raydl.mix` returns: a Dataset whose loader mixes its datasets (stages go on each one before)."""
-
-    mixture: Mixture | None = None
-
-    def _with(self, stage: Stage) -> Dataset:
-        raise ValueError(
-            f".{stage.method}() on a mix: give each dataset its stages before raydl.mix(...) "
-            "(each keeps its own)"
+def _mix_repr(m: Mixture) -> str:
+    total = sum(m.weights)
+    lines = [f"Mix(samples={m.epoch_size}, batching={m.batching!r})"]
+    for member, w in zip(m.members, m.weights):
+        c = member.catalog
+        weighted = ", per-sample weights" if member.weights is not None else ""
+        lines.append(
+            f"  {member.name!r} weight={w / total:.4g}{weighted}: {c.source.name} {c.root!r}, "
+            f"samples={len(c)}"
         )
-
-    def with_weights(self, weights, *, epoch_size: int | None = None) -> Dataset:
-        raise ValueError("with_weights() on a mix: weight the datasets inside it, then mix them")
-
-    def bucket_counts(self) -> dict[tuple[int, int], int]:
-        raise ValueError("bucket_counts() on a mix: call it on each dataset before mixing")
-
-    def loader_from_config(self, config: LoaderConfig) -> Loader:
-        return Loader(self.mixture, None, config)
-
-    def __len__(self) -> int:
-        return self.mixture.epoch_size
-
-    def __repr__(self) -> str:
-        m = self.mixture
-        total = sum(m.weights)
-        lines = [f"Mix(samples={m.epoch_size}, batching={m.batching!r})"]
-        for member, w in zip(m.members, m.weights):
-            c = member.catalog
-            weighted = ", per-sample weights" if member.weights is not None else ""
-            lines.append(
-                f"  {member.name!r} weight={w / total:.4g}{weighted}: {c.source.name} {c.root!r}, "
-                f"samples={len(c)}"
-            )
-        return "\n".join(lines)
+    return "\n".join(lines)
 
 
 def _options_signature(method, config: type) -> inspect.Signature:

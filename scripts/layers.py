@@ -4,8 +4,10 @@
     python3 scripts/layers.py              # from the repository root: the counts
     python3 scripts/layers.py --floors     # and each floor's modules
 
-Every raydl import counts, at the top of a module or inside a function (a lazy
-import is still a dependency); imports under `if TYPE_CHECKING:` do not. A
+Every raydl import counts, at the top of a module, inside a function (a lazy
+import is still a dependency) or under `if TYPE_CHECKING:` (a type-only import
+is a dependency too: the module cannot be read without the other);
+`--no-type-only` leaves those out, to compare. A
 package's __init__.py counts as the package, and a module's import of its own
 package (from inside it) is left out. A module's floor is 0 when it
 imports nothing of raydl, else one above the highest floor it imports; the
@@ -57,14 +59,15 @@ def _targets(node: ast.AST, module: str, is_package: bool, known: set[str]) -> I
                 yield target
 
 
-def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    """module -> the package's modules it imports (lazy imports included, TYPE_CHECKING ones not)."""
+def import_graph(package_dir: Path, *, type_only: bool = True) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (lazy and, unless `type_only` is False, TYPE_CHECKING
+    ones included)."""
     files = {module_name(package_dir, p): p for p in sorted(package_dir.rglob("*.py"))}
     known = set(files)
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_checking_nodes(tree)
+        skip = _type_checking_nodes(tree) if not type_only else set()
         is_package = path.name == "__init__.py"
         graph[module] = {
             t
@@ -140,6 +143,18 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
     return {m: visit(group[m]) for m in graph}
 
 
+def _type_only_imports(package_dir: Path) -> Iterator[str]:
+    """The modules that import something of the package under `if TYPE_CHECKING:` (one per import)."""
+    files = {module_name(package_dir, p): p for p in sorted(package_dir.rglob("*.py"))}
+    known = set(files)
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skip and any(True for _ in _targets(node, module, path.name == "__init__.py", known)):
+                yield module
+
+
 def longest_function(package_dir: Path) -> tuple[int, str]:
     """(lines, "module:function") of the longest function or method in the package."""
     best = (0, "")
@@ -155,18 +170,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package", default=str(ROOT / "raydl"), help="the package folder (default: raydl/)")
     parser.add_argument("--floors", action="store_true", help="also list each floor's modules")
+    parser.add_argument(
+        "--no-type-only", action="store_true", help="leave out imports under `if TYPE_CHECKING:` (to compare)"
+    )
     args = parser.parse_args(argv)
     package_dir = Path(args.package)
-    graph = import_graph(package_dir)
+    graph = import_graph(package_dir, type_only=not args.no_type_only)
     floor = floors(graph)
     arrows = [(m, t) for m, targets in graph.items() for t in targets]
     up = [(m, t) for m, t in arrows if floor[t] >= floor[m]]
     found = circles(graph)
     lines, where = longest_function(package_dir)
+    type_only = sum(1 for _ in _type_only_imports(package_dir))
     print(f"modules (rooms): {len(graph)}")
     print(f"floors: {max(floor.values()) + 1}")
     print(f"import arrows: {len(arrows)}, running back up: {len(up)}")
     print(f"import circles: {len(found)}" + "".join(f"\n  {len(c)} modules: {', '.join(c)}" for c in found))
+    print(f"type-only imports (under TYPE_CHECKING): {type_only}" + (" (left out)" if args.no_type_only else ""))
     print(f"longest function: {lines} lines ({where})")
     if args.floors:
         for level in range(max(floor.values()) + 1):

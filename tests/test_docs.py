@@ -476,7 +476,7 @@ def test_every_documented_error_is_worded_as_in_the_code(tmp_path):
 def _cache_triggers(tmp: Path) -> dict[str, list]:
     """The node cache's option errors and its unwritable folder on the driver's node (issue 20)."""
     import raydl
-    from raydl.execute.loader import _check_cache
+    from raydl.actors.launch import check_cache as _check_cache
     from raydl.options import LoaderConfig
 
     (tmp / "not-a-dir").write_text("x")
@@ -501,7 +501,7 @@ def _record_triggers(tmp: Path) -> dict[str, list]:
     from raydl.describe.fields import Field
     from raydl.describe.records import Map, MapBatches, check_pipeline_order
     from raydl.describe.transforms import CenterCrop, Decode
-    from raydl.execute.collate import collate
+    from raydl.batch.collate import collate
 
     make_images(str(tmp / "rec"), 4, classes=2, seed=0, corrupt=0)
     rows = raydl.read_parquet(write_parquet(str(tmp / "rec"), str(tmp / "rec-pq")), columns=["label"])
@@ -525,9 +525,9 @@ def _mix_triggers(tmp: Path) -> dict[str, list]:
     import numpy as np
 
     import raydl
-    from raydl.consume.iterator import _check_mix_state
+    from raydl.plan.state import check_mix_state as _check_mix_state
     from raydl.demo import make_images
-    from raydl.execute.mixer import Mixer
+    from raydl.batch.mixing import Mixing as Mixer
     from raydl.plan.tasks import BatchTask
 
     make_images(str(tmp / "mixa"), 4, classes=2, seed=0, corrupt=0)

@@ -29,7 +29,6 @@ import argparse
 import io
 import json
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
@@ -64,13 +63,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-# -- stubs: the loader and its workers, minus Ray and data ----------------------------------
+# -- stubs: the worker pool and its workers, minus Ray and data ------------------------------
 @dataclass(frozen=True)
 class _StubCall:
     result: dict  # extra BatchResult fields, shared by every stub worker (the membership version)
 
     def remote(self, task):
-        from raydl.execute.worker import BatchResult
+        from raydl.plan.tasks import BatchResult
 
         ids = task.ids.astype(np.int64, copy=False)
         return BatchResult(
@@ -89,48 +88,49 @@ def _dry_iterator_class():
     class DryIterator(DataIterator):
         """The real loop; a stub result is its own ref, so `_get` hands it back without Ray."""
 
-        def _get(self, task_of, k, timeout_s):
+        def _get(self, k, timeout):
             return self._pending[k][0]
 
     return DryIterator
 
 
-def _dry_loader(config, num_samples: int, workers: list, coordinator_calls: list[str]):
-    """A Loader object without actors: its coordinator calls are counted, not sent."""
-    from raydl.execute.loader import Loader
+class _DryPool:
+    """The WorkerPool protocol over stub workers: its calls to the coordinator are counted, not sent."""
 
-    loader = Loader.__new__(Loader)
-    loader.config, loader.num_samples, loader.fingerprint = config, num_samples, "0" * 32
-    loader.samples_fingerprint = "0" * 32
-    loader.shuffle_window, loader.part_counts = 0, None  # one shuffle over every sample
-    loader.mix, loader.mix_state = None, None  # one dataset, not a mix
-    # No buckets
-    loader.buckets, loader.bucket_of, loader.unlisted, loader.plan_units = (
-        None,
-        None,
-        (),
-        num_samples,
-    )
-    loader._lock, loader._closed, loader._owner = threading.Lock(), False, False
-    loader.batch_bytes, loader.object_store_budget = 1, 1 << 40
-    loader._version, loader._workers, loader._fetched = 1, list(workers), time.monotonic()
-    loader._starting, loader._bootstrap, loader._events_seen = {}, None, 0  # workers are up; no warnings
-    loader._started_at = time.monotonic()
+    object_store_budget = 1 << 40
 
-    def call(method, *args):
-        coordinator_calls.append(method)
-        return _MEMBERSHIP.get("membership", 1), list(workers), []  # (version, workers, warnings)
+    def __init__(self, workers: list, coordinator_calls: list[str]) -> None:
+        self._workers, self._calls, self._version = list(workers), coordinator_calls, 1
 
-    loader._call = call
-    return loader
+    def runners(self) -> list:
+        return self._workers
+
+    def sync(self, version: int) -> None:
+        if version > self._version:  # the Loader asks the coordinator for the list once per change
+            self._calls.append("workers")
+            self._version = version
+
+    def replace(self, dead) -> list:
+        self._calls.append("report_dead")
+        return self._workers
+
+
+def _dry_plan(config, num_samples: int):
+    """The plan of `num_samples` samples, all shuffled together (as of an image folder)."""
+    from raydl.plan.failures import ErrorPolicy
+    from raydl.plan.loader_plan import LoaderPlan
+    from raydl.plan.orders import SampleOrder
+
+    order = SampleOrder(num_samples, "0" * 32)
+    return LoaderPlan(config, order, num_samples, "0" * 32, ErrorPolicy(config.on_error))
 
 
 _MEMBERSHIP: dict = {}  # the stub coordinator's worker-list version, as the stub workers report it
 
 
 def _workers(nodes: int, per_node: int):
-    from raydl.execute.coordinator import WorkerInfo
-    from raydl.execute.worker import BatchResult
+    from raydl.plan.scheduling import WorkerInfo
+    from raydl.plan.tasks import BatchResult
 
     _MEMBERSHIP.clear()
     if "membership" in BatchResult.__dataclass_fields__:
@@ -157,44 +157,36 @@ def measure_loop(
     Half-way the worker list changes once (a node joins): the calls that change
     costs are counted apart from the steady state's.
 
-    `seconds_per_batch` is how long a trainer takes per batch: the loader may refresh
-    its worker list on a clock, so calls per batch are reported at that pace.
+    `seconds_per_batch` is how long a trainer takes per batch: the calls per second of all ranks are
+    reported at that pace (the calls themselves follow the list's changes, not a clock).
     """
     from raydl.options import LoaderConfig
 
     config = LoaderConfig(batch_size=batch_size, world_size=ranks, seed=0, prefetch_batches=2)
     calls: list[str] = []
     workers = _workers(nodes, per_node)
-    loader = _dry_loader(config, samples, workers, calls)
-    it = _dry_iterator_class()(loader, ranks - 1)
+    plan = _dry_plan(config, samples)
+    it = _dry_iterator_class()(plan, _DryPool(workers, calls), ranks - 1)
     it._node = workers[-1].node_id  # the rank sits on the last node, beside its workers
-    done, loop_s, plan_s, steady = 0, 0.0, 0.0, 0
-    clock = _VirtualClock()
-    with clock.patch():
-        while done < batches:
-            # CPU time of this thread: what the loop costs, whatever the machine's load
-            t0 = time.thread_time()
-            for _batch in it.iter_batches():
-                done += 1
-                clock.advance(seconds_per_batch)
-                if done == batches // 2:
-                    steady = len(calls)
-                    if "membership" in _MEMBERSHIP:
-                        _MEMBERSHIP["membership"] += 1
-                if done >= batches:
-                    break
-            loop_s += time.thread_time() - t0
-        from raydl.plan.order import EpochOrder, EpochPlan, augmentation_seeds
-
-        plan = EpochPlan(samples, ranks, batch_size, False)
+    done, loop_s, steady = 0, 0.0, 0
+    while done < batches:
+        # CPU time of this thread: what the loop costs, whatever the machine's load
         t0 = time.thread_time()
-        for k in range(batches):
-            order = EpochOrder(
-                samples, seed=0, epoch=k // plan.batches_per_rank, shuffle=True, fingerprint="0" * 32
-            )
-            ids = plan.batch_ids(order, ranks - 1, k % plan.batches_per_rank)
-            augmentation_seeds(ids, seed=0, epoch=0)
-        plan_s = time.thread_time() - t0
+        for _batch in it.iter_batches():
+            done += 1
+            if done == batches // 2:
+                steady = len(calls)
+                if "membership" in _MEMBERSHIP:
+                    _MEMBERSHIP["membership"] += 1
+            if done >= batches:
+                break
+        loop_s += time.thread_time() - t0
+    per_rank = plan.batches_per_rank()
+    fresh = _dry_plan(config, samples)  # no epoch order computed yet, as a rank's first batch finds it
+    t0 = time.thread_time()
+    for k in range(batches):
+        fresh.task(ranks - 1, k // per_rank, k % per_rank)
+    plan_s = time.thread_time() - t0
     return {
         "ranks": ranks,
         "nodes": nodes,
@@ -206,49 +198,13 @@ def measure_loop(
     }
 
 
-class _VirtualClock:
-    """time.monotonic as the loader sees it: advanced by the simulated trainer, not by the wall."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def patch(self):
-        import contextlib
-
-        import raydl.execute.loader as loader_module
-
-        clock = self
-
-        class _Time:
-            def __getattr__(self, name):
-                return getattr(time, name)
-
-            @staticmethod
-            def monotonic():
-                return clock.now
-
-        @contextlib.contextmanager
-        def patched():
-            real = loader_module.time
-            loader_module.time = _Time()
-            try:
-                yield
-            finally:
-                loader_module.time = real
-
-        return patched()
-
-
 def measure_ray_call(batch_size: int, calls: int = 200) -> tuple[float, float]:
     """(CPU seconds the calling process spends, wall seconds) per `run_batch.remote(task)` + `ray.get` of a
     tiny result, on a real actor. The CPU time (all the caller's threads) is the cost a rank pays; the wall
     time is latency, which prefetching hides, and which a loaded machine inflates."""
     import ray
 
-    from raydl.execute.worker import BatchTask
+    from raydl.plan.tasks import BatchTask
 
     @ray.remote(num_cpus=0)
     class Echo:

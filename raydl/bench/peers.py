@@ -83,7 +83,6 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
             threads_per_worker=spec.cpus if spec.nodes <= 1 else None,
         )
         t2 = time.perf_counter()
-        boot = loader._bootstrap  # the driver's own first batches, while the workers start
 
         def timed(batch):
             if len(batch["id"]) != batch["image"].shape[0]:
@@ -91,7 +90,7 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
             if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
                 now = time.perf_counter()
                 phases = {"listing": t1 - t0, "loader()": t2 - t1}
-                task = boot.first_task if boot is not None else None
+                task = loader.first_local_batch  # made in the driver while the workers started
                 if task is None:  # made by a worker
                     phases["batch"] = now - t2
                 else:  # planned and asked for, made in the driver (the first task), handed over

@@ -1,4 +1,5 @@
-"""A mix of datasets (`raydl.mix`) and per-sample weights (`Dataset.with_weights`), as descriptions.
+"""What a Dataset describes: a mixture of one or more members, mixed by weight (`raydl.mix`) or drawn by
+per-sample weights (`Dataset.with_weights`), or one dataset read as it is.
 
 A Mixture names its members (each a catalog, its own pipeline and maybe
 per-sample weights), their weights, the epoch size and the batching. It checks
@@ -82,7 +83,8 @@ class Member:
 class Mixture:
     """Members mixed by weight into epochs of `epoch_size` samples, batched "stratified" or "per_source".
 
-    `labelled`: batches carry batch["source"] (a mix; not a lone weighted dataset).
+    `labelled`: batches carry batch["source"] (a mix; not a lone weighted dataset). A mixture of one
+    member without weights or label is one dataset read as it is (`single`).
     """
 
     members: tuple[Member, ...]
@@ -105,7 +107,18 @@ class Mixture:
             raise ValueError(f"mix(): every weight is 0 ({dict(zip(self.names, self.weights))})")
         if not isinstance(self.epoch_size, int) or isinstance(self.epoch_size, bool) or self.epoch_size < 1:
             raise ValueError(f"mix(): epoch_size must be a positive int, got {self.epoch_size!r}")
-        self._check_outputs()
+        if not self.single:
+            self._check_outputs()
+
+    @classmethod
+    def one(cls, catalog: Catalog, pipeline: Pipeline) -> Mixture:
+        """One dataset read as it is: its samples in its own order, every epoch all of them."""
+        return cls((Member("0", catalog, pipeline),), (1.0,), len(catalog), labelled=False)
+
+    @property
+    def single(self) -> bool:
+        """One dataset read as it is (no draw by weight, no source label): its plan is the dataset's own."""
+        return len(self.members) == 1 and not self.labelled and self.members[0].weights is None
 
     @property
     def names(self) -> tuple[str, ...]:

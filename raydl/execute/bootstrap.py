@@ -2,7 +2,7 @@
 
 Ray takes seconds to start worker processes; a Loader whose node may host
 workers makes batches itself until the first worker is up, with the same
-LoaderWorker code (so the same pixels), one batch at a time, in plan order.
+BatchMaker code as the workers (so the same pixels), one batch at a time, in plan order.
 Its batches are handed to the caller as they are, with no copy into the object
 store. After the first batch its threads drop to Ray's worker niceness, so the
 worker processes starting beside them are not starved.
@@ -18,23 +18,34 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from raydl.batch.maker import BatchMaker
+from raydl.batch.spec import MixtureSpec
 from raydl.describe.catalog import Catalog
 from raydl.env import ray_worker_niceness
-from raydl.execute.cluster import WorkerInfo
-from raydl.execute.worker import LoaderWorker, WorkerSpec
+from raydl.plan.scheduling import WorkerInfo
 from raydl.util.process import process_name
 
 __all__ = ["Bootstrap", "renice"]
 
 
 class Bootstrap:
-    """Makes batches in the Loader's own process while its workers start (one batch at a time, in order)."""
+    """Makes batches in the Loader's own process while its workers start (one batch at a time, in order).
+
+    Its `info` is a WorkerInfo like a worker's (`in_process`): `info.handle.run_batch.remote(task)` gives a
+    Future of the batch, as an actor's gives an ObjectRef.
+    """
 
     def __init__(
-        self, spec: WorkerSpec, catalog: Catalog, threads: int, node_id: str, *, on_first: Callable[[], None]
+        self,
+        spec: MixtureSpec,
+        catalogs: tuple[Catalog, ...],
+        threads: int,
+        node_id: str,
+        *,
+        on_first: Callable[[], None],
     ) -> None:
-        self._spec, self._catalog, self._threads = spec, catalog, threads
-        self._worker: LoaderWorker | None = None
+        self._spec, self._catalogs, self._threads = spec, catalogs, threads
+        self._worker: BatchMaker | None = None
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="raydl-bootstrap")
         self._on_first = on_first  # called when the first batch is done (or failed)
         self.busy = False  # a batch was asked for and the first is not done yet
@@ -43,7 +54,8 @@ class Bootstrap:
         import ray
 
         name = f"{process_name()} (this process, while the workers start)"
-        self.info = WorkerInfo(None, node_id, name, ray.util.get_node_ip_address())
+        self.run_batch = _Submit(self.submit)
+        self.info = WorkerInfo(self, node_id, name, ray.util.get_node_ip_address(), in_process=True)
 
     def submit(self, task) -> Future:
         self.busy = True
@@ -64,7 +76,7 @@ class Bootstrap:
             if first:
                 # The caller gets the arrays as they are, with no copy into the object store; a batch's
                 # buffer is reused once the caller has dropped it (fresh memory costs a page fault per 4 KiB).
-                self._worker = LoaderWorker(self._spec, self._catalog, self._threads, handoff=True)
+                self._worker = BatchMaker(self._spec, self._catalogs, self._threads, handoff=True)
             result = self._worker.run_batch(task)
         finally:
             if first:
@@ -93,6 +105,13 @@ class Bootstrap:
 
 
 _HAND_OVER_WAIT_S = 0.25
+
+
+class _Submit:
+    """`run_batch.remote(task)`, as on an actor handle, for batches made in this process."""
+
+    def __init__(self, submit: Callable) -> None:
+        self.remote = submit
 
 
 class _Handed(Future):

@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "NodeInfo",
+    "WorkerInfo",
     "bootstrap_threads",
     "choose_worker",
     "decode_threads",
@@ -28,6 +30,18 @@ class NodeInfo:
     node_id: str
     cpus: float
     resources: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A loader worker as ranks and the coordinator know it. `handle` runs batches: `handle.run_batch.remote(
+    task)` (a Ray actor handle; or, with `in_process`, the Loader's own process while its workers start)."""
+
+    handle: Any
+    node_id: str
+    name: str
+    node_ip: str = ""  # the node's address, as Ray knows it (named in a BatchTimeoutError)
+    in_process: bool = False
 
 
 def eligible_nodes(

@@ -149,9 +149,11 @@ def call_with_retries(
 class IOPool:
     """The worker's IO threads, separate from its decode threads: `concurrency` requests in flight at most."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, *, initializer: Callable[[], None] | None = None) -> None:
         self.concurrency = concurrency
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="raydl-io")
+        self._pool = ThreadPoolExecutor(
+            max_workers=concurrency, thread_name_prefix="raydl-io", initializer=initializer
+        )
 
     def submit(self, fn: Callable, *args) -> Future:
         return self._pool.submit(fn, *args)

@@ -331,10 +331,10 @@ def test_train_and_val_loaders_side_by_side_with_default_settings(cluster, image
 
 def test_no_room_names_who_holds_the_cpus(cluster, image_folder, monkeypatch):
     """With a CPU reservation and every CPU held, the loader fails fast, naming the holders and what to change."""
-    import raydl.execute.loader
+    import raydl.actors.launch
     from raydl.errors import LoaderError
 
-    monkeypatch.setattr(raydl.execute.loader, "ROOM_WAIT_S", 1.0)
+    monkeypatch.setattr(raydl.actors.launch, "ROOM_WAIT_S", 1.0)
     with _loader(image_folder, batch_size=8, cpus_per_worker=1) as first:
         first.refresh()
         assert len(first.workers()) == 3

@@ -11,7 +11,7 @@ from PIL import Image
 import raydl
 from raydl.bench.latency_proxy import LatencyProxy
 from raydl.describe.transforms import compile_stages
-from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 
 from s3_util import put_many
 

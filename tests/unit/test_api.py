@@ -44,8 +44,8 @@ def test_the_coordinator_imports_none_of_the_workers_dependencies():
     import subprocess
     import sys
 
-    heavy = ["raydl.execute.worker", "raydl.describe.transforms", "raydl.dataset", "PIL", "pyarrow", "pandas"]
-    code = ("import sys, raydl.execute.coordinator, raydl.config; "
+    heavy = ["raydl.actors.worker", "raydl.describe.transforms", "raydl.dataset", "PIL", "pyarrow", "pandas"]
+    code = ("import sys, raydl.actors.coordinator, raydl.config; "
             f"print([m for m in {heavy!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

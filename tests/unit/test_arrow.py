@@ -34,7 +34,7 @@ def test_listing_and_a_batch_do_not_import_pandas(image_folder):
     """read_images and a batch made in-process leave pandas unimported (pyarrow's pa.array would cost a second)."""
     code = f"""
 import sys, numpy as np, raydl
-from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.describe.transforms import compile_stages
 ds = raydl.read_images({str(image_folder)!r}).decode().random_resized_crop(32).normalize("imagenet")
 w = LoaderWorker(WorkerSpec(program=compile_stages(ds.stages)), ds.catalog, 1, reuse_buffers=False)

@@ -27,7 +27,7 @@ from raydl.describe.transforms import (
     compile_stages,
 )
 from raydl.errors import DecodeError
-from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.native import decode
 from raydl.plan.order import augmentation_seeds
 

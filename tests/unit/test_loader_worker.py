@@ -10,7 +10,7 @@ import pytest
 import raydl
 from raydl import native
 from raydl.describe.transforms import compile_stages
-from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.plan.order import augmentation_seeds
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,7 +14,7 @@ from PIL import Image
 
 import raydl
 from raydl.describe.transforms import compile_stages
-from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.options import LoaderConfig
 from raydl.plan.order import augmentation_seeds
 

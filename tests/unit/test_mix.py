@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import raydl
-from raydl.consume.iterator import _check_mix_state
+from raydl.plan.state import check_mix_state as _check_mix_state
 from raydl.describe.mixing import check_sample_weights
 from raydl.plan.mix import (
     MixPlan,

@@ -449,7 +449,7 @@ def test_a_loader_worker_batches_images_captions_and_json(tmp_path):
     import webdataset as wds
 
     from raydl.describe.records import compile_pipeline
-    from raydl.execute.worker import BatchTask, LoaderWorker, WorkerSpec
+    from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 
     path = str(tmp_path / "clip.tar")
     with wds.TarWriter(path, encoder=False) as sink:

@@ -6,7 +6,7 @@ it, so a lost actor is replaced once, not once per rank, and nodes that join
 get their actors once. It stays off the data path: when its worker list
 changes it tells the workers the list's new version, every batch carries that
 version back to its rank, and only a rank holding an older list calls here
-(one call per rank per change). It is a plain class; raydl/execute/loader.py applies
+(one call per rank per change). It is a plain class; `start_coordinator` applies
 `ray.remote` and starts it. The first workers are started by the Loader itself,
 at the same time as this actor, and handed to it; later ones it starts itself.
 
@@ -21,19 +21,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raydl.execute.cluster import READY_TIMEOUT_S, WorkerInfo, free_cpus, launch_workers, live_nodes
+from raydl.actors.launch import READY_TIMEOUT_S, free_cpus, launch_workers, live_nodes, remote_class
+from raydl.options import LoaderConfig
 from raydl.plan import scheduling
-
-if TYPE_CHECKING:
-    from raydl.options import LoaderConfig
+from raydl.plan.scheduling import WorkerInfo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LoaderCoordinator"]
+__all__ = ["LoaderCoordinator", "start_coordinator"]
 
 REFRESH_S = 5.0  # how often the coordinator looks for joined nodes
 MAX_EVENTS = 100  # the newest warnings kept for Loader copies to fetch
@@ -255,3 +254,18 @@ class LoaderCoordinator:
                 for w in new:
                     self._warn(f"raydl: loader worker {w.name} on node {w.node_id[:8]} replaces {dead.name}")
             self._add(new)
+
+
+def start_coordinator(spec_ref, catalog_ref, config: LoaderConfig, started: list, node_id: str):
+    """Start a loader's coordinator on `node_id` (the driver's, whose loss ends the job anyway), handing it
+    the workers already `started` ((handle, node) pairs); the spec and catalog stay ObjectRefs."""
+    return (
+        remote_class(LoaderCoordinator)
+        .options(
+            num_cpus=0,
+            max_concurrency=16,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        )
+        .remote([spec_ref], [catalog_ref], config, started)
+    )

@@ -1,80 +1,63 @@
-"""The worker side of a mix: one batch task over several sources, made by each source's own worker code.
+"""A batch of several members: its task's rows split by member, each member's rows made into its rows of the
+one batch buffer, and the members' results joined. No Ray.
 
-A mixed task's ids are encoded (raydl/plan/mix.py): id_offsets[s] + the
-sample's id in source s. The worker that holds a MixSpec keeps one part per
-source (the first part is the worker itself; the others share its decode and
-IO pools), splits the task's rows by source, keeping the sources in order and
-each source's rows in task order, and runs every source's rows at once, each
-into its rows of the one batch buffer. The parts' batches are then put
-together: an image field is the whole buffer's array when no row failed (no
-copy), other columns are concatenated. batch["id"] is each row's id in its
-own source, and batch["source"] its source's name.
+A mixed task's ids are encoded (raydl/plan/mix.py): id_offsets[s] + the sample's id in member s. The rows
+are split by member, keeping the members in order and each member's rows in task order, and every member's
+rows are made at once. An image field of the joined batch is the whole buffer's array when no row failed
+(no copy); other columns are concatenated. batch["id"] is each row's id in its own member, and
+batch["source"] its member's name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from raydl.batch.spec import MixtureSpec
 from raydl.errors import LoaderError
 from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
 
-__all__ = ["MixSpec", "Mixer"]
+__all__ = ["Mixing"]
 
 
-@dataclass(frozen=True)
-class MixSpec:
-    """What a mixed loader's workers need besides the catalogs: a WorkerSpec per source, their names, where
-    each source's encoded ids start, and whether batches name each row's source."""
+class Mixing:
+    """Splits a mixture's tasks by member and joins the members' results (`spec.names[s]` names member s)."""
 
-    parts: tuple  # WorkerSpec of each source, in order
-    names: tuple[str, ...]
-    id_offsets: tuple[int, ...]
-    labelled: bool = True
-
-    def __post_init__(self) -> None:
-        if not (len(self.parts) == len(self.names) == len(self.id_offsets) - 1):
-            raise ValueError("MixSpec: one spec and one name per source, and len(parts) + 1 offsets")
-
-
-class Mixer:
-    """Runs mixed batch tasks with one worker part per source (`parts[s]` has `batch_run` and a name)."""
-
-    def __init__(self, spec: MixSpec, parts: list) -> None:
-        self.spec, self.parts = spec, parts
+    def __init__(self, spec: MixtureSpec) -> None:
+        self.spec = spec
         self._offsets = np.asarray(spec.id_offsets, np.int64)
 
     def split(self, task: BatchTask) -> list[tuple[int, np.ndarray]]:
-        """(source, the task's rows of that source, in task order) for each source the task has rows of,
-        in source order."""
+        """(member, the task's rows of that member, in task order) for each member the task has rows of,
+        in member order."""
         source = np.searchsorted(self._offsets, task.ids, side="right") - 1
         if task.ids.size and (source.min() < 0 or task.ids.max() >= self._offsets[-1]):
             raise LoaderError(f"batch {task.index} of rank {task.rank}: ids outside the mix's sources")
         return [(int(s), np.flatnonzero(source == s)) for s in np.unique(source).tolist()]
 
-    def maker(self, task: BatchTask):
-        """The part whose decoded image fields give the batch's layout: the source of every row when there
-        is one (per_source batches, whose sources' shapes may differ), else the first part, after checking
-        that every source of the batch decodes the same images (a LoaderError naming them otherwise)."""
+    def layout_member(self, task: BatchTask, outputs) -> int:
+        """The member whose decoded image fields give the batch's layout (`outputs(member, bucket)` lists
+        them): the member of every row when there is one (per_source batches, whose members' shapes may
+        differ), else the first, after checking that every member of the batch decodes the same images (a
+        LoaderError naming them otherwise)."""
         groups = self.split(task)
         if len(groups) == 1:
-            return self.parts[groups[0][0]]
-        first = self.parts[0]._outputs(task.bucket)
+            return groups[0][0]
+        first = outputs(0, task.bucket)
         for s, _rows in groups:
-            got = self.parts[s]._outputs(task.bucket)
+            got = outputs(s, task.bucket)
             if got != first:
                 raise LoaderError(
                     f"batch {task.index} of rank {task.rank}, epoch {task.epoch}: source "
                     f"{self.spec.names[s]!r} decodes {_layout(got)}, source {self.spec.names[0]!r} "
                     f"{_layout(first)}; stratified batches stack them, so they must agree"
                 )
-        return self.parts[0]
+        return 0
 
-    def run(self, task: BatchTask, images: dict[str, np.ndarray], run_parts) -> BatchResult:
-        """The mixed batch: each source's rows made by its part into its rows of `images`, then joined.
+    def run(self, task: BatchTask, images: dict[str, np.ndarray], members: list, run_members) -> BatchResult:
+        """The mixed batch: each member's rows made by `members[s]` into its rows of `images`, then joined.
 
-        `run_parts(list of (part, task, images))` runs the parts' batches at once and returns their results.
+        `run_members(list of (member, task, images))` makes the members' rows at once and returns their
+        results.
         """
         groups = self.split(task)
         jobs, at = [], 0
@@ -88,9 +71,9 @@ class Mixer:
                 bucket=task.bucket,
             )
             views = {name: arr[at : at + len(rows)] for name, arr in images.items()}
-            jobs.append((self.parts[s], sub, views))
+            jobs.append((members[s], sub, views))
             at += len(rows)
-        results = run_parts(jobs)
+        results = run_members(jobs)
         return self._join(task, [s for s, _ in groups], [j[2] for j in jobs], results, images)
 
     def _join(self, task, sources, views, results: list[BatchResult], images) -> BatchResult:
@@ -128,7 +111,6 @@ class Mixer:
             skipped=[f for r in results for f in r.skipped],
             unreadable=[f for r in results for f in r.unreadable],
             replaced=[x for r in results for x in r.replaced],
-            membership=max((r.membership for r in results), default=0),
             cache=_summed([r.cache for r in results]),
         )
 
@@ -147,7 +129,7 @@ class Mixer:
 
 
 def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
-    """The parts' node cache counters added up ({} when no part reads through a cache)."""
+    """The members' node cache counters added up ({} when none reads through a cache)."""
     out: dict[str, int] = {}
     for c in counts:
         for k, v in c.items():

@@ -1,0 +1,157 @@
+"""LoaderPlan: everything that decides a loader's epochs, built once, asked by every rank. Pure: no Ray.
+
+A plan holds the order (raydl/plan/orders.py: plain, windowed, bucketed or mixed, behind one protocol),
+the data's fingerprint, the settings that shape batches, and the error policy. It answers:
+
+    batches_per_rank(epoch)   the same on every rank
+    task(rank, epoch, k)      batch k of `rank`: its rows and their augmentation seeds (a BatchTask)
+    state(...)                where a rank stands, as plain JSON values
+    check_state(state)        where a rank resumes from a state, after checking the state fits this plan
+
+`start` (a position in the epoch's order) is where a re-dealt epoch begins after a resume at another
+world size; 0 otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from raydl.options import LoaderConfig
+from raydl.plan.failures import ErrorPolicy, Failure
+from raydl.plan.order import EpochPlan, augmentation_seeds
+from raydl.plan.orders import Order
+from raydl.plan.state import check_mix_state
+from raydl.plan.tasks import BatchTask
+
+__all__ = ["LoaderPlan", "Position"]
+
+STATE_VERSION = 1
+_EPOCHS_KEPT = 2  # epoch orders a plan keeps computed (a rank reads one epoch at a time; ranks may lag one)
+
+
+class Position(NamedTuple):
+    """Where a rank stands: its epoch, where that epoch's dealt order starts, and its next batch."""
+
+    epoch: int
+    start: int
+    next: int
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """The plan of one loader (see the module). `unsized`: samples in no aspect bucket (their size could
+    not be read), which rank 0 reports each epoch; `batch_bytes`: about what one batch takes;
+    `image_fields`: the decoded image fields (not masks), which one torch dtype covers."""
+
+    config: LoaderConfig
+    order: Order
+    num_samples: int
+    fingerprint: str
+    policy: ErrorPolicy
+    unsized: tuple[Failure, ...] = ()
+    batch_bytes: int = 1
+    image_fields: tuple[str, ...] = ()
+    _epochs: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __getstate__(self) -> dict:
+        """Without the epoch orders computed here: a Loader pickles into handles, which compute their own."""
+        return {k: v for k, v in self.__dict__.items() if k != "_epochs"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _epochs={})
+
+    # -- dealing --------------------------------------------------------------------------
+    def deal(
+        self, *, start: int = 0, world_size: int | None = None, batch_size: int | None = None
+    ) -> EpochPlan:
+        """How the epoch's units are dealt to the ranks, from position `start` (another world size or batch
+        size: how a state saved under them dealt it)."""
+        c = self.config
+        per_batch = 1 if self.order.deals_batches else (c.batch_size if batch_size is None else batch_size)
+        world = c.world_size if world_size is None else world_size
+        return EpochPlan(self.order.units, world, per_batch, c.drop_last, start=start)
+
+    def batches_per_rank(self, epoch: int = 0, *, start: int = 0) -> int:
+        """Batches every rank gets in `epoch` (from `start`)."""
+        return self.deal(start=start).batches_per_rank
+
+    def epoch_order(self, epoch: int):
+        """The order of `epoch`, computed once (the last few are kept)."""
+        got = self._epochs.get(epoch)
+        if got is None:
+            c = self.config
+            got = self.order.epoch(seed=c.seed, epoch=epoch, shuffle=c.shuffle)
+            for old in sorted(self._epochs)[: max(0, len(self._epochs) - _EPOCHS_KEPT + 1)]:
+                self._epochs.pop(old, None)
+            self._epochs[epoch] = got
+        return got
+
+    def task(self, rank: int, epoch: int, k: int, *, start: int = 0) -> BatchTask:
+        """Batch k of `rank` in `epoch`: which rows, with which augmentation seeds, in which bucket."""
+        positions = self.deal(start=start).positions(rank, k)
+        rows = self.order.rows(self.epoch_order(epoch), positions)
+        seeds = augmentation_seeds(rows.slots, seed=self.config.seed, epoch=epoch)
+        return BatchTask(rank=rank, epoch=epoch, index=k, ids=rows.ids, seeds=seeds, bucket=rows.bucket)
+
+    # -- resume ---------------------------------------------------------------------------
+    def state(self, *, rank: int, position: Position) -> dict[str, Any]:
+        """Where `rank` stands, as plain JSON-serializable values (see docs/loader.md, Resume)."""
+        c = self.config
+        return {
+            "version": STATE_VERSION,
+            "epoch": position.epoch,
+            "batches_done": position.next,
+            "start": position.start,
+            "rank": rank,
+            "world_size": c.world_size,
+            "batch_size": c.batch_size,
+            "seed": c.seed,
+            "shuffle": c.shuffle,
+            "drop_last": c.drop_last,
+            "num_samples": self.num_samples,
+            "fingerprint": self.fingerprint,
+            **self.order.state(),
+        }
+
+    def check_state(self, state: dict[str, Any]) -> Position:
+        """Where a rank resumes from `state`: the same position, or at another world size or batch size the
+        rest of the epoch re-dealt. A state of other data or other settings is a ValueError naming what
+        differs."""
+        c = self.config
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
+        order = self.order.state()
+        check_mix_state(state.get("mix"), order["mix"])
+        mine = {
+            "fingerprint": self.fingerprint,
+            "num_samples": self.num_samples,
+            "seed": c.seed,
+            "shuffle": c.shuffle,
+            "drop_last": c.drop_last,
+            "buckets": order["buckets"],
+            "shuffle_window": order["shuffle_window"],
+        }
+        for key, value in mine.items():
+            # a state without shuffle_window shuffled the whole epoch together (window 0)
+            if state.get(key, 0 if key == "shuffle_window" else None) != value:
+                raise ValueError(
+                    f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
+                    f"{value!r}; build the loader over the same data with the same settings"
+                )
+        why = self.order.fixed_batch_size
+        if why is not None and int(state["batch_size"]) != c.batch_size:
+            raise ValueError(
+                f"cannot resume: the state's batch_size is {state['batch_size']!r}, this loader's is "
+                f"{c.batch_size!r}; with {why} the batches themselves depend on it"
+            )
+        world, batch_size = int(state["world_size"]), int(state["batch_size"])
+        old = self.deal(start=int(state["start"]), world_size=world, batch_size=batch_size)
+        done = int(state["batches_done"])
+        epoch = int(state["epoch"])
+        if (world, batch_size) == (c.world_size, c.batch_size):
+            return Position(epoch, old.start, done)
+        start = old.consumed(done)  # re-deal the rest of the epoch
+        if start >= self.order.units or self.batches_per_rank(epoch, start=start) == 0:
+            return Position(epoch + 1, 0, 0)
+        return Position(epoch, start, 0)

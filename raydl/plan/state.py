@@ -1,0 +1,41 @@
+"""What a resume state records of a mix, checked against the mix a loader reads: pure, no Ray."""
+
+from __future__ import annotations
+
+__all__ = ["check_mix_state"]
+
+
+def check_mix_state(theirs: dict | None, mine: dict | None) -> None:
+    """A state of a mix loads only into the same mix: a ValueError naming what changed (the sources, their
+    weights, the epoch size, the batching, the per-sample weights or a source's data)."""
+    if theirs is None and mine is None:
+        return
+    if theirs is None or mine is None:
+        was, now = ("one dataset", "a mix") if theirs is None else ("a mix", "one dataset")
+        raise ValueError(f"cannot resume: the state is of {was}, this loader is of {now}")
+    for key, value in mine.items():
+        if theirs.get(key) != value:
+            if key in ("sample_weights", "fingerprints"):
+                pairs = zip(mine["sources"], theirs.get(key) or [], value)
+                changed = [n for n, a, b in pairs if a != b] or mine["sources"]
+            if key == "sample_weights":
+                raise ValueError(
+                    f"cannot resume: the per-sample weights of source(s) {changed} changed since the state "
+                    "was saved; load it into a loader of the same mix"
+                )
+            if key == "fingerprints":
+                raise ValueError(
+                    f"cannot resume: the data of source(s) {changed} changed since the state was saved; load "
+                    "it into a loader of the same mix"
+                )
+            if key == "weights":
+                was = dict(zip(theirs.get("sources", []), theirs.get("weights", [])))
+                now = dict(zip(mine["sources"], value))
+                raise ValueError(
+                    f"cannot resume: the mix's weights changed: the state has {was}, this loader {now}; "
+                    "resume with the same weights (or start a new epoch plan without the state)"
+                )
+            raise ValueError(
+                f"cannot resume: the mix's {key} is {theirs.get(key)!r} in the state and {value!r} here; "
+                "load it into a loader of the same mix"
+            )
