@@ -151,7 +151,8 @@ def _type_only_imports(package_dir: Path) -> Iterator[str]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         skip = _type_checking_nodes(tree)
         for node in ast.walk(tree):
-            if id(node) in skip and any(True for _ in _targets(node, module, path.name == "__init__.py", known)):
+            is_package = path.name == "__init__.py"
+            if id(node) in skip and any(True for _ in _targets(node, module, is_package, known)):
                 yield module
 
 
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"floors: {max(floor.values()) + 1}")
     print(f"import arrows: {len(arrows)}, running back up: {len(up)}")
     print(f"import circles: {len(found)}" + "".join(f"\n  {len(c)} modules: {', '.join(c)}" for c in found))
-    print(f"type-only imports (under TYPE_CHECKING): {type_only}" + (" (left out)" if args.no_type_only else ""))
+    left_out = " (left out)" if args.no_type_only else ""
+    print(f"type-only imports (under TYPE_CHECKING): {type_only}{left_out}")
     print(f"longest function: {lines} lines ({where})")
     if args.floors:
         for level in range(max(floor.values()) + 1):

@@ -496,12 +496,12 @@ def _record_triggers(tmp: Path) -> dict[str, list]:
     import numpy as np
 
     import raydl
+    from raydl.batch.collate import collate
     from raydl.bench.shards import write_parquet
     from raydl.demo import make_images
     from raydl.describe.fields import Field
     from raydl.describe.records import Map, MapBatches, check_pipeline_order
     from raydl.describe.transforms import CenterCrop, Decode
-    from raydl.batch.collate import collate
 
     make_images(str(tmp / "rec"), 4, classes=2, seed=0, corrupt=0)
     rows = raydl.read_parquet(write_parquet(str(tmp / "rec"), str(tmp / "rec-pq")), columns=["label"])
@@ -525,9 +525,9 @@ def _mix_triggers(tmp: Path) -> dict[str, list]:
     import numpy as np
 
     import raydl
-    from raydl.plan.state import check_mix_state as _check_mix_state
-    from raydl.demo import make_images
     from raydl.batch.mixing import Mixing as Mixer
+    from raydl.demo import make_images
+    from raydl.plan.state import check_mix_state as _check_mix_state
     from raydl.plan.tasks import BatchTask
 
     make_images(str(tmp / "mixa"), 4, classes=2, seed=0, corrupt=0)

@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 
 import raydl
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.bench.latency_proxy import LatencyProxy
 from raydl.describe.transforms import compile_stages
-from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 
 from s3_util import put_many
 

@@ -17,6 +17,7 @@ from PIL import Image
 
 import raydl
 from raydl import native
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.describe.transforms import (
     CenterCrop,
     Decode,
@@ -27,7 +28,6 @@ from raydl.describe.transforms import (
     compile_stages,
 )
 from raydl.errors import DecodeError
-from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.native import decode
 from raydl.plan.order import augmentation_seeds
 

@@ -9,8 +9,8 @@ import pytest
 
 import raydl
 from raydl import native
-from raydl.describe.transforms import compile_stages
 from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.describe.transforms import compile_stages
 from raydl.plan.order import augmentation_seeds
 
 pytestmark = pytest.mark.timeout(60)

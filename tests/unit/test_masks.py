@@ -342,8 +342,8 @@ def test_a_loader_worker_batches_an_image_and_its_half_size_mask_aligned(tmp_pat
     """A LoaderWorker (in this process, no Ray) gives batch["mask"] as uint8 (B, H, W) beside the normalized
     float32 images, each mask cropped and flipped as its image although it is half its size."""
     import raydl
-    from raydl.describe.records import compile_pipeline
     from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+    from raydl.describe.records import compile_pipeline
     from raydl.plan.order import augmentation_seeds
 
     (tmp_path / "c0").mkdir()

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 import raydl
-from raydl.describe.transforms import compile_stages
 from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.describe.transforms import compile_stages
 from raydl.options import LoaderConfig
 from raydl.plan.order import augmentation_seeds
 

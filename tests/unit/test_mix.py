@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import raydl
-from raydl.plan.state import check_mix_state as _check_mix_state
 from raydl.describe.mixing import check_sample_weights
 from raydl.plan.mix import (
     MixPlan,
@@ -18,6 +17,7 @@ from raydl.plan.mix import (
     weighted_draw,
 )
 from raydl.plan.order import EpochPlan
+from raydl.plan.state import check_mix_state as _check_mix_state
 
 pytestmark = pytest.mark.timeout(60)
 

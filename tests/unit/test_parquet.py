@@ -15,8 +15,8 @@ from PIL import Image
 
 import raydl
 import raydl.sources.parquet as parquet
-from raydl.describe.transforms import compile_stages
 from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.describe.transforms import compile_stages
 from raydl.plan.order import augmentation_seeds
 from raydl.sources.parquet import PARTS_COLUMNS, catalog_from_row_counts, clear_caches, list_parquet
 from raydl.storage import LocalStorage, ObjectInfo

@@ -209,8 +209,8 @@ def test_files_storing_a_column_differently_and_a_null_array_cell(tmp_path):
 
 def _batch(ds, ids):
     """One batch of `ids` made by a LoaderWorker in this process (no Ray), with a fresh process's caches."""
-    from raydl.describe.records import compile_pipeline
     from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+    from raydl.describe.records import compile_pipeline
     from raydl.plan.order import augmentation_seeds
 
     clear_caches()
@@ -258,8 +258,8 @@ def test_row_groups_held_decoded_are_not_fetched_again(tmp_path):
     ds = dataclasses.replace(ds, catalog=dataclasses.replace(ds.catalog, storage=storage))
     first = _batch(ds, [0, 4, 8]).batch
     before = len(storage.reads)
-    from raydl.describe.records import compile_pipeline
     from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+    from raydl.describe.records import compile_pipeline
 
     worker = LoaderWorker(WorkerSpec(program=compile_pipeline(ds.stages).program, threads=2), ds.catalog,
                           reuse_buffers=False)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import raydl
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.batch.collate import collate
 from raydl.describe.records import compile_pipeline
 from raydl.errors import LoaderError
-from raydl.batch.collate import collate
-from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
 from raydl.plan.order import augmentation_seeds
 from raydl.sources.base import Field
 

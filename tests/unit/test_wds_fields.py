@@ -448,8 +448,8 @@ def test_a_loader_worker_batches_images_captions_and_json(tmp_path):
     json member is a decode failure naming the field; without .decode() the images are their bytes."""
     import webdataset as wds
 
-    from raydl.describe.records import compile_pipeline
     from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+    from raydl.describe.records import compile_pipeline
 
     path = str(tmp_path / "clip.tar")
     with wds.TarWriter(path, encoder=False) as sink:
