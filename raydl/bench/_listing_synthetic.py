@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from raydl.describe.catalog import Catalog, make_catalog
+from raydl.describe.catalog import Catalog, Source, make_catalog
 from raydl.storage.base import ObjectInfo
 from raydl.util.arrow import int_array
 
@@ -49,7 +49,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class CountsOnly:
+class CountsOnly(Source):
     """The source of a catalog made from counts: it has a name (the plan reads nothing else) and no data."""
 
     name: str

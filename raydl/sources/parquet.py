@@ -50,7 +50,7 @@ from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.sources._footer import Footer, read_footer_meta
 from raydl.sources._parquet_fields import MISSING, RowGroupValues, Selection, legacy_selection, select
-from raydl.sources.base import Located
+from raydl.sources.base import Located, Source
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import StringColumn, int_column
 
@@ -500,7 +500,7 @@ def _pool() -> ThreadPoolExecutor:
 
 
 @dataclass(frozen=True, eq=False)
-class ParquetSource:
+class ParquetSource(Source):
     """A sample is row `row` of a row group, a value per selected column (`selection`); see the module
     docstring."""
 
@@ -515,6 +515,11 @@ class ParquetSource:
     def fields(self) -> tuple[Field, ...]:
         return self.selection.fields
 
+    @property
+    def reads_labels(self) -> bool:
+        """Whether a `label_column` is named."""
+        return self.label_column is not None
+
     # -- locate: ids to row groups and rows, footers checked ------------------------------------
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
         ids = np.asarray(ids, dtype=np.int64)
@@ -525,7 +530,7 @@ class ParquetSource:
         names = {s: info.uri.rsplit("/", 1)[-1] for s, info in files.infos.items()}
         keys = [f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), cols["rg"].tolist(), row.tolist())]
         offset, length = cols["offset"].copy(), cols["length"].copy()
-        extra: list = [None] * len(ids)
+        reads: list = [None] * len(ids)
         errors: dict[int, DataSourceError] = {}
         footers = self._footers(catalog, files)
         parts = np.unique(part)
@@ -539,7 +544,7 @@ class ParquetSource:
             if _row_groups.peek(read.read.cache_key) is not None:  # decoded already: nothing to fetch
                 offset[idx], length[idx] = 0, 0  # all at one place, so they coalesce into one empty block
             for i in idx.tolist():
-                extra[i] = read
+                reads[i] = read
         return Located(
             shard=shard,
             offset=offset,
@@ -547,7 +552,7 @@ class ParquetSource:
             row=row,
             key=keys,
             label=np.full(len(ids), -1, np.int64),
-            extra=extra,
+            cut_info=reads,
             errors=errors,
         )
 
@@ -639,7 +644,7 @@ class ParquetSource:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
     def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
-        part: _Part = located.extra[i]
+        part: _Part = located.cut_info[i]
         read, row = part.read, int(located.row[i])
         values = _row_groups.get(read.cache_key, lambda: self._decode(part, data))
         if row >= values.rows:  # the footer said more rows than the chunks hold

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,7 +52,7 @@ from raydl.sources._patterns import has_magic, local_glob, path_regex, static_pr
 from raydl.sources._values import decode_value
 from raydl.sources._wds_fields import Select, fields_of, lacks, parse_fields, resolve_fields
 from raydl.sources._wds_index import WdsSample, base_plus_ext, group_samples
-from raydl.sources.base import Located
+from raydl.sources.base import Located, Source
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import string_array
 
@@ -620,8 +621,18 @@ def clear_blocks() -> None:
     _BLOCKS.clear()
 
 
+class MemberSpans(NamedTuple):
+    """Where a WebDataset sample's selected fields lie inside its range (its `Located.cut_info`): one entry
+    per selected field, in order (the image-and-label record: the image, then the label)."""
+
+    shard_uri: str
+    offsets: list[int]  # each field's member's offset in the range; -1: the sample has none of its extensions
+    sizes: list[int]  # each member's size (0 where there is none)
+    choices: list[int]  # which of the field's extensions the member is; -1: none
+
+
 @dataclass(frozen=True)
-class WebDatasetSource:
+class WebDatasetSource(Source):
     """Samples of tar shards: `locate` finds a sample's range (the members of its fields) in its shard's
     index block, `cut` splits it and decodes each field by its extension.
 
@@ -637,6 +648,11 @@ class WebDatasetSource:
     cut_views: bool = True  # cut gets a memoryview of the block and copies out each value once
     select: Select | None = None
     allow_pickle: bool = False
+
+    @property
+    def reads_labels(self) -> bool:
+        """Whether a `label_field` is named (the default "cls" stays named under fields=)."""
+        return self.label_field is not None
 
     def _samples(self, catalog: Catalog, part: int) -> tuple[ObjectInfo, wi.SampleBlock]:
         row = {c: catalog.parts.column(c)[part].as_py() for c in ("shard", "count", "every", *_LOCATORS)}
@@ -691,7 +707,7 @@ class WebDatasetSource:
         length = np.zeros(n, np.int64)
         size = np.zeros(n, np.int64)
         keys = [""] * n
-        extra: list = [None] * n  # (shard uri, each field's offset in the range, its size, which extension)
+        members: list = [None] * n
         errors: dict[int, DataSourceError] = {}
         for p in np.unique(part).tolist():
             rows = np.flatnonzero(part == p)
@@ -710,7 +726,7 @@ class WebDatasetSource:
             spans = zip(blk.at[at].tolist(), blk.size[at].tolist(), blk.choice[at].tolist())
             for i, j, (where, sizes, choice) in zip(rows.tolist(), at.tolist(), spans):
                 keys[i] = blk.keys[j]
-                extra[i] = (info.uri, where, sizes, choice)
+                members[i] = MemberSpans(info.uri, where, sizes, choice)
                 error = self._unfit(info.uri, blk.keys[j], int(blk.start[j]), where, sizes)
                 if error is not None:
                     errors[i] = error
@@ -721,7 +737,7 @@ class WebDatasetSource:
             row=np.full(n, -1, np.int64),
             key=keys,
             label=np.full(n, -1, np.int64),
-            extra=extra,
+            cut_info=members,
             size=size,
             errors=errors,
         )
@@ -761,7 +777,7 @@ class WebDatasetSource:
         return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
 
     def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
-        uri, where, sizes, choice = located.extra[i]
+        uri, where, sizes, choice = located.cut_info[i]
         if self.select is None:
             return self._cut_legacy(located.key[i], uri, where, sizes, data)
         record: dict[str, object] = {}
