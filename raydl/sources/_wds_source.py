@@ -233,16 +233,17 @@ class WebDatasetSource(Source):
         spans: MemberSpans = located.cut_info[i]
         if self.select is None:
             return self._cut_image_and_label(located.key[i], spans, data)
+        uri = spans.shard_uri
         record: dict[str, object] = {}
         for (name, exts), at, size, k in zip(self.select, spans.offsets, spans.sizes, spans.choices):
             if at < 0:
-                raise lacks(spans.shard_uri, located.key[i], name, exts)
+                raise lacks(uri, located.key[i], name, exts)
             try:
                 record[name] = decode_value(exts[k], data[at : at + size], allow_pickle=self.allow_pickle)
             except DecodeError as exc:
                 raise DecodeError(
-                    f"{spans.shard_uri}: sample {located.key[i]!r}: field {name!r} (its .{exts[k]} member at "
-                    f"offset {int(located.offset[i]) + at}): {exc}"
+                    f"{uri}: sample {located.key[i]!r}: field {name!r} (its .{exts[k]} member at offset "
+                    f"{int(located.offset[i]) + at}): {exc}"
                 ) from exc
         return record
 

@@ -10,11 +10,11 @@ one sample is an error. Samples never span shards.
 Listing never makes a request per sample: the shards' sizes and etags come
 from LIST pages (a brace pattern or a list of URLs lists each folder's
 common prefix once: raydl/sources/_expand.py), and each shard's sample count
-from its index (raydl/sources/_wds_index.py), found in this order
-(raydl/sources/_wds_shards.py): the node cache (no request), an explicit
-`index=` file, DALI's `NAME.idx` / `NAME.tar.idx` beside the shard (one GET),
-a wids JSON shard list (its counts: no read at all), else the shard itself
-read once in one streamed GET (then cached). Shards to index are read on a
+from its index (raydl/sources/_wds_index.py): the node cache (no request), an
+explicit `index=` file, DALI's `NAME.idx` / `NAME.tar.idx` beside the shard
+(one GET), a wids JSON shard list (its counts: no read at all), else the shard
+itself read once in one streamed GET (then cached); which one a shard's comes
+from is settled in raydl/sources/_wds_shards.py. Shards to index are read on a
 thread pool, or as Ray tasks across the cluster where Ray is up and they are
 many. The catalog holds one part per shard (its count); the per-sample
 offsets and keys stay in the shards' index blocks, which the source
