@@ -27,6 +27,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +55,7 @@ class CountsOnly(Source):
 
     name: str
     range_is_sample: bool = True
+    reads_labels: ClassVar[bool] = True  # as the labelled listing it stands in for ("cls", the default)
 
     def locate(self, catalog, ids):
         raise NotImplementedError(f"a synthetic {self.name} catalog has no data to locate")
