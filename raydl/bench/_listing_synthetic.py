@@ -27,11 +27,12 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 
-from raydl.describe.catalog import Catalog, make_catalog
+from raydl.describe.catalog import Catalog, Source, make_catalog
 from raydl.storage.base import ObjectInfo
 from raydl.util.arrow import int_array
 
@@ -49,11 +50,12 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class CountsOnly:
+class CountsOnly(Source):
     """The source of a catalog made from counts: it has a name (the plan reads nothing else) and no data."""
 
     name: str
     range_is_sample: bool = True
+    reads_labels: ClassVar[bool] = True  # as the labelled listing it stands in for ("cls", the default)
 
     def locate(self, catalog, ids):
         raise NotImplementedError(f"a synthetic {self.name} catalog has no data to locate")

@@ -1,4 +1,5 @@
-"""The catalog: the shards (objects) a source's samples live in, and its parts, in sample-id order.
+"""The catalog: the shards (objects) a source's samples live in, and its parts, in sample-id order; and the
+Source contract, which says where a catalog's samples lie in those bytes and cuts them out.
 
     shards:  uri | size | etag                 one row per object (image file, tar shard, Parquet file)
     parts:   shard | count [| source columns]   one row per unit of samples (an image file, a tar shard,
@@ -18,7 +19,13 @@ raydl/describe/sizes.py) into int32 width and height parts columns, -1 where
 the header is unreadable, the reason in `size_errors` by sample id. Listing
 reads no image bytes.
 
-Two fingerprints:
+Every source (raydl/sources) subclasses `Source`: the worker asks it where a
+batch's samples are (`locate`, a `Located` of byte ranges), reads the blocks
+it fetches through it (`read_block`) and has it cut each sample's fields out
+of its range (`cut`). A source's optional capabilities are attributes of
+`Source` with defaults (`cut_views`, `reads_labels`): read them directly.
+
+Two fingerprints (hashed by raydl/describe/fingerprint.py):
 - `samples_fingerprint` covers every parts column but the sizes and the
   source's `locators` (where a part's index block is, which does not change
   what the samples are), and each shard's path relative to `root` and size. The
@@ -31,25 +38,114 @@ Two fingerprints:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
+from raydl.describe.fields import Field
+from raydl.describe.fingerprint import fingerprints
+from raydl.describe.sizes import HeaderSizes, header_sizes
+from raydl.errors import DataSourceError
 from raydl.storage.base import ObjectInfo, Storage
 from raydl.util.arrow import int_array, int_column, string_array
 
-if TYPE_CHECKING:
-    from raydl.describe.sizes import HeaderSizes
-    from raydl.sources.base import Located, Source
-
-__all__ = ["SIZE_COLUMNS", "Catalog", "catalog_sizes", "make_catalog"]
+__all__ = ["SIZE_COLUMNS", "Catalog", "Located", "Source", "catalog_sizes", "make_catalog"]
 
 SIZE_COLUMNS = ("width", "height")  # derived from the samples' bytes: outside both fingerprints
+
+
+@dataclass
+class Located:
+    """Where a batch's samples are: row i is the i-th id asked.
+
+    A sample's bytes are `length` bytes at `offset` of shard `shard` (a row of
+    the catalog's shards); the worker coalesces neighbouring ranges into
+    blocks and hands each sample its range's bytes to `Source.cut`. `row` and
+    `cut_info` are the source's own: a Parquet row within its row group; what
+    `cut` needs of sample i besides its bytes (a WebDataset sample's
+    `MemberSpans`, where its members lie inside its range; a Parquet row's row
+    group read). `label` is -1 where the source reads it at `cut`. `size` is
+    the sample's own size where the range is more than the sample (None:
+    `length`). `errors` are the samples that could not be located (their
+    shard's index block is unreadable, or the shard changed): the worker
+    settles them as unreadable, under on_error.
+    """
+
+    shard: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    row: np.ndarray
+    key: list[str]
+    label: np.ndarray
+    cut_info: list | None = None
+    size: np.ndarray | None = None
+    errors: dict[int, DataSourceError] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def to_pydict(self) -> dict[str, list]:
+        """The rows as lists by column (shard, offset, length, row, label, key): for tools and tests."""
+        cols = {c: getattr(self, c).tolist() for c in ("shard", "offset", "length", "row", "label")}
+        return {**cols, "key": list(self.key)}
+
+
+class Source(abc.ABC):
+    """A catalog's layout: where its samples are, how a fetched block is read and how a sample is cut from
+    its range. Every source subclasses it (as a frozen dataclass, most) and sets `name`, `fields` and
+    `range_is_sample`; the capabilities after them have defaults, which a source overrides where it has
+    the capability, so callers read them directly.
+
+    Samples whose ranges are equal share one fetch (Parquet rows of one row
+    group's column chunk); neighbouring ranges are coalesced into blocks by the
+    worker.
+    """
+
+    name: str
+    """What errors and reprs call the source: "images", "webdataset", "parquet"."""
+
+    fields: tuple[Field, ...]
+    """The fields of every sample, in batch order (besides "id" and "key", which every batch has)."""
+
+    range_is_sample: bool
+    """A sample's range is exactly its bytes (or `Located.size` says them), so the sample's size is known
+    before it is read (not so for a Parquet row, whose range is its row group's column chunk)."""
+
+    cut_views: bool = False
+    """`cut` takes a memoryview of the block and copies out the bytes it returns (a WebDataset sample's
+    image inside its image-and-label range: one copy, not two). False: `cut` is given bytes, which it
+    may return as they are."""
+
+    reads_labels: bool = False
+    """The samples carry a label (batch["label"]): an image folder's class, a WebDataset label member, a
+    Parquet label column. Where the driver does not hold the labels (`Catalog.labels()` is None), they
+    are read with the samples."""
+
+    @abc.abstractmethod
+    def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
+        """Where the samples `ids` are (one row per id, in order)."""
+
+    @abc.abstractmethod
+    def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
+        """The bytes [offset, offset+length) of `shard` as listed (of its decompressed stream, where
+        compressed)."""
+
+    @abc.abstractmethod
+    def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
+        """Sample i of `located` as a record, given its range's bytes `data`: a value for every one of
+        `fields` (an image field's encoded bytes; the others decoded: str, int, dict, ndarray, bytes).
+
+        A DataSourceError when the sample cannot be had (a selected field missing: it names the sample, the
+        field and the shard); a DecodeError when a field's bytes are malformed (bad JSON, .npy or gzip).
+        Both go through on_error."""
+
+    @abc.abstractmethod
+    def sample_uri(self, shard_uri: str, key: str) -> str:
+        """How errors name one sample: the file itself, or its shard and key."""
 
 
 @dataclass(frozen=True)
@@ -153,8 +249,6 @@ def catalog_sizes(catalog: Catalog) -> HeaderSizes:
     image file on their own (a Parquet column chunk, a compressed tar stream),
     and this is a ValueError.
     """
-    from raydl.describe.sizes import header_sizes  # the decoders' header parsers: only when sizes are read
-
     if catalog.source.name != "images":
         raise ValueError(
             f"image sizes (needed by aspect_buckets()) can be read for image folders only, "
@@ -172,110 +266,6 @@ def catalog_sizes(catalog: Catalog) -> HeaderSizes:
     return header_sizes(
         read, shard_of.tolist(), threads=max(8, getattr(storage, "default_io_concurrency", 8))
     )
-
-
-_PIECE = 1 << 12  # URIs made relative at a time when fingerprinting (never a whole column of them)
-
-
-def _hash_array(h, chunk: pa.Array) -> None:
-    """Feed an array's values to `h` as string_array / int_array lay them out (offsets from 0, then the
-    bytes; or the integers), whatever its buffers' slicing, padding or all-valid bitmap."""
-    kind = chunk.type
-    if chunk.null_count == 0 and pa.types.is_integer(kind):
-        h.update(np.ascontiguousarray(int_column(chunk)).data)
-        return
-    if chunk.null_count == 0 and _is_text(kind):
-        ends, data = _text_buffers(chunk)
-        h.update((ends - ends[0]).data)
-        h.update(data[int(ends[0]) : int(ends[-1])].data)
-        return
-    for buf in chunk.buffers():  # nulls, or another type: as they lie
-        if buf is not None:
-            h.update(buf)
-
-
-def _is_text(kind: pa.DataType) -> bool:
-    return any(
-        f(kind)
-        for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
-    )
-
-
-def _text_buffers(chunk: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """A string (or binary) array's end offsets (len + 1, a view) and its bytes (a uint8 view)."""
-    _validity, offsets, data = chunk.buffers()
-    wide = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
-    ends = np.frombuffer(offsets, np.int64 if wide else np.int32)[
-        chunk.offset : chunk.offset + len(chunk) + 1
-    ]
-    return ends, (np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8))
-
-
-def _hash_table(h, t: pa.Table) -> None:
-    for name in t.column_names:
-        h.update(name.encode())
-        for chunk in t.column(name).chunks:
-            _hash_array(h, chunk)
-
-
-def _relative_pieces(uris: pa.ChunkedArray, root: str):
-    """(bytes, first, end) of each URI's path relative to `root` (past it and any '/' after it; a URI
-    outside it whole), a piece of rows at a time, as numpy over the column's own buffers: no Python
-    string per URI, no second column."""
-    rb = np.frombuffer(root.encode(), np.uint8)
-    for chunk in uris.chunks:
-        ends, data = _text_buffers(chunk)
-        for i in range(0, len(chunk), _PIECE):
-            k = min(_PIECE, len(chunk) - i)
-            start, end = ends[i : i + k].astype(np.int64), ends[i + 1 : i + 1 + k].astype(np.int64)
-            inside = (end - start) >= len(rb)
-            for j, byte in enumerate(rb):  # starts with the root's bytes (a str prefix is a UTF-8 prefix)
-                inside &= data[np.minimum(start + j, max(len(data) - 1, 0))] == byte
-            first = start + inside * len(rb)
-            more = np.flatnonzero(inside)
-            while more.size:  # lstrip("/"): only the rows still at a '/' go round again
-                at = first[more]
-                slash = (at < end[more]) & (data[np.minimum(at, max(len(data) - 1, 0))] == ord("/"))
-                more = more[slash]
-                first[more] += 1
-            yield data, first, end
-
-
-def _hash_relative_paths(h, uris: pa.ChunkedArray, root: str) -> None:
-    """Feed `h` a column "path" of the URIs relative to root exactly as `_hash_table` would feed a
-    string_array of them (its name, offsets, bytes), a piece at a time."""
-    total = sum(int((end - first).sum()) for _, first, end in _relative_pieces(uris, root))
-    width = np.int64 if total >= 2**31 else np.int32  # string_array's choice
-    h.update(b"path")
-    h.update(np.zeros(1, width).data)
-    done = 0
-    for _, first, end in _relative_pieces(uris, root):
-        ends = done + np.cumsum(end - first)
-        h.update(ends.astype(width).data)
-        done = int(ends[-1]) if ends.size else done
-    for data, first, end in _relative_pieces(uris, root):
-        if not first.size:
-            continue
-        lo, hi = (
-            int(first[0]),
-            int(end[-1]),
-        )  # rows are back to back: drop what lies between a row's end and the next's first
-        keep = np.zeros(hi - lo + 1, np.int32)
-        np.add.at(keep, first - lo, 1)
-        np.add.at(keep, end - lo, -1)
-        h.update(data[lo:hi][np.cumsum(keep[:-1], dtype=np.int32) > 0].data)
-
-
-def _fingerprints(parts: pa.Table, shards: pa.Table, root: str) -> tuple[str, str]:
-    """(fingerprint, samples_fingerprint): the parts columns and each shard's relative path and size, then
-    (the first only) each shard's etag."""
-    h = hashlib.sha256()
-    _hash_table(h, parts)
-    _hash_relative_paths(h, shards.column("uri"), root)
-    _hash_table(h, shards.select(["size"]))
-    samples = h.copy()
-    _hash_table(h, shards.select(["etag"]))
-    return h.hexdigest()[:32], samples.hexdigest()[:32]
 
 
 def make_catalog(
@@ -298,38 +288,10 @@ def make_catalog(
     `shards` may be a table with string "uri" and "etag" and integer "size"
     columns already (a listing of a million files: no ObjectInfo each).
     """
-    if "shard" not in parts or "count" not in parts:
-        raise ValueError(f"catalog parts need 'shard' and 'count' columns, got {list(parts)}")
-    # Built from buffers: pa.array would import pandas (see raydl/util/arrow.py), a second of start-up.
-    columns = {name: v if isinstance(v, pa.Array) else int_array(v) for name, v in parts.items()}
-    n = len(columns["count"])
-    bad = {name: len(col) for name, col in columns.items() if len(col) != n}
-    if bad:
-        raise ValueError(f"catalog parts columns must all have {n} rows; got {bad}")
-    table = pa.table(columns)
-    counts = int_column(table.column("count"))
-    shard_of = int_column(table.column("shard"))
-    if n and (counts.min() < 0 or shard_of.min() < 0 or shard_of.max() >= len(shards)):
-        raise ValueError("catalog parts need counts >= 0 and shards that are rows of the shards table")
-    starts = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=starts[1:])
-    if isinstance(shards, pa.Table):
-        missing = {"uri", "size", "etag"} - set(shards.column_names)
-        if missing:
-            raise ValueError(
-                f"a catalog's shards table needs uri, size and etag columns; no {sorted(missing)}"
-            )
-        shard_table = shards.select(["uri", "size", "etag"])
-    else:
-        shard_table = pa.table(
-            {
-                "uri": string_array([s.uri for s in shards]),
-                "size": int_array([s.size for s in shards]),
-                "etag": string_array([s.etag for s in shards]),
-            }
-        )
+    table, starts = _parts_table(parts, len(shards))
+    shard_table = _shards_table(shards)
     planned = table.drop_columns([c for c in (*SIZE_COLUMNS, *locators) if c in table.column_names])
-    fingerprint, samples_fingerprint = _fingerprints(planned, shard_table, root)
+    fingerprint, samples_fingerprint = fingerprints(planned, shard_table, root)
     return Catalog(
         root=root,
         storage=storage,
@@ -341,4 +303,45 @@ def make_catalog(
         samples_fingerprint=samples_fingerprint,
         starts=starts,
         size_errors=dict(size_errors or {}),
+    )
+
+
+def _parts_table(
+    parts: Mapping[str, Sequence[int] | np.ndarray | pa.Array], num_shards: int
+) -> tuple[pa.Table, np.ndarray]:
+    """The parts table, checked (its columns of one length, counts >= 0, shards rows of the shards table),
+    and the prefix sum of its counts: part p holds the sample ids [starts[p], starts[p+1])."""
+    if "shard" not in parts or "count" not in parts:
+        raise ValueError(f"catalog parts need 'shard' and 'count' columns, got {list(parts)}")
+    # Built from buffers: pa.array would import pandas (see raydl/util/arrow.py), a second of start-up.
+    columns = {name: v if isinstance(v, pa.Array) else int_array(v) for name, v in parts.items()}
+    n = len(columns["count"])
+    bad = {name: len(col) for name, col in columns.items() if len(col) != n}
+    if bad:
+        raise ValueError(f"catalog parts columns must all have {n} rows; got {bad}")
+    table = pa.table(columns)
+    counts = int_column(table.column("count"))
+    shard_of = int_column(table.column("shard"))
+    if n and (counts.min() < 0 or shard_of.min() < 0 or shard_of.max() >= num_shards):
+        raise ValueError("catalog parts need counts >= 0 and shards that are rows of the shards table")
+    starts = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=starts[1:])
+    return table, starts
+
+
+def _shards_table(shards: Sequence[ObjectInfo] | pa.Table) -> pa.Table:
+    """The shards table (uri, size, etag): the given table's columns, or built from the ObjectInfos."""
+    if isinstance(shards, pa.Table):
+        missing = {"uri", "size", "etag"} - set(shards.column_names)
+        if missing:
+            raise ValueError(
+                f"a catalog's shards table needs uri, size and etag columns; no {sorted(missing)}"
+            )
+        return shards.select(["uri", "size", "etag"])
+    return pa.table(
+        {
+            "uri": string_array([s.uri for s in shards]),
+            "size": int_array([s.size for s in shards]),
+            "etag": string_array([s.etag for s in shards]),
+        }
     )

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from raydl.errors import DataSourceError
-from raydl.native.decode import HEADER_BYTES, MAX_SIDE, NeedMoreBytes, header_size
 
 __all__ = ["HeaderSizes", "header_sizes"]
 
@@ -38,22 +38,26 @@ class HeaderSizes:
         self.widths, self.heights, self.errors = widths, heights, errors
 
 
-def _one(read: ReadPrefix, key: Any) -> tuple[int, int] | str:
+def _one(read: ReadPrefix, key: Any, decode: ModuleType) -> tuple[int, int] | str:
     try:
-        head = read(key, HEADER_BYTES)
+        head = read(key, decode.HEADER_BYTES)
         try:
-            h, w = header_size(head, complete=len(head) < HEADER_BYTES)
-        except NeedMoreBytes:
-            h, w = header_size(read(key, None), complete=True)
+            h, w = decode.header_size(head, complete=len(head) < decode.HEADER_BYTES)
+        except decode.NeedMoreBytes:
+            h, w = decode.header_size(read(key, None), complete=True)
     except (ValueError, DataSourceError) as exc:
         return f"cannot read the image size from the header: {exc}"
-    if w > MAX_SIDE or h > MAX_SIDE:
-        return f"the header gives a size {w}x{h}, past the {MAX_SIDE} pixels a side that image sizes hold"
+    if w > decode.MAX_SIDE or h > decode.MAX_SIDE:
+        return (
+            f"the header gives a size {w}x{h}, past the {decode.MAX_SIDE} pixels a side that image sizes hold"
+        )
     return w, h
 
 
 def header_sizes(read: ReadPrefix, keys: Sequence[Any], *, threads: int = 16) -> HeaderSizes:
     """Sizes of every key's image from its header, read on `threads` threads (IO-bound: S3's ranged GETs)."""
+    from raydl.native import decode  # the header parsers (Pillow): imported only when sizes are read
+
     widths = np.full(len(keys), -1, np.int32)
     heights = np.full(len(keys), -1, np.int32)
     errors: dict[int, str] = {}
@@ -64,7 +68,7 @@ def header_sizes(read: ReadPrefix, keys: Sequence[Any], *, threads: int = 16) ->
     chunk = max(1, min(_CHUNK, -(-len(keys) // threads)))
     runs = [keys[i : i + chunk] for i in range(0, len(keys), chunk)]
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(runs)))) as pool:
-        results = pool.map(lambda run: [_one(read, k) for k in run], runs)
+        results = pool.map(lambda run: [_one(read, k, decode) for k in run], runs)
         for i, got in enumerate(got for run in results for got in run):
             if isinstance(got, str):
                 errors[i] = got

@@ -2,8 +2,8 @@
 
 Each source lists its input once into a Catalog (raydl/describe/catalog.py) of
 shards and parts, and in the loader worker says where a batch's samples are
-(`locate`), how to read a block of a shard and how to cut a sample's image
-bytes and label out of a fetched range.
+(`locate`), how to read a block of a shard and how to cut a sample's fields
+out of a fetched range (the `Source` contract, raydl/describe/catalog.py).
 """
 
 from raydl.sources.base import ImageFiles, Located, Source

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
 
-__all__ = ["MISSING", "RowGroupValues", "Selection", "legacy_selection", "select"]
+__all__ = ["MISSING", "RowGroupValues", "Selection", "image_and_label_selection", "select"]
 
 #: what a cutter gives for a null cell of a field that must have a value (an array): the sample lacks it
 MISSING = object()
@@ -58,7 +58,7 @@ class Selection:
         return [p for p in self.paths if p is not None]
 
 
-def legacy_selection(image_column: str, label_column: str | None) -> Selection:
+def image_and_label_selection(image_column: str, label_column: str | None) -> Selection:
     """The image-and-label record (IMAGE_AND_LABEL) of a binary image column: for catalogs with no file
     read (catalog_from_row_counts)."""
     return Selection(
@@ -151,7 +151,7 @@ def select(
         fields.append(Field(name, _KIND.get(way, "value"), _dtype(t, way)))
         paths.append(path)
         how.append(way)
-    if image_column is not None and set(wanted) <= {image_column, label_column}:  # the legacy record
+    if image_column is not None and set(wanted) <= {image_column, label_column}:  # the image-and-label record
         image = paths[wanted.index(image_column)]
         return Selection(
             IMAGE_AND_LABEL, (image_column, label_column), (image, label_column), ("image", "label")
@@ -308,7 +308,7 @@ class RowGroupValues:
         """`columns`: each selected column's decoded array, by its name in the file."""
         self.rows, self.nbytes, self._get = rows, 0, []
         for column, how in zip(selection.columns, selection.how):
-            if column is None:  # the legacy record's label, without a label column
+            if column is None:  # the image-and-label record's label, without a label column
                 self._get.append(lambda _row: -1)
                 continue
             col = columns[column]

@@ -91,7 +91,9 @@ def _pax_records(data: bytes, uri: str, offset: int) -> dict[str, str]:
     return out
 
 
-def _member_size(info: tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: str, pos: int) -> int:
+def _member_size(
+    info: _Header | tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: str, pos: int
+) -> int:
     """The size of the data after the header at `pos`: the `size` record's of the pax header at `pax_at`
     where there is one."""
     if "size" in pax and info.type not in (tarfile.XHDTYPE, tarfile.XGLTYPE):
@@ -146,6 +148,37 @@ def _plain_header(header: bytes) -> _Header | None:
     return _Header(name, int(numbers[1], 8), kind)
 
 
+def _header_at(header: bytes, uri: str, pos: int) -> _Header | tarfile.TarInfo:
+    """The header at offset `pos`: read here where it is one of the plain ones, else by tarfile (a
+    DataSourceError where it does not parse)."""
+    info = _plain_header(header)
+    if info is None:
+        try:
+            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        except (tarfile.HeaderError, ValueError, OverflowError) as exc:
+            raise _corrupt(uri, pos, str(exc) or type(exc).__name__) from exc
+    return info
+
+
+def _data_size(
+    info: _Header | tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: str, pos: int, size: int
+) -> int:
+    """The size of the data after the header at `pos` (see `_member_size`), checked to end inside the
+    shard of `size` bytes, and to be at most MAX_EXTENDED_HEADER for a GNU long name or pax header."""
+    n = _member_size(info, pax, pax_at, uri, pos)
+    data_at = pos + BLOCK
+    if data_at + n > size:
+        raise DataSourceError(
+            f"{uri}: truncated tar shard: the member at offset {pos} needs {n} bytes from "
+            f"offset {data_at}, but the shard ends at {size}",
+            uri=uri,
+        )
+    extended = info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE)
+    if extended and n > MAX_EXTENDED_HEADER:
+        raise _corrupt(uri, pos, f"a {n}-byte extended header, over the {MAX_EXTENDED_HEADER}-byte limit")
+    return n
+
+
 def index_tar(
     read: Callable[[int, int], bytes], size: int, uri: str, *, window: int = 16 << 10, small_limit: int = 4096
 ) -> TarIndex:
@@ -175,23 +208,9 @@ def index_tar(
         header = get(pos, BLOCK)
         if header == _ZERO:
             break  # end-of-archive marker
-        info = _plain_header(header)
-        if info is None:
-            try:
-                info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-            except (tarfile.HeaderError, ValueError, OverflowError) as exc:
-                raise _corrupt(uri, pos, str(exc) or type(exc).__name__) from exc
+        info = _header_at(header, uri, pos)
         data_at = pos + BLOCK
-        n = _member_size(info, pax, pax_at, uri, pos)
-        if data_at + n > size:
-            raise DataSourceError(
-                f"{uri}: truncated tar shard: the member at offset {pos} needs {n} bytes from "
-                f"offset {data_at}, but the shard ends at {size}",
-                uri=uri,
-            )
-        extended = info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE)
-        if extended and n > MAX_EXTENDED_HEADER:
-            raise _corrupt(uri, pos, f"a {n}-byte extended header, over the {MAX_EXTENDED_HEADER}-byte limit")
+        n = _data_size(info, pax, pax_at, uri, pos, size)
         if info.type == tarfile.GNUTYPE_LONGNAME:
             long_name = get(data_at, n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif info.type == tarfile.XHDTYPE:

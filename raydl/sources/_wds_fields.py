@@ -13,7 +13,7 @@ from __future__ import annotations
 from raydl.describe.fields import Field
 from raydl.errors import DataSourceError
 from raydl.sources._values import dtype_of, kind_of
-from raydl.sources._wds_index import fields_of_signatures
+from raydl.sources._wds_blocks import fields_of_signatures
 
 __all__ = ["Select", "fields_of", "lacks", "parse_fields", "resolve_fields"]
 

@@ -52,19 +52,7 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     scheme, _ = split_scheme(root)
     # An object-store prefix is a folder: "s3://b/train" must not also list "s3://b/train2/...".
     prefix = root if scheme == "file" or root.endswith("/") else root + "/"
-    scan = _Scan(prefix, local=scheme == "file")
-    with Progress(None, f"listing {root}", unit="files", delay_s=_PROGRESS_AFTER_S) as bar:
-        folders = getattr(storage, "list_folders", None)
-        if folders is not None and scheme == "file" and os.path.isdir(prefix):
-            for folder, names, sizes in folders(prefix):  # a local folder: no ObjectInfo per file
-                scan.add_folder(folder, names, sizes)
-                bar.update(len(scan.sizes))
-        else:
-            for i, obj in enumerate(storage.list(prefix)):
-                scan.add(obj)
-                if not i % _PROGRESS_EVERY:
-                    bar.update(len(scan.sizes))
-        bar.update(len(scan.sizes))
+    scan = _scan(root, prefix, storage, local=scheme == "file")
     n = len(scan.sizes)
     if not n:
         raise DataSourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {root!r}", uri=root)
@@ -92,6 +80,25 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
         parts={"shard": np.arange(n, dtype=np.int64), "count": np.ones(n, np.int64), "label": label_values},
         classes=classes,
     )
+
+
+def _scan(root: str, prefix: str, storage: Storage, *, local: bool) -> _Scan:
+    """Every image file under `prefix`: a local folder's a folder at a time, an object store's object by
+    object; the count shown once it takes a while."""
+    scan = _Scan(prefix, local=local)
+    with Progress(None, f"listing {root}", unit="files", delay_s=_PROGRESS_AFTER_S) as bar:
+        folders = getattr(storage, "list_folders", None)
+        if folders is not None and local and os.path.isdir(prefix):
+            for folder, names, sizes in folders(prefix):  # a local folder: no ObjectInfo per file
+                scan.add_folder(folder, names, sizes)
+                bar.update(len(scan.sizes))
+        else:
+            for i, obj in enumerate(storage.list(prefix)):
+                scan.add(obj)
+                if not i % _PROGRESS_EVERY:
+                    bar.update(len(scan.sizes))
+        bar.update(len(scan.sizes))
+    return scan
 
 
 class _Scan:

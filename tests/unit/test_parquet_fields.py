@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import raydl
-import raydl.sources.parquet as parquet
+import raydl.sources._parquet_source as parquet
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
 from raydl.errors import DataSourceError
 from raydl.sources.parquet import clear_caches

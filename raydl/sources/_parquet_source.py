@@ -1,0 +1,384 @@
+"""The Parquet source as a loader worker runs it: a batch's rows located in their row groups, the row
+groups' selected column chunks read and decoded, each row cut out of them.
+
+A loader worker fetches a file's footer the first time it reads that file,
+checks it against the catalog (a file changed since listing is an
+ObjectChangedError) and keeps the footers it read last, per process and
+bounded by bytes. The selected columns' chunks of a row group are grouped
+into runs where at most `CHUNK_GAP` bytes lie between neighbours (the usual
+layout puts a row's columns side by side, so one run); a sample's range is
+the largest run, which every row of the row group shares, so equal ranges
+coalesce and a batch fetches it once, and a row group this process holds
+decoded already is located as an empty range (nothing fetched). The other
+runs are read, one request each, when the row group is decoded. pyarrow decodes the selected columns
+over just those bytes and the footer, once per process: the decoded row
+groups are kept by an LRU bounded by bytes, and each row is cut out of them
+as numpy views (`_parquet_fields.RowGroupValues`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raydl.describe.catalog import Catalog, Located, Source
+from raydl.describe.fields import Field
+from raydl.errors import DataSourceError, ObjectChangedError
+from raydl.sources._footer import Footer
+from raydl.sources._parquet_fields import MISSING, RowGroupValues, Selection
+from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, open_pieces, parse_footer
+from raydl.storage import ObjectInfo, Storage
+from raydl.util.arrow import StringColumn, int_column
+
+__all__ = ["CHUNK_GAP", "PARTS_COLUMNS", "BoundedLRU", "ParquetSource", "clear_caches"]
+
+CHUNK_GAP = 64 << 10  # neighbouring column chunks share a read when at most this many bytes lie between
+_CACHE_ROW_GROUPS = 64  # decoded row groups kept per process, at most _CACHE_ROW_GROUP_BYTES of buffers
+_CACHE_ROW_GROUP_BYTES = 256 << 20
+_CACHE_FOOTER_BYTES = 32 << 20  # footers kept per process, by their size as stored (parsed, a few times more)
+_FOOTER_THREADS = 16  # a worker's footer reads at once, when a batch reaches files it has not read yet
+
+PARTS_COLUMNS = ("shard", "count", "rg", "offset", "length")
+
+
+class BoundedLRU:
+    """Values by key, at most `max_items` of them and `max_bytes` by `size(value)`, the least recently used
+    dropped first; a value is made once however many threads ask for it at once."""
+
+    def __init__(self, max_items: int, max_bytes: int | None = None, size=None) -> None:
+        self._items: collections.OrderedDict = collections.OrderedDict()
+        self._max_items, self._max_bytes, self._size = max_items, max_bytes, size or (lambda _v: 0)
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._making: dict = {}
+
+    def get(self, key, make: Callable[[], object]):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            lock = self._making.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                if key in self._items:
+                    return self._items[key]
+            try:
+                value = make()
+            finally:
+                with self._lock:
+                    self._making.pop(key, None)
+            with self._lock:
+                self._items[key] = value
+                self._bytes += self._size(value)
+                while len(self._items) > self._max_items or (
+                    self._max_bytes is not None and self._bytes > self._max_bytes and len(self._items) > 1
+                ):
+                    self._bytes -= self._size(self._items.popitem(last=False)[1])
+            return value
+
+    def peek(self, key):
+        """The value of `key` if it is kept (None if not), made more recent."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            return None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+def _runs(chunks: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The chunks as (start, end) runs read whole: neighbours at most CHUNK_GAP bytes apart share one."""
+    runs: list[list[int]] = []
+    for start, n in sorted(chunks):
+        if runs and start - runs[-1][1] <= CHUNK_GAP:
+            runs[-1][1] = max(runs[-1][1], start + n)
+        else:
+            runs.append([start, start + n])
+    return [(a, b) for a, b in runs]
+
+
+@dataclass(frozen=True)
+class _FileFooter:
+    """A file's footer as a worker read it: pyarrow's FileMetaData, raydl's checked reading, its size, and
+    the leaf columns the source's selection reads."""
+
+    meta: pq.FileMetaData
+    footer: Footer
+    nbytes: int
+    leaves: tuple[int, ...]
+    reads: dict = field(default_factory=dict, compare=False)  # part -> its checked _RowGroupRead
+
+
+@dataclass(frozen=True)
+class _RowGroupRead:
+    """One row group as a batch reads it: the run of chunks that is the sample's range, and the other runs
+    (read when the row group is decoded). Every located row of the row group shares one."""
+
+    uri: str
+    version: tuple  # (catalog fingerprint, uri, etag, size): the file as listed
+    size: int
+    file: _FileFooter
+    rg: int
+    start: int  # the range's first byte in the file
+    end: int
+    far: tuple[tuple[int, int], ...]  # (start, end) of each other run
+    cache_key: str  # its decoded values' key: the file as listed, the row group, the selection (a str, whose
+    # hash is computed once, not once per row cut)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """What `cut` needs of a located row: its row group's read, and the storage to read its far runs from."""
+
+    read: _RowGroupRead
+    storage: Storage
+
+
+class _Files:
+    """The catalog's parts columns and the batch's files (`infos`: ObjectInfo by shard), read once per
+    locate."""
+
+    def __init__(self, catalog: Catalog, shards: np.ndarray) -> None:
+        for c in PARTS_COLUMNS:
+            setattr(self, c, catalog.column(c))
+        uris, etags = StringColumn(catalog.shards.column("uri")), StringColumn(catalog.shards.column("etag"))
+        sizes = int_column(catalog.shards.column("size"))
+        self.infos = {s: ObjectInfo(uris[s], int(sizes[s]), etags[s]) for s in shards.tolist()}
+
+
+_footers = BoundedLRU(1 << 16, _CACHE_FOOTER_BYTES, size=lambda f: f.nbytes)
+_row_groups = BoundedLRU(_CACHE_ROW_GROUPS, _CACHE_ROW_GROUP_BYTES, size=lambda v: v.nbytes)
+_footer_pool: ThreadPoolExecutor | None = None
+_footer_pool_lock = threading.Lock()
+
+
+def clear_caches() -> None:
+    """Forget every footer and decoded row group this process keeps (tests and fuzzing rewrite one file)."""
+    for cache in (_footers, _row_groups):
+        cache.clear()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _footer_pool
+    with _footer_pool_lock:
+        if _footer_pool is None:
+            _footer_pool = ThreadPoolExecutor(_FOOTER_THREADS, thread_name_prefix="raydl-parquet-footer")
+        return _footer_pool
+
+
+@dataclass(frozen=True, eq=False)
+class ParquetSource(Source):
+    """A sample is row `row` of a row group, a value per selected column (`selection`); see the module
+    docstring."""
+
+    image_column: str | None
+    label_column: str | None
+    footer_lengths: np.ndarray = field(repr=False)  # per file: bytes of its tail that hold the footer
+    selection: Selection = field(repr=False)
+    name: str = "parquet"
+    range_is_sample: bool = False
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        return self.selection.fields
+
+    @property
+    def reads_labels(self) -> bool:
+        """Whether a `label_column` is named."""
+        return self.label_column is not None
+
+    # -- locate: ids to row groups and rows, footers checked ------------------------------------
+    def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
+        ids = np.asarray(ids, dtype=np.int64)
+        part, row = catalog.locate(ids)
+        cols = {c: catalog.column(c)[part] for c in ("shard", "rg", "offset", "length")}
+        shard = cols["shard"].astype(np.int64)
+        files = _Files(catalog, np.unique(shard))
+        names = {s: info.uri.rsplit("/", 1)[-1] for s, info in files.infos.items()}
+        keys = [f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), cols["rg"].tolist(), row.tolist())]
+        offset, length = cols["offset"].copy(), cols["length"].copy()
+        reads: list = [None] * len(ids)
+        errors: dict[int, DataSourceError] = {}
+        footers = self._footers(catalog, files)
+        parts = np.unique(part)
+        for p, idx in zip(parts.tolist(), _members(part, parts)):
+            try:
+                read = _Part(self._row_group(catalog, files, footers, p), catalog.storage)
+            except DataSourceError as exc:
+                errors.update((i, exc) for i in idx.tolist())
+                continue
+            offset[idx], length[idx] = read.read.start, read.read.end - read.read.start
+            if _row_groups.peek(read.read.cache_key) is not None:  # decoded already: nothing to fetch
+                offset[idx], length[idx] = 0, 0  # all at one place, so they coalesce into one empty block
+            for i in idx.tolist():
+                reads[i] = read
+        return Located(
+            shard=shard,
+            offset=offset,
+            length=length,
+            row=row,
+            key=keys,
+            label=np.full(len(ids), -1, np.int64),
+            cut_info=reads,
+            errors=errors,
+        )
+
+    def _footers(self, catalog: Catalog, files: _Files) -> dict[int, _FileFooter | DataSourceError]:
+        """The footers of `files`: those this process has not read yet are fetched in parallel."""
+        out = {s: self._footer(catalog, files.infos[s], s, cached_only=True) for s in files.infos}
+        missing = [s for s, f in out.items() if f is None]
+        if len(missing) > 1:
+            out.update(zip(missing, _pool().map(lambda s: self._footer(catalog, files.infos[s], s), missing)))
+        elif missing:
+            out[missing[0]] = self._footer(catalog, files.infos[missing[0]], missing[0])
+        return out
+
+    def _footer(self, catalog: Catalog, info: ObjectInfo, shard: int, *, cached_only: bool = False):
+        """File `shard`'s footer, read once per process (bounded LRU) and checked to be the one listed (a
+        DataSourceError where it cannot be had; None where `cached_only` and it is not cached)."""
+        want = int(self.footer_lengths[shard])
+
+        def make() -> _FileFooter:
+            if not 12 <= want <= info.size:
+                raise DataSourceError(f"{info.uri}: the catalog has no footer for this file", uri=info.uri)
+            tail = catalog.storage.read_range(info.uri, info.size - want, want, etag=info.etag or None)
+            if len(tail) != want or tail[-4:] != b"PAR1" or int.from_bytes(tail[-8:-4], "little") != want - 8:
+                raise ObjectChangedError(
+                    f"{info.uri} changed after it was listed: its last {want} bytes are no footer",
+                    uri=info.uri,
+                )
+            footer = footer_of(info.uri, info.size, tail)
+            try:
+                leaves = needed_leaves(footer, self.selection, info.uri)
+            except ValueError as exc:  # listing found the columns: the file is another one now
+                raise ObjectChangedError(
+                    f"{info.uri} changed after it was listed: {exc}", uri=info.uri
+                ) from None
+            try:
+                meta = parse_footer(tail)
+            except (OSError, pa.ArrowException, ValueError) as exc:
+                raise DataSourceError(f"{info.uri}: corrupt Parquet footer ({exc})", uri=info.uri) from exc
+            return _FileFooter(meta, footer, len(tail), leaves)
+
+        # local files have no etag: the catalog's fingerprint (counts, sizes), the footer's length and the
+        # selection stand in for one
+        key = (catalog.fingerprint, info.uri, info.etag, info.size, want, self.selection.key)
+        if cached_only:
+            return _footers.peek(key)
+        try:
+            return _footers.get(key, make)
+        except DataSourceError as exc:
+            return exc
+
+    def _row_group(self, catalog: Catalog, files: _Files, footers: dict, p: int) -> _RowGroupRead:
+        """Part p as a _RowGroupRead, its row group as the footer says it (which must be as listed)."""
+        s = int(files.shard[p])
+        file, info = footers[s], files.infos[s]
+        if isinstance(file, DataSourceError):
+            raise file
+        hit = file.reads.get(p)  # the footer is this catalog's (its key holds the fingerprint)
+        if hit is not None:
+            return hit
+        rg, count = int(files.rg[p]), int(files.count[p])
+        span = (int(files.offset[p]), int(files.length[p]))
+        groups = file.footer.row_groups
+        chunks = [groups[rg].chunks[k] for k in file.leaves] if rg < len(groups) else []
+        if not (chunks and groups[rg].num_rows == count and chunk_span(chunks) == span):
+            raise ObjectChangedError(
+                f"{info.uri} changed after it was listed: row group {rg} is not as listed "
+                f"({count} rows, the selected columns' chunks at bytes [{span[0]}, {span[0] + span[1]}))",
+                uri=info.uri,
+            )
+        runs = _runs(chunks)
+        main = max(runs, key=lambda r: r[1] - r[0])  # the most bytes: what the batch's IO pool fetches
+        file.reads[p] = read = _RowGroupRead(
+            uri=info.uri,
+            version=(catalog.fingerprint, info.uri, info.etag, info.size),
+            size=info.size,
+            file=file,
+            rg=rg,
+            start=main[0],
+            end=main[1],
+            far=tuple(r for r in runs if r != main),
+            cache_key=repr((catalog.fingerprint, info.uri, info.etag, info.size, rg, self.selection.key)),
+        )
+        return read
+
+    # -- read and cut -----------------------------------------------------------------------------------
+    def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
+        if length == 0:  # rows of row groups this process holds decoded (locate says so): no request
+            return b""
+        return storage.read_range(shard.uri, offset, length, etag=shard.etag or None)
+
+    def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
+        part: _Part = located.cut_info[i]
+        read, row = part.read, int(located.row[i])
+        values = _row_groups.get(read.cache_key, lambda: self._decode(part, data))
+        if row >= values.rows:  # the footer said more rows than the chunks hold
+            raise DataSourceError(
+                f"{read.uri}: row group {read.rg} holds {values.rows} rows, not row {row}", uri=read.uri
+            )
+        cells = values.row(row)
+        record = dict(zip(self.selection.names, cells))
+        if any(c is MISSING for c in cells):
+            self._missing(read, located.key[i], record)
+        return record
+
+    def _missing(self, read: _RowGroupRead, key: str, record: dict) -> None:
+        """The DataSourceError of a row whose array field is null."""
+        for f, column in zip(self.fields, self.selection.columns):
+            if record[f.name] is MISSING:
+                raise DataSourceError(
+                    f"{self.sample_uri(read.uri, key)}: field {f.name!r} (column {column!r}) is "
+                    "null; an array field needs a value",
+                    uri=read.uri,
+                )
+
+    def _decode(self, part: _Part, data: bytes) -> RowGroupValues:
+        """The row group's selected columns, decoded by pyarrow in one call over the sample's range `data`
+        and the far runs (read here, one request each)."""
+        read = part.read
+        if len(data) != read.end - read.start:  # located as decoded, and dropped since: read it after all
+            data = part.storage.read_range(
+                read.uri, read.start, read.end - read.start, etag=read.version[2] or None
+            )
+        pieces = {read.start: data}
+        for start, end in read.far:
+            pieces[start] = part.storage.read_range(
+                read.uri, start, end - start, etag=read.version[2] or None
+            )
+        columns = [c for c in self.selection.columns if c is not None]
+        try:
+            table = open_pieces(read.uri, read.size, read.file.meta, pieces).read_row_group(
+                read.rg, columns=self.selection.read_paths
+            )
+            decoded = {c: table.column(c).combine_chunks() for c in columns}
+            rows = read.file.footer.row_groups[read.rg].num_rows
+            return RowGroupValues(self.selection, decoded, rows)
+        except (OSError, pa.ArrowException, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+            what = ", ".join(map(repr, columns))
+            raise DataSourceError(
+                f"{read.uri}: cannot decode the {what} column chunks of row group {read.rg}: {exc}",
+                uri=read.uri,
+            ) from exc
+
+    def sample_uri(self, shard_uri: str, key: str) -> str:
+        return f"{shard_uri}#{key.split('#', 1)[-1]}"
+
+
+def _members(part: np.ndarray, parts: np.ndarray) -> list[np.ndarray]:
+    """For each of the sorted distinct `parts`, the indices of `part` that hold it."""
+    order = np.argsort(part, kind="stable")
+    bounds = np.searchsorted(part[order], parts, side="left").tolist() + [len(part)]
+    return [order[bounds[k] : bounds[k + 1]] for k in range(len(parts))]
