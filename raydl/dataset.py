@@ -398,7 +398,7 @@ class Dataset:
         # Labels without names: counted where the driver has them (image folders), else read with the samples
         # (WebDataset, Parquet: "?"), unless the source reads none (no label field or column: 0).
         labelled = c.distinct_labels()
-        unlabelled = getattr(c.source, "label_field", getattr(c.source, "label_column", "")) is None
+        unlabelled = not c.source.reads_labels
         if not c.classes and labelled:
             classes = f"?, distinct_labels={labelled}"
         elif not c.classes and labelled is None and not unlabelled:

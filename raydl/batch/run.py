@@ -202,7 +202,7 @@ class BatchRun:
         unreadable."""
         uri = self._shards[block.shard].uri
         samples = []
-        if getattr(self._member.source, "cut_views", False):  # it copies out what it keeps: no copy here
+        if self._member.source.cut_views:  # it copies out what it keeps: no copy here
             data = memoryview(data)
         for i in block.members:
             _, offset, length, _ = (int(v) for v in self._where[i])
