@@ -97,6 +97,22 @@ def read_webdataset(
     """
     from raydl.sources.webdataset import list_webdataset
 
+    patterns, storage_of, names = _webdataset_args(urls, s3, fields, image_fields, label_field, allow_pickle)
+    return Dataset(
+        list_webdataset(
+            patterns,
+            storage_of=storage_of,
+            image_fields=names,
+            label_field=label_field,
+            index=str(index),
+            fields=fields,
+            allow_pickle=allow_pickle,
+        )
+    )
+
+
+def _webdataset_args(urls, s3, fields, image_fields, label_field, allow_pickle):
+    """read_webdataset's arguments checked: (the shard patterns, storage_of(url), the image field names)."""
     defaults = tuple(image_fields) == ("jpg", "jpeg", "png", "webp") and label_field == "cls"
     if fields is not None and not defaults:
         raise ValueError(
@@ -119,17 +135,7 @@ def read_webdataset(
     if not names or not all(isinstance(f, str) and f for f in names):
         raise ValueError(f"image_fields must be a non-empty tuple of field names, got {image_fields!r}")
     patterns = [p[len("file://") :] if p.startswith("file://") else p for p in map(str, patterns)]
-    return Dataset(
-        list_webdataset(
-            patterns,
-            storage_of=storage_of,
-            image_fields=names,
-            label_field=label_field,
-            index=str(index),
-            fields=fields,
-            allow_pickle=allow_pickle,
-        )
-    )
+    return patterns, storage_of, names
 
 
 def read_parquet(

@@ -1,0 +1,101 @@
+"""The LoaderPlan without Ray: built once from a dataset's description, it answers every rank's tasks, states and
+resumes, for plain, windowed, bucketed and mixed datasets alike."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+import raydl
+from raydl.options import LoaderConfig
+from raydl.plan.build import build_plan
+from raydl.plan.loader_plan import Position
+from raydl.plan.order import EpochOrder, EpochPlan, augmentation_seeds
+from raydl.plan.orders import BucketOrder, MixOrder, SampleOrder
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _plan(ds, **options):
+    return build_plan(ds.mixture(), LoaderConfig(**{"batch_size": 8, "seed": 3, **options}))
+
+
+def _epoch(plan, rank, epoch, start=0):
+    return [plan.task(rank, epoch, k, start=start) for k in range(plan.batches_per_rank(epoch, start=start))]
+
+
+def test_a_plain_plan_gives_the_keyed_order_dealt_to_the_ranks(image_folder):
+    """One dataset: batch k of rank r is the epoch's keyed order at the dealt positions, seeded by sample id."""
+    ds = raydl.read_images(str(image_folder)).decode().center_crop(16)
+    plan = _plan(ds, world_size=2)
+    assert isinstance(plan.order, SampleOrder) and plan.num_samples == len(ds) == 61
+    deal = EpochPlan(61, 2, 8, False)
+    order = EpochOrder(61, seed=3, epoch=1, shuffle=True, fingerprint=ds.catalog.samples_fingerprint)
+    for rank in range(2):
+        tasks = _epoch(plan, rank, 1)
+        assert len(tasks) == deal.batches_per_rank == plan.batches_per_rank(1)
+        for k, task in enumerate(tasks):
+            ids = order[deal.positions(rank, k)]
+            np.testing.assert_array_equal(task.ids, ids)
+            np.testing.assert_array_equal(task.seeds, augmentation_seeds(ids, seed=3, epoch=1))
+            assert (task.rank, task.epoch, task.index, task.bucket) == (rank, 1, k, None)
+    assert plan.image_fields == ("image",) and plan.batch_bytes == 8 * 16 * 16 * 3
+
+
+def test_states_round_trip_and_re_deal_at_another_world_size(image_folder):
+    """state() is JSON; check_state() gives the same position back, or at another world size the rest of the
+    epoch re-dealt so that every sample is still delivered exactly once."""
+    ds = raydl.read_images(str(image_folder)).decode().center_crop(16)
+    two = _plan(ds, world_size=2, drop_last=True)
+    state = json.loads(json.dumps(two.state(rank=0, position=Position(1, 0, 2))))
+    assert state["batches_done"] == 2 and state["shuffle_window"] == 0 and state["mix"] is None
+    assert two.check_state(state) == Position(1, 0, 2)
+    three = _plan(ds, world_size=3, drop_last=True)
+    position = three.check_state(state)
+    assert position.epoch == 1 and position.next == 0 and position.start == 2 * 2 * 8
+    seen = {int(i) for r in range(2) for t in _epoch(two, r, 1)[:2] for i in t.ids}
+    rest = {int(i) for r in range(3) for t in _epoch(three, r, 1, start=position.start) for i in t.ids}
+    assert (
+        not seen & rest and len(seen | rest) == 3 * three.batches_per_rank(1, start=position.start) * 8 + 32
+    )
+    with pytest.raises(ValueError, match="the state's seed is 3, this loader's is 4"):
+        _plan(ds, world_size=2, drop_last=True, seed=4).check_state(state)
+
+
+def test_one_protocol_for_buckets_windows_and_mixes(image_folder, tmp_path):
+    """Bucketed, windowed and mixed datasets get their own Order, and the plan asks each the same way."""
+    from raydl.bench.shards import write_parquet
+
+    images = raydl.read_images(str(image_folder)).decode()
+    bucketed = _plan(images.aspect_buckets(64, multiple=16))
+    assert isinstance(bucketed.order, BucketOrder) and bucketed.order.deals_batches
+    for task in _epoch(bucketed, 0, 0):
+        assert task.bucket in bucketed.order.buckets and 1 <= len(task.ids) <= 8
+    table = raydl.read_parquet(write_parquet(str(image_folder), str(tmp_path / "pq"), row_group=4))
+    windowed = _plan(table)
+    assert (
+        windowed.order.window == 16
+        and windowed.state(rank=0, position=Position(0, 0, 0))["shuffle_window"] == 16
+    )
+    mixed = _plan(
+        raydl.mix({"a": images.center_crop(16), "b": images.center_crop(16)}, weights={"a": 1, "b": 3})
+    )
+    assert isinstance(mixed.order, MixOrder) and mixed.order.id_offsets == (0, 61, 122)
+    ids = np.concatenate([t.ids for t in _epoch(mixed, 0, 0)])
+    assert len(ids) == 122 and 0.7 < np.mean(ids >= 61) < 0.8  # b's share: 3 of 4
+    with pytest.raises(ValueError, match="with a mix the batches themselves depend on it"):
+        mixed.check_state({**mixed.state(rank=0, position=Position(0, 0, 1)), "batch_size": 4})
+
+
+def test_a_plan_pickles_without_its_computed_epochs(image_folder):
+    """A Loader pickles into handles: its plan goes without the epoch orders this process computed, and the copy
+    gives the same tasks."""
+    plan = _plan(raydl.read_images(str(image_folder)).decode().center_crop(16))
+    first = plan.task(0, 0, 1)
+    assert plan._epochs
+    copy = pickle.loads(pickle.dumps(plan))
+    assert copy._epochs == {}
+    np.testing.assert_array_equal(copy.task(0, 0, 1).ids, first.ids)
