@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from raydl.storage.base import ObjectInfo, Storage, split_scheme
+from raydl.storage.base import BaseStorage, ObjectInfo, Storage, split_scheme
 from raydl.storage.local import LocalStorage
 
-__all__ = ["LocalStorage", "ObjectInfo", "Storage", "resolve", "split_scheme", "storage_for"]
+__all__ = ["BaseStorage", "LocalStorage", "ObjectInfo", "Storage", "resolve", "split_scheme", "storage_for"]
 
 _SCHEMES = ("file", "s3")
 
