@@ -40,7 +40,8 @@ from raydl.storage.cache_folder import ENTRIES, STATE, TMP, StateLock, fsync_dir
 
 __all__ = ["COUNTERS", "LOW_WATER", "WHOLE", "CacheCounts", "NodeCache", "node_cache"]
 
-# One logger for the whole node cache (this module and cache.py), under the name its users filter on.
+# The node cache's warnings go out under the name of its front module, raydl.storage.cache: one name to
+# filter the whole cache on.
 logger = logging.getLogger("raydl.storage.cache")
 
 MAGIC = b"RAYDLC1\n"
