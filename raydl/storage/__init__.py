@@ -1,4 +1,5 @@
-"""Where sample bytes come from: one small interface (base.py), local disk and S3 behind it."""
+"""Where sample bytes come from: one small interface (base.py), local disk and S3 behind it, and the
+node cache in front of a remote store (cache.py)."""
 
 from __future__ import annotations
 
