@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 __all__ = ["STREAM_CHUNK", "BaseStorage", "ObjectInfo", "Storage", "split_scheme", "stream_object"]
 
@@ -71,6 +71,9 @@ class Storage(Protocol):
         ...
 
     # -- what a reader asks of a node cache (BaseStorage: a storage without one) ----------------------
+    #: whether `plan` changes anything: a reader may skip working out a read's pieces where it does not
+    uses_plans: bool
+
     def scoped(self, *, behind: bool = False) -> Storage:
         """This storage for one scope of reads (a batch's): with a cache, the same store and cache with
         counters of their own, and with `behind` a miss's entries written after its bytes are handed on."""
@@ -96,6 +99,8 @@ class BaseStorage:
     S3Storage inherit them; CachedStorage overrides them."""
 
     __slots__ = ()
+
+    uses_plans: ClassVar[bool] = False  # plan() is ignored: no need to work the pieces out
 
     def scoped(self, *, behind: bool = False) -> Storage:
         """This storage itself: with no cache, a scope has nothing of its own."""

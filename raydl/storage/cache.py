@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from raydl.options import Cache
 from raydl.storage.base import STREAM_CHUNK, BaseStorage, ObjectInfo, Storage
@@ -93,6 +94,8 @@ class CachedStorage(BaseStorage):
     # A batch's scope (`scoped(behind=True)`): its misses' entries are written on the process's writer
     # threads while the batch decodes, and `flush()` (at the batch's end) waits for them. Else, at once.
     _behind: list | None = field(default=None, compare=False, repr=False)
+
+    uses_plans: ClassVar[bool] = True  # a planned read is kept and looked up piece by piece
 
     @property
     def default_io_concurrency(self) -> int:

@@ -109,12 +109,13 @@ def test_storage_pickles_small_after_use(backend):
 
 
 def test_node_cache_hooks_of_a_storage_without_a_cache(backend):
-    """Every backend answers a reader's node-cache questions alike: scoped() is itself, plan() leaves the
-    next read as it is, flush() waits for nothing, take_cache_counts() is {}."""
+    """Every backend answers a reader's node-cache questions alike: scoped() is itself, it uses no plans and
+    plan() leaves the next read as it is, flush() waits for nothing, take_cache_counts() is {}."""
     backend.put("h", b"hooks")
     uri = backend.root + "h"
     storage = backend.storage
     assert storage.scoped() is storage and storage.scoped(behind=True) is storage
+    assert storage.uses_plans is False
     storage.plan(uri, 0, 5, [(0, 2), (3, 2)])
     assert storage.read_range(uri, 0, 5) == b"hooks"
     storage.flush()

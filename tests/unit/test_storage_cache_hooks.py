@@ -1,5 +1,5 @@
-"""What a reader asks of a node cache (scoped, plan, flush, take_cache_counts) and with_node_cache: every storage
-answers alike, a storage without a cache with its defaults, CachedStorage with its own."""
+"""What a reader asks of a node cache (uses_plans, scoped, plan, flush, take_cache_counts) and with_node_cache:
+every storage answers alike, a storage without a cache with its defaults, CachedStorage with its own."""
 from __future__ import annotations
 
 import os
@@ -42,7 +42,7 @@ def _entries(root) -> list[str]:
 def test_a_storage_without_a_cache_answers_the_hooks_with_its_defaults(storage):
     """scoped() is the storage itself (behind or not), plan() and flush() do nothing, and there are no
     counters to take: {} every time."""
-    assert isinstance(storage, BaseStorage)
+    assert isinstance(storage, BaseStorage) and storage.uses_plans is False
     assert storage.scoped() is storage and storage.scoped(behind=True) is storage
     assert storage.plan("s3://b/k", 0, 100, [(0, 10), (50, 50)]) is None
     assert storage.flush() is None
@@ -106,6 +106,7 @@ def test_a_cached_plan_keeps_a_block_as_its_pieces(tmp_path, blob):
     """A planned read is one request to the store, kept as its pieces; each piece alone is a hit later."""
     inner = CountingStorage()
     storage = CachedStorage(inner, NodeCache(str(tmp_path / "cache"), 1 << 20))
+    assert storage.uses_plans is True and storage.scoped(behind=True).uses_plans is True
     storage.plan(blob, 0, 3000, [(0, 1000), (2000, 1000)])
     assert storage.read_range(blob, 0, 3000, etag="e1") == open(blob, "rb").read()[:3000]
     assert inner.reads == [(blob, 0, 3000)] and len(_entries(tmp_path / "cache")) == 2
