@@ -8,7 +8,7 @@ never pickled. Every failure is a DataSourceError naming the URI, and the
 offset when there is one, raised `from` the lower-level error.
 
 Beside reading, every storage answers what a reader asks of a node cache
-(`scoped`, `plan`, `flush`, `take_cache_counts`): `BaseStorage` gives the
+(`uses_plans`, `scoped`, `plan`, `flush`, `take_cache_counts`): `BaseStorage` gives the
 answers of a storage with no cache, and the cache's wrapper
 (raydl/storage/cache.py, `CachedStorage`) overrides them. A caller asks any
 storage alike and never tests which one it holds. Listing and cutting samples
