@@ -104,8 +104,8 @@ def checkpoint_faults() -> str:
     compare the ways; docs/checkpoints.md): "hint" (default: at import, inside Ray, one of the
     cluster's last published checkpoint size starts faulting in; a fetch into fresh memory has
     toucher threads just ahead of its reads), "ahead" (only the toucher threads), "ahead-huge"
-    (those, on transparent huge pages), "end-huge" (huge pages, one thread from the buffer's end:
-    main before issue 21), "reads" (the reads fault it), "first" (all of it on every core, then
+    (those, on transparent huge pages), "end-huge" (huge pages, one thread from the buffer's end
+    while the reads fault its front), "reads" (the reads fault it), "first" (all of it on every core, then
     the reads). Anything else is a ValueError naming the variable."""
     text = os.environ.get("RAYDL_CHECKPOINT_FAULTS", "").strip() or "hint"
     if text not in CHECKPOINT_FAULTS:

@@ -22,7 +22,7 @@ from raydl.plan.failures import Failure
 from raydl.plan.order import substitute_id
 from raydl.plan.tasks import BatchTask, batch_rows
 from raydl.storage.base import ObjectInfo
-from raydl.storage.cache import CachedStorage, node_cache, wants_cache
+from raydl.storage.cache import with_node_cache
 from raydl.util.arrow import StringColumn, int_column
 
 __all__ = ["MAX_SUBSTITUTES", "MemberReader"]
@@ -35,11 +35,11 @@ class MemberReader:
     process in errors."""
 
     def __init__(self, spec: WorkerSpec, catalog: Catalog, pools: Pools, name: str) -> None:
-        if spec.cache is not None and wants_cache(catalog.storage):
-            # Every read of the catalog's store (the sources' footers and index blocks too) goes through the
-            # node cache; a batch's own reads get counters of their own (raydl/batch/run.py).
-            cached = CachedStorage(catalog.storage, node_cache(spec.cache.path, spec.cache.max_bytes))
-            catalog = dataclasses.replace(catalog, storage=cached)
+        # Every read of the catalog's store (the sources' footers and index blocks too) goes through the node
+        # cache where one applies; a batch's own reads get counters of their own (raydl/batch/run.py).
+        storage = with_node_cache(catalog.storage, spec.cache)
+        if storage is not catalog.storage:
+            catalog = dataclasses.replace(catalog, storage=storage)
         self.spec, self.catalog, self.pools, self.name = spec, catalog, pools, name
         self.source, self.storage = catalog.source, catalog.storage
         self.num_samples = len(catalog)

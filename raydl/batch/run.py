@@ -28,7 +28,6 @@ from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, DecodeError, LoaderError
 from raydl.plan.failures import Failure, Replaced
 from raydl.plan.tasks import BatchResult, BatchTask
-from raydl.storage.cache import CachedStorage
 from raydl.storage.fetch import Block, coalesce
 
 __all__ = ["BatchRun", "run_together"]
@@ -97,8 +96,8 @@ class BatchRun:
         # drains are not cut: the last run to finish would decode its tail on one thread.
         self._share = share
         self._threads = member.pools.threads
-        storage = member.storage
-        self._storage = storage.scoped(behind=True) if isinstance(storage, CachedStorage) else storage
+        # Through a node cache: this batch's reads counted apart, their entries written behind
+        self._storage = member.storage.scoped(behind=True)
         # Every IO task and every decode-pool task of this batch: a failed batch waits for them all.
         self._io_tasks: list[Future] = []
         self._decode_tasks: list[Future] = []
@@ -188,7 +187,7 @@ class BatchRun:
     def _read(self, block: Block) -> bytes | None:
         """The block's bytes; None when they cannot be read, its samples then settled as unreadable."""
         shard = self._shards[block.shard]
-        if isinstance(self._storage, CachedStorage):  # kept as its samples' ranges, which every epoch reads
+        if self._storage.uses_plans:  # a cache keeps a block as its samples' ranges, which every epoch reads
             where = self._where[list(block.members), 1:3]
             self._storage.plan(shard.uri, block.offset, block.length, sorted(set(map(tuple, where.tolist()))))
         try:
@@ -332,10 +331,8 @@ class BatchRun:
         """The node cache's counters of this batch's reads, and of the worker's own since its last batch
         (footers, index blocks, substitutes: every count lands in exactly one batch); {} without a
         cache. The entries this batch's misses write behind are on disk once it returns."""
-        if not isinstance(self._storage, CachedStorage):
-            return {}
         self._storage.flush()
-        mine, shared = self._storage.counts.take(), self._member.storage.counts.take()
+        mine, shared = self._storage.take_cache_counts(), self._member.storage.take_cache_counts()
         return {k: mine[k] + shared[k] for k in mine}
 
     def _slot_views(self, name: str, rows: list[int]):

@@ -17,7 +17,9 @@ The package, along its seams:
     held          HeldCopy / HeldCopies: the copies a process serves, and their owner
     fabric        the fabric transport: FabricClient, pull()
     object_store  the object-store transport served on demand; holder_status()
-    api           publish, fetch, unpublish, prepare: one process's checkpoints
+    api           publish, fetch, unpublish: one process's checkpoints (prepare re-exported)
+    process       what a process holds for checkpoints: copies, buffers, fabric client, endpoints
+    startup       prepare(): the fabric side and a receive buffer ahead of the first fetch; the size hint
     chain         broadcast() over a chain of peers that pipelines
     peer          CheckpointPeer, peer_actor(): a process that receives a checkpoint and serves it on
     target        where a fetch lands: a pooled buffer, or an into= file allocated in full first

@@ -1,7 +1,7 @@
 """Receive buffers: anonymous memory faulted in ahead of the reads, reused when free.
 
-A cold fetch spent most of its transfer faulting in fresh pages. On the
-2-core VM of issue 21 (KVM, free page reporting) a fresh 512 MiB cost 0.14 s
+A fetch into fresh memory would spend most of its transfer faulting pages in.
+On a 2-core KVM guest with free page reporting, a fresh 512 MiB cost 0.14 s
 of kernel time with 4 KiB pages but 0.07-1.3 s with transparent huge pages
 (1.2 s typical in a fresh process), and pages faulted by the provider's own
 recv cost far more than either (a fetch with nothing faulted ahead: 1.3 s of
@@ -87,8 +87,8 @@ def populate_in_slices(
     """populate() all of mm, `slice_bytes` at a time: each slice holds the process's mmap lock only
     briefly, so another thread's mmap (a fetch's buffer, the fabric stack's set-up) is not held up
     for the whole buffer. touch as in populate(); touch=False (reads may be landing in mm): without
-    MADV_POPULATE_WRITE it stops, and the reads fault the pages. from_end: last slice first (main
-    before issue 21: the reads fault the front, this the back)."""
+    MADV_POPULATE_WRITE it stops, and the reads fault the pages. from_end: last slice first
+    (RAYDL_CHECKPOINT_FAULTS=end-huge: the reads fault the front, this the back)."""
     starts = range(0, len(mm), slice_bytes)
     for start in reversed(starts) if from_end else starts:
         if not populate(mm, start, min(slice_bytes, len(mm) - start), touch=touch) and not touch:

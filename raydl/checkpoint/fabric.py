@@ -286,75 +286,111 @@ def pull(
     hears, on the reading thread, that a read ending at byte `end` has landed
     (fetch's Toucher keeps faulting just ahead of that).
     """
-    n = len(ref.checksums)
-    c = ref.chunk_size
     if window_bytes is None and progress_at is None and on_done is None:
-        window = n  # nobody watches the progress: one pipelined read, no drain between windows
+        # nobody watches the progress: one pipelined read, no drain between windows
+        window = len(ref.checksums)
     else:
-        window = max(1, (window_bytes or 4 * chunk_size * max_inflight) // c)
-    done = start
-    peer = ref.fabric.peer
+        window = max(1, (window_bytes or 4 * chunk_size * max_inflight) // ref.chunk_size)
     pacer = None
     if link_gbps:
         from raydl.native.pyfi import Pacer
 
         pacer = Pacer(link_gbps * 1e9 / 8, burst=chunk_size)
-    landing = _Landing(dst, ref, peer, start, on_done)
-
-    def _landed(pos: int, length: int) -> None:
-        landing.landed(pos, length)
-        if on_landed is not None:
-            on_landed(pos + length)
-
+    landing = _Landing(dst, ref, ref.fabric.peer, start, on_done)
     watch = holder_watchdog(ref)
-    word = np.zeros(1, np.int64)
+    reads = _Reads(
+        ref, dst, landing, watch, start=start, window=window, progress_at=progress_at, on_landed=on_landed
+    )
     try:
         with client.connection(ref.fabric, phases, timeout=timeout, watchdog=watch) as conn:
             t1 = time.perf_counter()
-            avail = start
-            pace = UpstreamPace()
-            while done < n:
-                if avail <= done:  # look at the upstream's progress only once what it had is read
-                    if progress_at is None:
-                        avail = n
-                    else:
-                        conn.read_into(
-                            word,
-                            offset=progress_at,
-                            timeout=timeout,
-                            watchdog=watch,
-                            watch_every=WATCH_EVERY_S,
-                        )
-                        avail = min(n, int(word[0]))
-                        pace.saw(time.monotonic(), avail)
-                if avail <= done:  # the upstream holder has nothing new yet
-                    time.sleep(pace.wait_s())
-                    continue
-                end = min(avail, done + window)
-                lo, hi = done * c, min(end * c, ref.size)
-                conn.read_into(
-                    dst[lo:hi],
-                    offset=lo,
-                    chunk_size=chunk_size,
-                    max_inflight=max_inflight,
-                    timeout=timeout,
-                    watchdog=watch,
-                    watch_every=WATCH_EVERY_S,
-                    pacer=pacer,
-                    on_chunk=lambda pos, length, lo=lo: _landed(lo + pos, length),
-                )
-                done = end  # every chunk of the window landed, so every one was checked (and on_done heard)
+            reads.run(conn, timeout=timeout, chunk_size=chunk_size, max_inflight=max_inflight, pacer=pacer)
             t2 = time.perf_counter()
     except FabricError as exc:
-        try:  # a region revoked on a live endpoint fails the read at once: say why when the holder can tell
-            watch()
-        except CheckpointError as why:
-            raise why from exc
-        refused = exc.code in _REFUSED
-        raise CheckpointError(
-            f"checkpoint {ref.key[:8]}: transfer from {ref.holder} ({peer}) failed at chunk {done}: {exc}"
-            + (f" ({REFUSED_HINT})" if refused else "")
-        ) from exc
+        raise _transfer_failed(ref, reads.done, exc, watch) from exc
     if phases is not None:
         phases["transfer"] = phases.get("transfer", 0.0) + (t2 - t1) - landing.seconds
         phases["verify"] = phases.get("verify", 0.0) + landing.seconds
+
+
+class _Reads:
+    """One pull's reads, a window at a time, never past what the source holds (a broadcast holder still
+    receiving says so in its progress word). `done` is how many chunks have landed, each checked."""
+
+    def __init__(
+        self,
+        ref: CheckpointRef,
+        dst: np.ndarray,
+        landing: _Landing,
+        watch: Callable[[], None],
+        *,
+        start: int,
+        window: int,
+        progress_at: int | None,
+        on_landed: Callable[[int], None] | None,
+    ) -> None:
+        self._ref, self._dst, self._landing, self._watch = ref, dst, landing, watch
+        self._window, self._progress_at, self._on_landed = window, progress_at, on_landed
+        self._word = np.zeros(1, np.int64)
+        self.done = start
+
+    def run(self, conn, *, timeout: float, chunk_size: int, max_inflight: int, pacer) -> None:
+        n = len(self._ref.checksums)
+        avail = self.done
+        pace = UpstreamPace()
+        while self.done < n:
+            if avail <= self.done:  # look at the upstream's progress only once what it had is read
+                avail = n if self._progress_at is None else self._held(conn, timeout, pace, n)
+            if avail <= self.done:  # the upstream holder has nothing new yet
+                time.sleep(pace.wait_s())
+                continue
+            end = min(avail, self.done + self._window)
+            c = self._ref.chunk_size
+            lo, hi = self.done * c, min(end * c, self._ref.size)
+            conn.read_into(
+                self._dst[lo:hi],
+                offset=lo,
+                chunk_size=chunk_size,
+                max_inflight=max_inflight,
+                timeout=timeout,
+                watchdog=self._watch,
+                watch_every=WATCH_EVERY_S,
+                pacer=pacer,
+                on_chunk=lambda pos, length, lo=lo: self._landed(lo + pos, length),
+            )
+            self.done = end  # every chunk of the window landed, so every one was checked (and on_done heard)
+
+    def _held(self, conn, timeout: float, pace: UpstreamPace, n: int) -> int:
+        """How many chunks the source holds now, read from its progress word."""
+        conn.read_into(
+            self._word,
+            offset=self._progress_at,
+            timeout=timeout,
+            watchdog=self._watch,
+            watch_every=WATCH_EVERY_S,
+        )
+        avail = min(n, int(self._word[0]))
+        pace.saw(time.monotonic(), avail)
+        return avail
+
+    def _landed(self, pos: int, length: int) -> None:
+        self._landing.landed(pos, length)
+        if self._on_landed is not None:
+            self._on_landed(pos + length)
+
+
+def _transfer_failed(
+    ref: CheckpointRef, done: int, exc: FabricError, watch: Callable[[], None]
+) -> CheckpointError:
+    """The CheckpointError for a pull whose reads failed at chunk `done`: what became of the holder when it
+    can tell (a region revoked on a live endpoint fails the read at once), else the fabric's error."""
+    try:
+        watch()
+    except CheckpointError as why:
+        return why
+    refused = exc.code in _REFUSED
+    peer = ref.fabric.peer
+    return CheckpointError(
+        f"checkpoint {ref.key[:8]}: transfer from {ref.holder} ({peer}) failed at chunk {done}: {exc}"
+        + (f" ({REFUSED_HINT})" if refused else "")
+    )

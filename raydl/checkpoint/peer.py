@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -107,20 +107,9 @@ class CheckpointPeer:
             seen["last_window_at"] = time.time()
 
         for src in sources:
-            done = int(copy.progress[0])
             try:
-                pull(
-                    self._fabric,
-                    src,
-                    copy.buffer[: src.size],
-                    start=done,
-                    timeout=timeout,
-                    chunk_size=src.chunk_size,
-                    max_inflight=8,
-                    window_bytes=window_bytes,
-                    link_gbps=link_gbps,
-                    progress_at=src.progress_at,
-                    on_done=on_done,
+                self._pull_from(
+                    src, copy, on_done, timeout=timeout, window_bytes=window_bytes, link_gbps=link_gbps
                 )
                 return {
                     "holder": self._name,
@@ -141,6 +130,31 @@ class CheckpointPeer:
                 errors.append(f"{src.holder}: {exc}")
         raise CheckpointError(
             f"peer {self._name} could not get checkpoint {key[:8]} from any holder: " + "; ".join(errors)
+        )
+
+    def _pull_from(
+        self,
+        src: CheckpointRef,
+        copy: HeldCopy,
+        on_done: Callable[[int], None],
+        *,
+        timeout: float,
+        window_bytes: int | None,
+        link_gbps: float | None,
+    ) -> None:
+        """The chunks of this peer's copy it does not hold yet, read from `src` (and verified)."""
+        pull(
+            self._fabric,
+            src,
+            copy.buffer[: src.size],
+            start=int(copy.progress[0]),
+            timeout=timeout,
+            chunk_size=src.chunk_size,
+            max_inflight=8,
+            window_bytes=window_bytes,
+            link_gbps=link_gbps,
+            progress_at=src.progress_at,
+            on_done=on_done,
         )
 
     def fetch(self, ref: CheckpointRef, *, transport: str = "auto") -> dict[str, Any]:

@@ -66,55 +66,63 @@ def torch_batches(
     them), or a dict column -> dtype (a variable-length column's tensors each get it).
     """
     torch = import_torch("iter_torch_batches")
-    dev = _device(device, pin_memory)
-    if dtypes is None:
-        dtype_of: dict[str, Any] = {}
-    elif isinstance(dtypes, dict):
-        dtype_of = dict(dtypes)
-    else:
-        dtype_of = dict.fromkeys(images, dtypes)
+    convert = _Converter(torch, _device(device, pin_memory), _dtype_of(dtypes, images), pin_memory)
+    for batch in batches:
+        # once a batch: entering it costs a few us, a token list has B tensors
+        with warnings.catch_warnings():
+            # Object-store arrays are read-only; the tensors share their memory (no copy).
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            out = convert.batch(batch)
+        yield out
 
-    def tensor(name: str, value: np.ndarray):
+
+def _dtype_of(dtypes: Any, images: tuple[str, ...]) -> dict[str, Any]:
+    """The torch dtype asked for each column: none, a dict's, or one dtype for every image column."""
+    if dtypes is None:
+        return {}
+    if isinstance(dtypes, dict):
+        return dict(dtypes)
+    return dict.fromkeys(images, dtypes)
+
+
+class _Converter:
+    """One iterator's columns to tensors on `dev`, each numeric one a view of its array where it can be."""
+
+    def __init__(self, torch: Any, dev: Any, dtype_of: dict[str, Any], pin_memory: bool) -> None:
+        self._torch, self._dev, self._dtype_of, self._pin = torch, dev, dtype_of, pin_memory
+
+    def tensor(self, name: str, value: np.ndarray):
         try:
-            t = torch.from_numpy(value)
+            t = self._torch.from_numpy(value)
         except TypeError as exc:
             raise TypeError(
                 f"iter_torch_batches: column {name!r} has dtype {value.dtype}, which torch cannot hold; "
                 "convert it in map_batches, or use iter_batches"
             ) from exc
-        if pin_memory:
+        if self._pin:
             t = t.pin_memory()
-        if name in dtype_of or dev.type != "cpu":
-            t = t.to(device=dev, dtype=dtype_of.get(name), non_blocking=pin_memory)
+        if name in self._dtype_of or self._dev.type != "cpu":
+            t = t.to(device=self._dev, dtype=self._dtype_of.get(name), non_blocking=self._pin)
         return t
 
-    def _convert(batch: dict[str, Any]) -> dict[str, Any]:
+    def batch(self, batch: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, value in batch.items():
             if not isinstance(value, np.ndarray):
                 out[name] = value  # "key" (a list), "bucket" (a tuple)
             elif value.dtype.kind in "biufc":
-                out[name] = tensor(name, value)
+                out[name] = self.tensor(name, value)
             elif value.dtype == object and _all_numeric_rows(value):
-                out[name] = [None if v is None else tensor(name, v) for v in value]
-            elif name in dtype_of:
+                out[name] = [None if v is None else self.tensor(name, v) for v in value]
+            elif name in self._dtype_of:
                 raise ValueError(
                     f"dtypes names column {name!r}, which holds {_kinds(value)} values, not numbers"
                 )
             elif value.dtype.kind in "OUS":
                 out[name] = value.tolist()  # text, dicts, bytes: the same Python values, in a list
             else:
-                out[name] = tensor(name, value)  # datetimes and the like: torch's refusal, named
+                out[name] = self.tensor(name, value)  # datetimes and the like: torch's refusal, named
         return out
-
-    for batch in batches:
-        with (
-            warnings.catch_warnings()
-        ):  # once a batch: entering it costs a few us, a token list has B tensors
-            # Object-store arrays are read-only; the tensors share their memory (no copy).
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            out = _convert(batch)
-        yield out
 
 
 def _all_numeric_rows(value: np.ndarray) -> bool:

@@ -1,11 +1,12 @@
-"""Where sample bytes come from: one small interface (base.py), local disk and S3 behind it."""
+"""Where sample bytes come from: one small interface (base.py), local disk and S3 behind it, and the
+node cache in front of a remote store (cache.py)."""
 
 from __future__ import annotations
 
-from raydl.storage.base import ObjectInfo, Storage, split_scheme
+from raydl.storage.base import BaseStorage, ObjectInfo, Storage, split_scheme
 from raydl.storage.local import LocalStorage
 
-__all__ = ["LocalStorage", "ObjectInfo", "Storage", "resolve", "split_scheme", "storage_for"]
+__all__ = ["BaseStorage", "LocalStorage", "ObjectInfo", "Storage", "resolve", "split_scheme", "storage_for"]
 
 _SCHEMES = ("file", "s3")
 

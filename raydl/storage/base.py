@@ -6,15 +6,23 @@ s3://bucket/key). Storages are small picklable values; whatever they hold per
 process (open files, a boto3 client) is built lazily in that process and
 never pickled. Every failure is a DataSourceError naming the URI, and the
 offset when there is one, raised `from` the lower-level error.
+
+Beside reading, every storage answers what a reader asks of a node cache
+(`uses_plans`, `scoped`, `plan`, `flush`, `take_cache_counts`): `BaseStorage` gives the
+answers of a storage with no cache, and the cache's wrapper
+(raydl/storage/cache.py, `CachedStorage`) overrides them. A caller asks any
+storage alike and never tests which one it holds. Listing and cutting samples
+(raydl/sources/) use only the reading half, so a stand-in that only lists or
+reads (a test's, a benchmark's) needs only that half.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
-__all__ = ["STREAM_CHUNK", "ObjectInfo", "Storage", "split_scheme", "stream_object"]
+__all__ = ["STREAM_CHUNK", "BaseStorage", "ObjectInfo", "Storage", "split_scheme", "stream_object"]
 
 STREAM_CHUNK = 8 << 20  # one streamed read hands its bytes on in pieces of this size
 
@@ -30,7 +38,8 @@ class ObjectInfo:
 
 @runtime_checkable
 class Storage(Protocol):
-    """What a source needs from a store. Implementations: LocalStorage, S3Storage."""
+    """What a source needs from a store, and what a reader asks of a node cache. Implementations:
+    LocalStorage, S3Storage (the cache hooks from BaseStorage), and CachedStorage around either."""
 
     #: how many concurrent reads this store wants per process (the loader's `io_concurrency` default)
     default_io_concurrency: int
@@ -60,6 +69,52 @@ class Storage(Protocol):
         """The whole object, in order, in pieces of at most `chunk` bytes, from ONE read (one GET on S3;
         a failed try resumes where it stopped). With `etag`, a changed object is an ObjectChangedError."""
         ...
+
+    # -- what a reader asks of a node cache (BaseStorage: a storage without one) ----------------------
+    #: whether `plan` changes anything: a reader may skip working out a read's pieces where it does not
+    uses_plans: bool
+
+    def scoped(self, *, behind: bool = False) -> Storage:
+        """This storage for one scope of reads (a batch's): with a cache, the same store and cache with
+        counters of their own, and with `behind` a miss's entries written after its bytes are handed on."""
+        ...
+
+    def plan(self, uri: str, offset: int, length: int, pieces: list[tuple[int, int]]) -> None:
+        """The next read of exactly (uri, offset, length) is made of the (offset, length) `pieces` (sorted,
+        inside it): a cache keeps and looks it up piece by piece."""
+        ...
+
+    def flush(self) -> None:
+        """Wait for whatever this scope still writes behind its reads."""
+        ...
+
+    def take_cache_counts(self) -> dict[str, int]:
+        """The cache counters of this scope's reads since the last take, started again from 0; {} without
+        a cache."""
+        ...
+
+
+class BaseStorage:
+    """The node-cache hooks of `Storage` as a storage without a cache answers them. LocalStorage and
+    S3Storage inherit them; CachedStorage overrides them."""
+
+    __slots__ = ()
+
+    uses_plans: ClassVar[bool] = False  # plan() is ignored: no need to work the pieces out
+
+    def scoped(self, *, behind: bool = False) -> Storage:
+        """This storage itself: with no cache, a scope has nothing of its own."""
+        return self
+
+    def plan(self, uri: str, offset: int, length: int, pieces: list[tuple[int, int]]) -> None:
+        """Nothing: without a cache, a read is one read whatever it is made of."""
+
+    def flush(self) -> None:
+        """Nothing: no write runs behind a read."""
+
+    def take_cache_counts(self) -> dict[str, int]:
+        """{}: no cache, no counters."""
+        return {}
 
 
 def split_scheme(uri: str) -> tuple[str, str]:

@@ -2,7 +2,7 @@
 
 A socket timeout bounds one recv, not a request: a peer that sends a byte every
 half second keeps every recv under any timeout and a 12-byte read going for
-minutes (issue 17). Here each try of a request runs inside `deadline(seconds)`;
+minutes. Here each try of a request runs inside `deadline(seconds)`;
 the connection it runs on registers itself (`bind_current`, called by the
 storage's connection class), and one watchdog thread per process shuts that
 connection's socket down (`shutdown(SHUT_RDWR)`) the moment the deadline

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from raydl.errors import DataSourceError, ObjectChangedError
-from raydl.storage.base import STREAM_CHUNK, ObjectInfo
+from raydl.storage.base import STREAM_CHUNK, BaseStorage, ObjectInfo
 
 __all__ = ["LocalStorage"]
 
@@ -77,7 +77,7 @@ _FILES = _FileCache()
 
 
 @dataclass(frozen=True)
-class LocalStorage:
+class LocalStorage(BaseStorage):
     """Files on a local (or network-mounted) file system, addressed by path."""
 
     default_io_concurrency: int = 4

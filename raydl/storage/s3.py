@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
 from raydl.options import S3Options
 from raydl.storage import deadline
-from raydl.storage.base import STREAM_CHUNK, ObjectInfo
+from raydl.storage.base import STREAM_CHUNK, BaseStorage, ObjectInfo
 from raydl.storage.fetch import RetryPolicy, call_with_retries
 
 __all__ = ["S3Storage", "StalledError", "is_retryable", "split_s3"]
@@ -168,7 +168,7 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
-class S3Storage:
+class S3Storage(BaseStorage):
     """Objects in S3 (or an S3-compatible store), addressed as s3://bucket/key."""
 
     options: S3Options = field(default_factory=S3Options)

@@ -108,6 +108,20 @@ def test_storage_pickles_small_after_use(backend):
     assert pickle.loads(blob).read_range(uri, 1, 3) == b"ick"
 
 
+def test_node_cache_hooks_of_a_storage_without_a_cache(backend):
+    """Every backend answers a reader's node-cache questions alike: scoped() is itself, it uses no plans and
+    plan() leaves the next read as it is, flush() waits for nothing, take_cache_counts() is {}."""
+    backend.put("h", b"hooks")
+    uri = backend.root + "h"
+    storage = backend.storage
+    assert storage.scoped() is storage and storage.scoped(behind=True) is storage
+    assert storage.uses_plans is False
+    storage.plan(uri, 0, 5, [(0, 2), (3, 2)])
+    assert storage.read_range(uri, 0, 5) == b"hooks"
+    storage.flush()
+    assert storage.take_cache_counts() == {}
+
+
 def test_listing_of_a_missing_local_root_names_it(tmp_path):
     """A local prefix that does not exist is a DataSourceError naming it (not an empty listing)."""
     root = str(Path(tmp_path) / "missing")
