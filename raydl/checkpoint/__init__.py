@@ -21,7 +21,7 @@ The package, along its seams:
     process       what a process holds for checkpoints: copies, buffers, fabric client, endpoints
     startup       prepare(): the fabric side and a receive buffer ahead of the first fetch; the size hint
     chain         broadcast() over a chain of peers that pipelines
-    peer          CheckpointPeer, peer_actor(): a process that receives a checkpoint and serves it on
+    peer_actor    starts a CheckpointPeer (raydl/actors/peer.py): receives a checkpoint, serves it on
     target        where a fetch lands: a pooled buffer, or an into= file allocated in full first
 
 Importing it starts libfabric on a background thread (checkpoint.prepare();
@@ -35,7 +35,6 @@ docs/security.md).
 from raydl.checkpoint.api import DEFAULT_CHUNK, fetch, prepare, publish, unpublish
 from raydl.checkpoint.api import prepare_at_import as _prepare_at_import
 from raydl.checkpoint.chain import broadcast
-from raydl.checkpoint.peer import peer_actor
 from raydl.checkpoint.ref import CheckpointRef, FetchedCheckpoint
 from raydl.errors import CheckpointError
 
@@ -51,5 +50,14 @@ __all__ = [
     "publish",
     "unpublish",
 ]
+
+
+def peer_actor(node_id: str | None = None, *, bind: str | None = None, provider: str | None = None):
+    """Start a CheckpointPeer actor (raydl/actors/peer.py): a broadcast target that serves on what it holds.
+    See `raydl.actors.peer.peer_actor`; imported here on first call, since the actor imports this package."""
+    from raydl.actors.peer import peer_actor as start
+
+    return start(node_id, bind=bind, provider=provider)
+
 
 _prepare_at_import()

@@ -1,6 +1,6 @@
 """publish / fetch / unpublish / prepare: the checkpoint API of one process.
 
-broadcast (raydl/checkpoint/chain.py) and peer_actor (peer.py) build on it;
+broadcast (raydl/checkpoint/chain.py) and peer_actor (raydl/actors/peer.py) build on it;
 raydl.checkpoint gathers all six.
 
 publish lays a checkpoint out once and serves it; fetch picks a transport,
