@@ -1,4 +1,4 @@
-"""Time S3 reads from a server on 127.0.0.1 that sends one byte every 0.5 s (issue 17, defect 4).
+"""Time S3 reads from a server on 127.0.0.1 that sends one byte every 0.5 s.
 
     .venv/bin/python scripts/slow_drip_read.py
 

@@ -378,7 +378,7 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
 
 
 def _hostile_shard_triggers(tmp: Path) -> dict[str, list]:
-    """The shard errors of issue 17: a malformed pax record, a gzip bomb, a damaged gzip stream, a label member
+    """The shard errors: a malformed pax record, a gzip bomb, a damaged gzip stream, a label member
     too big to be a label."""
     import gzip
     import io
@@ -474,7 +474,7 @@ def test_every_documented_error_is_worded_as_in_the_code(tmp_path):
 
 
 def _cache_triggers(tmp: Path) -> dict[str, list]:
-    """The node cache's option errors and its unwritable folder on the driver's node (issue 20)."""
+    """The node cache's option errors and its unwritable folder on the driver's node."""
     import raydl
     from raydl.actors.launch import check_cache as _check_cache
     from raydl.options import LoaderConfig
@@ -492,7 +492,7 @@ def _cache_triggers(tmp: Path) -> dict[str, list]:
 
 
 def _record_triggers(tmp: Path) -> dict[str, list]:
-    """The Python stages' and the batching's errors (issue 19), from the calls that raise them."""
+    """The Python stages' and the batching's errors, from the calls that raise them."""
     import numpy as np
 
     import raydl
@@ -521,7 +521,7 @@ def _record_triggers(tmp: Path) -> dict[str, list]:
 
 
 def _mix_triggers(tmp: Path) -> dict[str, list]:
-    """The mixing and weights errors (issue 20), from the calls that raise them."""
+    """The mixing and weights errors, from the calls that raise them."""
     import numpy as np
 
     import raydl
@@ -565,7 +565,7 @@ def _mix_triggers(tmp: Path) -> dict[str, list]:
 
 
 def _batch_format_triggers() -> dict[str, list]:
-    """The iterators' argument errors and the batch conversions' (issue 19), from the functions that raise them."""
+    """The iterators' argument errors and the batch conversions', from the functions that raise them."""
     import numpy as np
 
     from raydl.consume.formats import check_batch_format, to_pandas, to_pyarrow

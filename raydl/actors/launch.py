@@ -108,18 +108,18 @@ def no_room_message(
     """Why no worker could start: each node's free and total CPUs, who holds them, and what to change."""
     cpus = {n.node_id: n.cpus for n in nodes}
     holders = _actors_by_node(set(cpus))
-    parts = []
+    lines = []
     for node, total in cpus.items():
         held = ", ".join(
             f"{name} x{k}" if k > 1 else name for name, k in holders.get(node, Counter()).most_common()
         )
         avail = "?" if free is None else f"{free.get(node, 0.0):g}"
-        parts.append(
+        lines.append(
             f"node {node[:8]}: {avail} of {total:g} CPUs free" + (f", actors there: {held}" if held else "")
         )
     return (
         f"no node has room for a loader worker reserving cpus_per_worker={config.cpus_per_worker:g} CPUs "
-        f"(node_resource={config.node_resource!r}; waited {waited_s:.0f} s for room): {'; '.join(parts)}. "
+        f"(node_resource={config.node_resource!r}; waited {waited_s:.0f} s for room): {'; '.join(lines)}. "
         "Pass cpus_per_worker=0 (the default: workers reserve no CPU in Ray's accounting and share the "
         "cores, see 'Resources' in docs/loader.md), reserve less or use fewer num_workers, or shut down "
         "what holds the CPUs (another loader: loader.shutdown())."

@@ -76,16 +76,16 @@ class Mixing:
         results = run_members(jobs)
         return self._join(task, [s for s, _ in groups], [j[2] for j in jobs], results, images)
 
-    def _join(self, task, sources, views, results: list[BatchResult], images) -> BatchResult:
+    def _join(self, task, members, views, results: list[BatchResult], images) -> BatchResult:
         names = self.spec.names
         batch: dict = {}
         if results:
             first = results[0].batch
-            for s, r in zip(sources[1:], results[1:]):
+            for s, r in zip(members[1:], results[1:]):
                 if list(r.batch) != list(first):
                     raise LoaderError(
                         f"batch {task.index} of rank {task.rank}, epoch {task.epoch}: source {names[s]!r} "
-                        f"gives fields {list(r.batch)}, source {names[sources[0]]!r} {list(first)}; a mix's "
+                        f"gives fields {list(r.batch)}, source {names[members[0]]!r} {list(first)}; a mix's "
                         "sources must give the same fields"
                     )
             for key in first:
@@ -95,13 +95,13 @@ class Mixing:
                 elif key in images and all(c is v[key] for c, v in zip(columns, views)):
                     batch[key] = images[key]  # every row decoded: the whole buffer's array, no copy
                 elif isinstance(columns[0], np.ndarray):
-                    batch[key] = self._concat(task, key, columns, [names[s] for s in sources])
+                    batch[key] = self._concat(task, key, columns, [names[s] for s in members])
                 else:
                     batch[key] = [x for c in columns for x in c]
         if self.spec.labelled:
             label = np.empty(sum(batch_rows(r.batch) for r in results), dtype=object)
             at = 0
-            for s, r in zip(sources, results):
+            for s, r in zip(members, results):
                 n = batch_rows(r.batch)
                 label[at : at + n] = names[s]
                 at += n

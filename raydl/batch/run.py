@@ -91,7 +91,7 @@ class BatchRun:
         self._drains = 0  # drain tasks of this batch submitted and not yet finished
         # Set when a drain failed, so the batch fails: no more reading or decoding for it.
         self._stop = threading.Event()
-        # `share`: this run's part of a batch that several runs make at once (a mix's sources); its IO tasks
+        # `share`: this run's share of a batch that several runs make at once (a mix's members); its IO tasks
         # are that share of the pool's, so the runs together make as many as one batch would. Its decode
         # drains are not cut: the last run to finish would decode its tail on one thread.
         self._share = share

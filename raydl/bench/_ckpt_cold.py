@@ -11,7 +11,7 @@ starts during the fetch); a first fetch in a process that called
 prepare(buffer_bytes=size) at start (as a trainer that knows its model's size
 does); with --approaches, a default first fetch in a process started with each
 other RAYDL_CHECKPOINT_FAULTS way of faulting the fresh receive buffer in
-(raydl.env.CHECKPOINT_FAULTS: the ways issue 21 measured); then a second (warm)
+(raydl.env.CHECKPOINT_FAULTS: each way of faulting a buffer in); then a second (warm)
 fetch in the prepare()d process, the raw pyfi read loop right after it (same
 process, same holder: one read_into of every byte into memory already faulted
 in, no digest, no tensors; the warm fetch's goal is measured against it round

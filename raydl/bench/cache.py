@@ -18,8 +18,8 @@ every request and counts the requests that reach the server, epoch by epoch. Row
 
 Each runs --epochs epochs of the train workload (decode, RandomResizedCrop 224, flip, ImageNet
 normalize, float32 NCHW). Epoch 1's images/s runs from its first batch to its last (the actors' start
-left out, as in `raydl bench loader`); a later epoch's from the previous epoch's last batch. The goals
-(issue 20): the cached epochs 2-N make no request to the store and reach >= 0.95x local disk's images/s,
+left out, as in `raydl bench loader`); a later epoch's from the previous epoch's last batch. The goals:
+the cached epochs 2-N make no request to the store and reach >= 0.95x local disk's images/s,
 and the cached epoch 1 >= 0.95x the uncached epoch 1.
 """
 

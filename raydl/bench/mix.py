@@ -11,7 +11,7 @@ source with its own copy of the train pipeline (decode, RandomResizedCrop 224, f
 normalize). The epoch is the same size (the sources' sizes summed) and every image is read once per
 epoch in both. Each run is --epochs epochs in a fresh process (`raydl.bench._epochs`), the two rows
 taking turns round by round (one, mix; then mix, one; ...). The cost is 1 - mix/one of images/s, per
-round and its median; the goal (issue 20) is <= 3%.
+round and its median; the goal is <= 3%.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """S3 reads have a total deadline: a store that drips bytes, or stalls in its headers, or says nothing, is cut off
-after timeout_s per try, retried on a new connection, and named in the final error (issue 17, defect 4)."""
+after timeout_s per try, retried on a new connection, and named in the final error."""
 from __future__ import annotations
 
 import time

@@ -69,7 +69,7 @@ def keys_of(ds) -> list[str]:
 
 def test_indexing_costs_a_get_per_shard_and_a_cached_index_only_the_list(front, bucket, cache):
     """A brace pattern of 12 shards of 20 samples: first listing ≤ 12 shard GETs + the LIST pages and no HEAD (264
-    requests before issue 18); the second, from the node cache, only the LIST pages; a rewritten shard (new etag)
+    requests); the second, from the node cache, only the LIST pages; a rewritten shard (new etag)
     is indexed again with one GET and its new samples are seen, never the stale index."""
     put_many(bucket, {f"d/shard-{s:04d}.tar": shard_bytes(s) for s in range(SHARDS)})
     s3 = raydl.S3Options(endpoint_url=front.url)

@@ -1,5 +1,5 @@
 """Shard patterns mean the same on S3 as on local disk: `*` stays within a folder, `**` crosses folders, a
-key that exists as written is itself (issue 17, defect 10b-c), against the moto server on 127.0.0.1."""
+key that exists as written is itself, against the moto server on 127.0.0.1."""
 from __future__ import annotations
 
 import importlib.util

@@ -111,7 +111,7 @@ def test_the_proxy_counts_requests_by_kind():
 
 def test_a_tiny_run_reports_every_row(tmp_path, capsys):
     """5 shards of 4 samples on moto behind 5 ms: GET every shard is 5 shard GETs; each listing finds 20 samples;
-    with shard indexes (issue 18's listing) the first listing reads each shard at most once and makes no HEAD,
+    with shard indexes the first listing reads each shard at most once and makes no HEAD,
     the cached one and the DALI one read no shard; the synthetic rows all come back, within their goals."""
     out = tmp_path / "listing.json"
     assert listing.main(_parse([*TINY, "--json", str(out)])) == 0

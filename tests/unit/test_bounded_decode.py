@@ -1,5 +1,5 @@
 """Hostile images: one pixel limit for every format, checked from the header before anything is allocated, and a
-resampler whose memory and CPU that limit bounds (issue 17, defects 1 and 2). Every crafted file is built here."""
+resampler whose memory and CPU that limit bounds. Every crafted file is built here."""
 from __future__ import annotations
 
 import io

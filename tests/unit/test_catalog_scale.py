@@ -31,7 +31,7 @@ GB = 1 << 30
 )
 def test_a_100m_sample_catalog_is_small_and_plans_a_batch_in_milliseconds(build):
     """100 M samples in 100,000 parts (tar shards; Parquet row groups): building the catalog peaks under 1.5 GB
-    (the goal is 500 MB; before issue 18 it was 56 bytes a sample, 5.6 GB), the catalog holds no per-sample array,
+    (the goal is 500 MB), the catalog holds no per-sample array,
     and planning a batch of 256 (order, ids, seeds, locate) takes under 20 ms averaged over 100 batches (goal 1 ms)."""
     cat, mem = syn.measure_memory(build, rss=False)
     assert len(cat) == 100_000_000 and cat.num_parts == 100_000

@@ -1,5 +1,5 @@
 """Compressed (.tar.gz) shards: inflated in bounded steps to a bounded size, once per process however many
-threads read them (issue 17, defect 7)."""
+threads read them."""
 from __future__ import annotations
 
 import gzip

@@ -1,5 +1,5 @@
 """Parquet listing on corrupt footers, each made by rewriting a few Thrift bytes of a real footer: a
-DataSourceError naming the file, never a raw pyarrow error or an aborted process (issue 17, defect 10a)."""
+DataSourceError naming the file, never a raw pyarrow error or an aborted process."""
 from __future__ import annotations
 
 import io

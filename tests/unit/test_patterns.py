@@ -1,5 +1,5 @@
 """Shard patterns on local disk: a name that exists is itself before it is a glob; `*` stays within a folder,
-`**` crosses folders (issue 17, defect 10b-c; tests/s3/test_s3_patterns.py checks S3 means the same)."""
+`**` crosses folders (tests/s3/test_s3_patterns.py checks S3 means the same)."""
 from __future__ import annotations
 
 import io

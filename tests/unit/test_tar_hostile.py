@@ -1,5 +1,5 @@
 """The tar indexer on hostile headers, each crafted byte by byte: it always ends, with a DataSourceError
-naming the shard and the offset of the header at fault (issue 17, defect 3)."""
+naming the shard and the offset of the header at fault."""
 from __future__ import annotations
 
 import io

@@ -46,7 +46,7 @@ def run_one(data: bytes) -> None:
         if key is not None:
             assert f"{key}.{field}" == n and "/" not in field
     if any((base_plus_ext(n)[1] or "").lower() in _LIBRARY_KEYS for n in names):
-        return  # the library confuses these with its own keys; raydl does not (see the report in issue 17)
+        return  # the library confuses these with its own keys; raydl does not
     try:
         ours = [{"__key__": s.key, **s.fields} for s in group_samples(names, URI)]
     except raydl.errors.DataSourceError:
