@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from raydl import checkpoint
+from raydl.actors.peer import CheckpointPeer
 from raydl.checkpoint import api
-from raydl.checkpoint.peer import CheckpointPeer
 from raydl.errors import CheckpointError, FabricError
 from raydl.native import pyfi
 

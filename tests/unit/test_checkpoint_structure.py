@@ -28,15 +28,15 @@ def test_chain_reads_upstream_first_then_publisher_then_earlier_holders():
 
 
 def test_peer_actor_imports_no_private_checkpoint_names():
-    """checkpoint/peer.py imports only public names from raydl.checkpoint's modules."""
-    tree = ast.parse((ROOT / "raydl/checkpoint/peer.py").read_text())
+    """actors/peer.py (the checkpoint peer actor) imports only public names from raydl.checkpoint's modules."""
+    tree = ast.parse((ROOT / "raydl/actors/peer.py").read_text())
     crossing = [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                 and (node.module or "").startswith("raydl.checkpoint") for alias in node.names
                 if alias.name.startswith("_")]
     assert crossing == []
 
 
-@pytest.mark.parametrize("first", ["raydl.checkpoint.peer", "raydl.checkpoint", "raydl.checkpoint.fabric"])
+@pytest.mark.parametrize("first", ["raydl.actors.peer", "raydl.checkpoint", "raydl.checkpoint.fabric"])
 def test_modules_import_in_any_order(first):
     """Each module imports first in a fresh interpreter (no import cycle), and the README API is there."""
     code = (f"import {first}\nfrom raydl import checkpoint\n"
