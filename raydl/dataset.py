@@ -9,8 +9,7 @@ weight (`raydl.mix`); the loader reads every one of them the same way.
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ from raydl.describe.transforms import (
     Stage,
 )
 from raydl.execute.loader import Loader
-from raydl.options import LoaderConfig, S3Options
+from raydl.options import LoaderConfig, S3Options, keyword_signature, loader_config
 from raydl.sources.images import list_image_folder
 from raydl.storage import resolve, split_scheme, storage_for
 
@@ -182,17 +181,6 @@ def read_parquet(
         patterns, storage=storage, columns=columns, image_column=image_column, label_column=label_column
     )
     return Dataset(catalog)
-
-
-def _loader_config(options: dict[str, Any]) -> LoaderConfig:
-    """The LoaderConfig of `Dataset.loader`'s keywords; one that is not a field is a TypeError naming it."""
-    known = [f.name for f in fields(LoaderConfig)]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise TypeError(f"Dataset.loader() got unexpected keyword(s) {unknown}; it takes {known}")
-    if "batch_size" not in options:
-        raise TypeError("Dataset.loader() needs batch_size=")
-    return LoaderConfig(**options)
 
 
 @dataclass(frozen=True)
@@ -373,7 +361,7 @@ class Dataset:
         `object_store_budget`, `io_concurrency`, `max_sample_bytes`, `batch_timeout_s`, `shuffle_window`. A
         keyword that is not one of them is a TypeError naming it.
         """
-        return self.loader_from_config(_loader_config(options))
+        return self.loader_from_config(loader_config(options, caller="Dataset.loader()"))
 
     def loader_from_config(self, config: LoaderConfig) -> Loader:
         """As `loader(...)`, with the settings in a LoaderConfig (e.g. from `load_loader_config`)."""
@@ -485,16 +473,4 @@ def _mix_repr(m: Mixture) -> str:
     return "\n".join(lines)
 
 
-def _options_signature(method, config: type) -> inspect.Signature:
-    """`method(self, *, <config's fields with their defaults>)`: what help() and editors show for a method
-    that takes a config's fields as keywords, so that the fields are written once (in the config)."""
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    for f in fields(config):
-        default = inspect.Parameter.empty if f.default is MISSING else f.default
-        params.append(
-            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type)
-        )
-    return inspect.Signature(params, return_annotation=inspect.signature(method).return_annotation)
-
-
-Dataset.loader.__signature__ = _options_signature(Dataset.loader, LoaderConfig)  # type: ignore[attr-defined]
+Dataset.loader.__signature__ = keyword_signature(Dataset.loader, LoaderConfig)  # type: ignore[attr-defined]

@@ -12,8 +12,10 @@ optionally an int, within bounds), used by every layer.
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 __all__ = [
     "ON_ERROR",
@@ -23,6 +25,8 @@ __all__ = [
     "check_number",
     "check_on_error",
     "is_positive_int",
+    "keyword_signature",
+    "loader_config",
     "positive_int",
 ]
 
@@ -250,3 +254,26 @@ class S3Options:
         positive_int("max_concurrency", self.max_concurrency)
         positive_int("retries", self.retries)
         check_number("timeout_s", self.timeout_s, above=0)
+
+
+def loader_config(options: dict[str, Any], *, caller: str) -> LoaderConfig:
+    """The LoaderConfig of `caller`'s keywords; one that is not a field is a TypeError naming it."""
+    known = [f.name for f in fields(LoaderConfig)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"{caller} got unexpected keyword(s) {unknown}; it takes {known}")
+    if "batch_size" not in options:
+        raise TypeError(f"{caller} needs batch_size=")
+    return LoaderConfig(**options)
+
+
+def keyword_signature(method, config: type) -> inspect.Signature:
+    """`method(self, *, <config's fields with their defaults>)`: what help() and editors show for a method
+    that takes a config's fields as keywords, so that the fields are written once (in the config)."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in fields(config):
+        default = inspect.Parameter.empty if f.default is MISSING else f.default
+        params.append(
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=f.type)
+        )
+    return inspect.Signature(params, return_annotation=inspect.signature(method).return_annotation)
