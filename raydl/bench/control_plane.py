@@ -86,7 +86,12 @@ def _dry_iterator_class():
     from raydl.consume.iterator import DataIterator
 
     class DryIterator(DataIterator):
-        """The real loop; a stub result is its own ref, so `_get` hands it back without Ray."""
+        """The real loop; a stub result is its own ref, so `_get` hands it back without Ray. The rank sits on
+        `node`, beside its workers."""
+
+        def __init__(self, plan, pool, rank: int, node: str) -> None:
+            super().__init__(plan, pool, rank)
+            self._node = node
 
         def _get(self, k, timeout):
             return self._pending[k][0]
@@ -166,8 +171,7 @@ def measure_loop(
     calls: list[str] = []
     workers = _workers(nodes, per_node)
     plan = _dry_plan(config, samples)
-    it = _dry_iterator_class()(plan, _DryPool(workers, calls), ranks - 1)
-    it._node = workers[-1].node_id  # the rank sits on the last node, beside its workers
+    it = _dry_iterator_class()(plan, _DryPool(workers, calls), ranks - 1, workers[-1].node_id)
     done, loop_s, steady = 0, 0.0, 0
     while done < batches:
         # CPU time of this thread: what the loop costs, whatever the machine's load
