@@ -5,8 +5,10 @@
     │   ├── AccessDeniedError  the store refused access: a permission error (names the bucket)
     │   ├── ObjectChangedError an object changed after it was listed (names it)
     │   └── SampleDecodeError  a sample's bytes cannot be decoded (names the file)
+    │       └── MissingFieldError  a sample lacks a field its source selects (names the sample, field, shard)
     ├── DecodeError            (also a ValueError) the decode layer's "these bytes are not an image it can
-    │                          decode"; with a failed read, the only error the on_error policy covers
+    │                          decode"; with a failed read and a missing field, the only errors the
+    │                          on_error policy covers
     │                          (raydl/plan/failures.py: ErrorPolicy skips, replaces or raises the sample)
     ├── NativeKernelError      a C kernel returned an error code
     ├── FabricError            a libfabric call failed (-FI_E...; names the call, the peer)
@@ -28,6 +30,7 @@ __all__ = [
     "DecodeError",
     "FabricError",
     "LoaderError",
+    "MissingFieldError",
     "NativeKernelError",
     "ObjectChangedError",
     "RaydlError",
@@ -75,6 +78,19 @@ class SampleDecodeError(DataSourceError):
 
 def _rebuild_decode_error(message: str, uri: str, sample_id: int | None) -> SampleDecodeError:
     return SampleDecodeError(message, uri=uri, sample_id=sample_id)
+
+
+class MissingFieldError(SampleDecodeError):
+    """A sample lacks a field its source selects: no member for it in its tar shard, or a null Parquet cell
+    where the field needs a value. Like bytes that do not decode, it is the sample's own defect, so on_error
+    settles it (skip, replace or raise), where a failed read is raised under "skip"."""
+
+    def __reduce__(self):  # keep the keyword-only fields, and the type, across pickling (Ray)
+        return (_rebuild_missing_field, (str(self), self.uri, self.sample_id))
+
+
+def _rebuild_missing_field(message: str, uri: str, sample_id: int | None) -> MissingFieldError:
+    return MissingFieldError(message, uri=uri, sample_id=sample_id)
 
 
 class DecodeError(RaydlError, ValueError):

@@ -319,12 +319,18 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
     from raydl.plan.failures import ErrorPolicy, Failure  # the one policy the worker and the iterator ask
 
     bad = Failure(3, "/data/c0/x.jpg", "corrupt JPEG")
+    from raydl.errors import MissingFieldError
+
+    lacking = Failure.source_failed(3, "/d/s.tar", "/d/s.tar#k3", MissingFieldError(
+        "/d/s.tar: sample 'k3' lacks the field 'caption' (no .txt member)", uri="/d/s.tar"))
     gone = Failure.read_failed(3, "/data/c0/x.jpg", DataSourceError("cannot read '/data/c0/x.jpg'", uri=""))
     return {
         "DataSourceError: rank …: batch … of epoch …: cannot read sample … (…): …": [
             lambda: ErrorPolicy("skip").settle([gone], rank=1, epoch=0, batch=7)],
         "SampleDecodeError: rank …: cannot decode sample … (…): …": [
             lambda: ErrorPolicy("raise").settle([bad], rank=1, epoch=0, batch=7)],
+        "MissingFieldError: rank …: batch … of epoch …: incomplete sample … (…): …": [
+            lambda: ErrorPolicy("raise").settle([lacking], rank=1, epoch=0, batch=7)],
         "SampleDecodeError: cannot bucket sample … (…): …": [
             lambda: ErrorPolicy("raise").settle([Failure.unsized(3, "/data/c0/x.jpg", "no SOF marker")])],
         "SampleDecodeError: …sample … (…) failed (…) and none of its substitutes … could be decoded either; is most "

@@ -1,10 +1,11 @@
 """One member of a dataset as a batch maker reads it: where its samples are, how each is read, decoded into
 its slots of the batch and put through the user's Python stages. No Ray.
 
-Error policy: a sample whose bytes cannot be read (DataSourceError) or decoded (DecodeError) is this
-sample's fault, and the on_error policy (raydl/plan/failures.py) decides what becomes of it. Anything else
-raised while making a sample (a NativeKernelError, a MemoryError, a bug in a user's function) fails the
-whole batch as a LoaderError naming the sample and the process: no mode hides it.
+Error policy: a sample whose bytes cannot be read (DataSourceError) or decoded (DecodeError), or that lacks
+a field its source selects (MissingFieldError), is this sample's fault, and the on_error policy
+(raydl/plan/failures.py) decides what becomes of it. Anything else raised while making a sample (a
+NativeKernelError, a MemoryError, a bug in a user's function) fails the whole batch as a LoaderError
+naming the sample and the process: no mode hides it.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ class MemberReader:
         loc = self.source.locate(self.catalog, np.array([sid], np.int64))
         (info,) = self.shard_infos(loc.shard[:1])
         key = loc.key[0]
-        if 0 in loc.errors:
-            return Failure.read_failed(sid, info.uri, loc.errors[0]), key, {}
         uri = self.source.sample_uri(info.uri, key)
+        if 0 in loc.errors:
+            return Failure.source_failed(sid, info.uri, uri, loc.errors[0]), key, {}
         if self.source.range_is_sample:
             size = int((loc.size if loc.size is not None else loc.length)[0])
             big = self.too_big(sid, uri, size)
@@ -86,7 +87,7 @@ class MemberReader:
             data = self.source.read_block(self.storage, info, int(loc.offset[0]), int(loc.length[0]))
             record = self.source.cut(loc, 0, data)
         except DataSourceError as exc:
-            return Failure.read_failed(sid, info.uri, exc), key, {}
+            return Failure.source_failed(sid, info.uri, uri, exc), key, {}
         except DecodeError as exc:
             return Failure.decode_failed(sid, uri, exc, worker=self.name), key, {}
         big = self.too_big(sid, uri, self.image_bytes(record))

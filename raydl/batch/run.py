@@ -197,8 +197,8 @@ class BatchRun:
             return None
 
     def _cut(self, block: Block, data: bytes) -> list[tuple[int, dict]]:
-        """Each sample's bytes cut out of its block's; a sample that cannot be cut is settled as
-        unreadable."""
+        """Each sample's bytes cut out of its block's; a sample that cannot be cut is settled as the source's
+        error says (a failed read, a missing field, a field that does not decode)."""
         uri = self._shards[block.shard].uri
         samples = []
         if self._member.source.cut_views:  # it copies out what it keeps: no copy here
@@ -227,14 +227,15 @@ class BatchRun:
 
     def _unlocated(self, errors: dict[int, DataSourceError]) -> None:
         for i, exc in errors.items():
-            uri = self._shards[int(self._where[i, 0])].uri
-            self._submit(self.finish, i, Failure.read_failed(int(self._task.ids[i]), uri, exc))
+            self._unreadable([i], self._shards[int(self._where[i, 0])].uri, exc)
 
     def _unreadable(self, members: list[int], uri: str, exc: DataSourceError) -> None:
-        # Settled on the decode pool: under "replace" a substitute is read and decoded there, not on an IO
-        # thread.
+        """Settle samples the source could not give: a failed read of shard `uri`, or a field the sample
+        lacks, which is its own defect (Failure.source_failed tells them apart). Settled on the decode pool:
+        under "replace" a substitute is read and decoded there, not on an IO thread."""
         for i in members:
-            self._submit(self.finish, i, Failure.read_failed(int(self._task.ids[i]), uri, exc))
+            failure = Failure.source_failed(int(self._task.ids[i]), uri, self._uri(i), exc)
+            self._submit(self.finish, i, failure)
 
     def _take(self) -> list[tuple[int, dict]]:
         """The next chunk of the queue (fewer samples as it drains, so every drain gets some); [] when it is

@@ -28,7 +28,8 @@ class Accounting:
         """Settle batch k's failed samples as the error policy says (raise, or skip), note its replaced ones,
         and warn when it came out empty."""
         failed = [*result.unreadable, *result.skipped]  # an unreadable sample is named first
-        self.skip(self._policy.settle(failed, rank=self._rank, epoch=epoch, batch=k))
+        left_out = self._policy.settle(failed, rank=self._rank, epoch=epoch, batch=k)
+        self.skip(left_out)
         for r in result.replaced:
             self.warn_once(
                 r.uri,
@@ -41,7 +42,7 @@ class Accounting:
             self._stats.replaced_uris.append(r.uri)
         self._stats.samples_replaced += len(result.replaced)
         self._stats.add_cache(result.cache)
-        if result.skipped and batch_rows(result.batch) == 0:
+        if left_out and batch_rows(result.batch) == 0:  # a sample lacking a field is left out too
             shapes = ", ".join(
                 f"{name} {v.dtype} {tuple(v.shape)}"
                 for name, v in result.batch.items()
@@ -54,7 +55,7 @@ class Accounting:
                 self._rank,
                 k,
                 epoch,
-                len(result.skipped),
+                len(left_out),
                 f" ({shapes})" if shapes else "",
             )
 

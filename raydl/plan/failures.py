@@ -1,21 +1,26 @@
 """Samples that failed, and on_error as one policy that decides what becomes of each.
 
 A `Failure` records a sample that failed at one step: its bytes could not be
-read ("read"), could not be decoded ("decode"), or its header gave no image
-size, so that it is in no aspect bucket ("size"). `ErrorPolicy.action` is the
-one decision, a pure function of on_error and the failure:
+read ("read"), it lacks a field its source selects ("field": no tar member
+for it, a null Parquet cell where the field needs a value), its bytes could
+not be decoded ("decode"), or its header gave no image size, so that it is in
+no aspect bucket ("size"). `ErrorPolicy.action` is the one decision, a pure
+function of on_error and the failure:
 
     step      skip     replace                          raise
     decode    skip     replace                          raise
+    field     skip     replace                          raise
     read      raise    replace (raise: changed, denied) raise
     size      skip     skip (no slot to fill)           raise
 
-The worker asks it whether to substitute a sample; the iterator, whether to
-leave a failed sample out of its batch (logged once per URI and counted) or to
-raise; the loader, whether a sample in no bucket stops it. The policy also
-builds the errors they raise. Any other error while making a sample is no
-sample's fault: `Failure.decode_failed` raises it as a LoaderError, which no
-mode hides.
+A missing field is the sample's own defect, as bytes that do not decode are;
+a read that fails is the store's, and "skip" would hide it. The worker asks
+the policy whether to substitute a sample; the iterator, whether to leave a
+failed sample out of its batch (logged once per URI and counted) or to raise;
+the loader, whether a sample in no bucket stops it. The policy also builds
+the errors they raise. Any other error while making a sample is no sample's
+fault: `Failure.decode_failed` raises it as a LoaderError, which no mode
+hides.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from raydl.errors import (
     DataSourceError,
     DecodeError,
     LoaderError,
+    MissingFieldError,
     ObjectChangedError,
     SampleDecodeError,
 )
@@ -37,7 +43,7 @@ from raydl.options import check_on_error
 __all__ = ["Action", "ErrorPolicy", "Failure", "Replaced", "Step"]
 
 Action = Literal["skip", "replace", "raise"]
-Step = Literal["read", "decode", "size"]
+Step = Literal["read", "field", "decode", "size"]
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,23 @@ class Failure:
 
     @property
     def unreadable(self) -> bool:
-        """The bytes could not be read, rather than decoded."""
-        return self.step == "read"
+        """The source could not give the sample (its bytes could not be read, or it lacks a field), rather
+        than its bytes failing to decode."""
+        return self.step in ("read", "field")
 
     @classmethod
     def read_failed(cls, sample_id: int, uri: str, exc: DataSourceError) -> Failure:
         """A sample whose bytes could not be read, named by the error's URI, else by `uri`."""
         return cls(sample_id, exc.uri or uri, str(exc), step="read", error=type(exc))
+
+    @classmethod
+    def source_failed(cls, sample_id: int, shard_uri: str, sample_uri: str, exc: DataSourceError) -> Failure:
+        """A sample its source could not give: one that lacks a selected field (a MissingFieldError: the
+        sample's own defect, named by `sample_uri`), else one whose bytes could not be read (`read_failed`,
+        named by the error's URI, else by `shard_uri`)."""
+        if isinstance(exc, MissingFieldError):
+            return cls(sample_id, sample_uri, str(exc), step="field", error=MissingFieldError)
+        return cls.read_failed(sample_id, shard_uri, exc)
 
     @classmethod
     def decode_failed(cls, sample_id: int, uri: str, exc: Exception, *, worker: str) -> Failure:
@@ -98,7 +114,7 @@ class ErrorPolicy:
 
     def action(self, failure: Failure) -> Action:
         """What becomes of `failure`'s sample: left out of its batch, substituted, or raised."""
-        if failure.step == "decode":
+        if failure.step in ("decode", "field"):  # the sample's own defect
             return self.on_error  # type: ignore[return-value]
         if failure.step == "size":  # the plan deals no slot to it, so there is none to fill
             return "raise" if self.on_error == "raise" else "skip"
@@ -130,6 +146,12 @@ class ErrorPolicy:
         if first.step == "read":  # the type the worker saw: DataSourceError, ObjectChangedError, ...
             return first.error(
                 f"rank {rank}: batch {batch} of epoch {epoch}: cannot read {sample}{more}", uri=first.uri
+            )
+        if first.step == "field":
+            return MissingFieldError(
+                f"rank {rank}: batch {batch} of epoch {epoch}: incomplete {sample}{more}",
+                uri=first.uri,
+                sample_id=first.sample_id,
             )
         if first.step == "size":
             return SampleDecodeError(

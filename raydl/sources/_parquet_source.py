@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import Field
-from raydl.errors import DataSourceError, ObjectChangedError
+from raydl.errors import DataSourceError, MissingFieldError, ObjectChangedError
 from raydl.sources._footer import Footer
 from raydl.sources._parquet_fields import MISSING, RowGroupValues, Selection
 from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, open_pieces, parse_footer
@@ -336,10 +336,11 @@ class ParquetSource(Source):
         return record
 
     def _missing(self, read: _RowGroupRead, key: str, record: dict) -> None:
-        """The DataSourceError of a row whose array field is null."""
+        """The MissingFieldError of a row whose array field is null: the sample's own defect, which on_error
+        settles."""
         for f, column in zip(self.fields, self.selection.columns):
             if record[f.name] is MISSING:
-                raise DataSourceError(
+                raise MissingFieldError(
                     f"{self.sample_uri(read.uri, key)}: field {f.name!r} (column {column!r}) is "
                     "null; an array field needs a value",
                     uri=read.uri,

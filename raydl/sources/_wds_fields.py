@@ -11,7 +11,7 @@ extensions (raydl/sources/_values.py).
 from __future__ import annotations
 
 from raydl.describe.fields import Field
-from raydl.errors import DataSourceError
+from raydl.errors import MissingFieldError
 from raydl.sources._values import dtype_of, kind_of
 from raydl.sources._wds_blocks import fields_of_signatures
 
@@ -98,8 +98,9 @@ def resolve_fields(wanted: Select | str, shards: list[tuple[str, dict[str, int] 
     return wanted
 
 
-def lacks(uri: str, key: str, name: str, exts: tuple[str, ...]) -> DataSourceError:
-    """A sample lacks a selected field (none of its extensions is a member): found by locate, or by cut."""
-    return DataSourceError(
+def lacks(uri: str, key: str, name: str, exts: tuple[str, ...]) -> MissingFieldError:
+    """A sample lacks a selected field (none of its extensions is a member): found by locate, or by cut; the
+    sample's own defect, which on_error settles."""
+    return MissingFieldError(
         f"{uri}: sample {key!r} lacks the field {name!r} (no .{' or .'.join(exts)} member)", uri=uri
     )

@@ -24,7 +24,7 @@ import numpy as np
 
 from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
-from raydl.errors import DataSourceError, DecodeError, ObjectChangedError
+from raydl.errors import DataSourceError, DecodeError, MissingFieldError, ObjectChangedError
 from raydl.sources import _wds_index
 from raydl.sources._inflate import inflated
 from raydl.sources._values import decode_value
@@ -210,8 +210,8 @@ class WebDatasetSource(Source):
                 f"{start + where[1]}, not an integer label (at most {MAX_LABEL_BYTES} bytes)",
                 uri=uri,
             )
-        if where[0] < 0:
-            return DataSourceError(
+        if where[0] < 0:  # a wids list counts every sample, and this one has no image: a missing field
+            return MissingFieldError(
                 f"{uri}: sample {key!r} has none of the image fields {list(self.image_fields)}", uri=uri
             )
         return None
