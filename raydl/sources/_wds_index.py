@@ -64,6 +64,7 @@ __all__ = [
     "WidsShard",
     "base_plus_ext",
     "build_block",
+    "build_cached",
     "cache_get",
     "cache_key",
     "cache_put",
@@ -167,6 +168,15 @@ def build_block(storage: Storage, info: ObjectInfo) -> MemberBlock:
         np.array([m.offset for m in members], np.int64),
         np.array([m.size for m in members], np.int64),
     )
+
+
+def build_cached(storage: Storage, info: ObjectInfo) -> MemberBlock:
+    """`build_block`, kept in the node cache under the shard's key as it was before the read: a local file
+    rewritten while it is read is never cached under its new mtime with its old members."""
+    key = cache_key(info)
+    block = build_block(storage, info)
+    cache_put(info, block, key=key)
+    return block
 
 
 # -- DALI's wds2idx v1.2 ----------------------------------------------------------------------------
@@ -473,9 +483,10 @@ def cache_get(info: ObjectInfo, *, header_only: bool = False) -> tuple[IndexEntr
         return None
 
 
-def cache_put(info: ObjectInfo, block: MemberBlock) -> None:
-    """Keep `block` for shard `info` in the node cache (best effort: a read-only cache is only slower)."""
-    key = cache_key(info)
+def cache_put(info: ObjectInfo, block: MemberBlock, *, key: tuple[str, int] | None = None) -> None:
+    """Keep `block` for shard `info` in the node cache (best effort: a read-only cache is only slower), under
+    `key`: its `cache_key` taken before the shard was read (else now)."""
+    key = key or cache_key(info)
     if key is None:
         return
     try:

@@ -120,8 +120,8 @@ def from_explicit(
     every: bool,
 ) -> bool:
     """Settle `s` from its `entry` in the index file `path`: its count from the entry's signatures, else its
-    block (one ranged read of the file). False where there is no entry, or one for another size or etag
-    of the shard (a warning: it is indexed again)."""
+    block (one ranged read of the file). False where there is no entry, or one for the shard as it was
+    before it changed (a warning naming the index and the shard: it is indexed again)."""
     info = s.info
     if entry is not None and (entry.size != info.size or entry.etag != info.etag):
         logger.warning(
@@ -132,6 +132,19 @@ def from_explicit(
             info.etag,
             entry.size,
             entry.etag,
+        )
+        entry = None
+    elif entry is not None and not info.etag and entry.mtime_ns != s.mtime_ns:
+        # A local file has no etag, and one rewritten in place at the same size (its records reordered) keeps
+        # its size: the entry's offsets would cut other samples' bytes under the old keys. Its mtime tells, as
+        # in the node cache's key.
+        logger.warning(
+            "raydl: %s: %s was modified after it was indexed (mtime_ns %d now, %d in the index); indexing it "
+            "again",
+            path,
+            info.uri,
+            s.mtime_ns,
+            entry.mtime_ns,
         )
         entry = None
     if entry is None:
@@ -159,12 +172,18 @@ def from_wids(s: Shard, listed: WidsShard) -> bool:
     return False
 
 
-def find_dali(s: Shard, listing: Listing) -> None:
-    """Note DALI's index of `s` (NAME.idx, else NAME.tar.idx) where the listing shows one."""
+def find_dali(s: Shard, listing: Listing) -> str | None:
+    """Note DALI's index of `s` (NAME.idx, else NAME.tar.idx) where the listing shows one. A DALI index
+    records nothing of the shard it was made from, so a local shard modified after its .idx was written
+    (a later mtime) may not be the one it describes: it is not used, and that .idx is returned (the caller
+    warns; the shard is indexed from its own bytes). An object store's .idx is taken as it is."""
     for idx in (stem(s.info.uri) + ".idx", s.info.uri + ".idx"):
         if listing.exists(idx):
+            if s.mtime_ns and s.mtime_ns > mtime_ns(ObjectInfo(idx, 0)):
+                return idx
             s.kind, s.index_uri = DALI, idx
-            return
+            return None
+    return None
 
 
 def from_cache(s: Shard, fields: tuple[str, ...], every: bool) -> bool:

@@ -176,7 +176,9 @@ class WebDatasetSource(Source):
         return info, hit
 
     def _block(self, storage: Storage, info: ObjectInfo, row: dict) -> MemberBlock:
-        """The shard's members: the node cache, else its index source, else one streamed read (cached)."""
+        """The shard's members: the node cache, else its index source, else one streamed read (cached under
+        the shard's key as it was before the read)."""
+        key = _wds_index.cache_key(info)
         hit = _wds_index.cache_get(info)
         if hit is not None:
             return hit[1]
@@ -193,7 +195,7 @@ class WebDatasetSource(Source):
             logger.warning("raydl: %s; indexing %s itself", exc, info.uri)
         if block is None:
             block = _wds_index.build_block(storage, info)
-        _wds_index.cache_put(info, block)
+        _wds_index.cache_put(info, block, key=key)
         return block
 
     def _unfit(self, uri: str, key: str, start: int, where: list, sizes: list) -> DataSourceError | None:

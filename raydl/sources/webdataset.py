@@ -166,17 +166,29 @@ def _resolve(
     explicit_path, explicit = explicit_index(storage, listing, index)
     every = wids is not None or every_sample
     to_build, to_dali = [], []
+    older: list[tuple[str, str]] = []  # (DALI index, shard) where the shard was modified after its index
     for s in shards:
         s.mtime_ns = mtime_ns(s.info)
         if from_explicit(s, storage, explicit_path, explicit.get(s.info.uri), fields, every):
             continue
         if wids is not None and from_wids(s, wids[s.info.uri]):
             continue
-        if index == "auto":
-            find_dali(s, listing)
+        if index == "auto" and (stale := find_dali(s, listing)) is not None:
+            older.append((stale, s.info.uri))
         if from_cache(s, fields, every):
             continue
         (to_dali if s.kind == DALI else to_build).append(s)
+    if older:
+        logger.warning(
+            "raydl: %s is older than %s%s: the shard was modified after its DALI index was written, so the "
+            "index may not describe it; indexing %s from %s own bytes (run wds2idx again, or copy shards "
+            "and .idx files keeping their mtimes)",
+            older[0][0],
+            older[0][1],
+            f" (and {len(older) - 1} more .idx files older than their shards)" if len(older) > 1 else "",
+            "it" if len(older) == 1 else "those shards",
+            "its" if len(older) == 1 else "their",
+        )
     if to_dali:
         to_build += _read_dali_all(storage, to_dali, explicit=False)
     if to_build:
@@ -196,8 +208,7 @@ def _learn_signatures(storage: Storage, shards: list[Shard]) -> None:
             s.sigs = signatures(s.block, s.info.uri)
     if shards and all(s.sigs is None for s in shards):
         first = shards[0]
-        first.block = _wds_index.build_block(storage, first.info)
-        _wds_index.cache_put(first.info, first.block)
+        first.block = _wds_index.build_cached(storage, first.info)
         first.sigs = signatures(first.block, first.info.uri)
 
 
@@ -260,23 +271,19 @@ def index_webdataset(urls, *, storage_of, out: str) -> tuple[int, int]:
 def _build_all(storage: Storage, todo: list[Shard]) -> None:
     """Index `todo`'s shards (one streamed read each), cache them, and fill in their blocks."""
     infos = [s.info for s in todo]
-
-    def build(info: ObjectInfo) -> MemberBlock:
-        block = _wds_index.build_block(storage, info)
-        _wds_index.cache_put(info, block)
-        return block
+    keys = [_wds_index.cache_key(info) for info in infos]  # before the reads (see build_cached)
 
     results = _run(
-        build,
+        lambda info: _wds_index.build_cached(storage, info),
         infos,
         f"raydl: indexing {len(infos)} shards",
         ray_fn=lambda items, bar: _build_on_ray(storage, items, bar),
     )
-    for s, got in zip(todo, results):
+    for s, key, got in zip(todo, keys, results):
         if isinstance(got, Exception):
             raise got
         if _wds_index.cache_get(s.info, header_only=True) is None:
-            _wds_index.cache_put(s.info, got)  # built on another node: this node's workers find it here
+            _wds_index.cache_put(s.info, got, key=key)  # built on another node: this node's workers find it
         s.block = got
 
 
@@ -285,8 +292,11 @@ def _read_dali_all(storage: Storage, todo: list[Shard], explicit: bool) -> list[
     naming the index), or raised with an explicit index."""
 
     def read(s: Shard) -> MemberBlock:
+        key = _wds_index.cache_key(s.info)
         data = _wds_index.read_index_file(storage, s.index_uri, _wds_index.dali_limit(s.info))
-        return _wds_index.parse_dali(data, s.index_uri, s.info)
+        block = _wds_index.parse_dali(data, s.index_uri, s.info)
+        _wds_index.cache_put(s.info, block, key=key)
+        return block
 
     failed = []
     for s, got in zip(todo, _run(read, todo, f"raydl: reading {len(todo)} shard indexes")):
@@ -298,7 +308,6 @@ def _read_dali_all(storage: Storage, todo: list[Shard], explicit: bool) -> list[
             raise got
         else:
             s.block = got
-            _wds_index.cache_put(s.info, got)
     return failed
 
 
@@ -343,9 +352,7 @@ def _build_many(storage: Storage, infos: list[ObjectInfo]) -> list:
     out = []
     for info in infos:
         try:
-            block = _wds_index.build_block(storage, info)
-            _wds_index.cache_put(info, block)
-            out.append(_wds_index.encode_block(block))
+            out.append(_wds_index.encode_block(_wds_index.build_cached(storage, info)))
         except Exception as exc:  # noqa: BLE001 - handed back to the driver, which reports it
             out.append(exc)
     return out
