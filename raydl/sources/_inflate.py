@@ -1,7 +1,10 @@
-"""Compressed (.tar.gz, .tgz) shards: inflated once per process, in bounded steps, to a bounded size.
+"""Compressed (.tar.gz, .tgz) shards: inflated in bounded steps, to a bounded size.
 
-A gzip stream cannot be read by range, so a compressed shard is inflated
-whole and its tar is indexed and cut in memory. The shard is untrusted, so:
+A gzip stream cannot be read by range. Indexing a compressed shard needs only
+its tar headers, so listing streams the inflated bytes past the header reader
+(`inflate_stream`), holding a step at a time: its memory does not grow with
+the shard. A worker cuts samples out of the whole inflated shard, which it
+keeps (`inflated`). The shard is untrusted, so:
 
 - the inflate is streamed: the compressed bytes come from ONE streamed read of
   the object (one GET on S3), handed on `READ_STEP` at a time, and are
@@ -10,7 +13,7 @@ whole and its tar is indexed and cut in memory. The shard is untrusted, so:
   compressed size with a floor and a ceiling. A shard that inflates past it
   (a bomb: 611 KB of gzipped zeros is 600 MB) is a DataSourceError naming
   the shard and the limit, raised as soon as the output passes it;
-- a shard is read and inflated once per process however many threads ask
+- a worker's shard is read and inflated once per process however many threads ask
   for it at once (single flight, keyed by uri and etag), and the last few
   inflated shards are kept, at most `CACHE_BYTES` in all besides the one
   in use, so the samples of one shard in a batch cost one inflate.
@@ -25,13 +28,14 @@ from __future__ import annotations
 import collections
 import threading
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import Future
 
 from raydl.errors import DataSourceError
 from raydl.storage import ObjectInfo, Storage
 from raydl.storage.base import stream_object
 
-__all__ = ["CACHE_BYTES", "INFLATE_RATIO", "inflated", "inflated_limit"]
+__all__ = ["CACHE_BYTES", "INFLATE_RATIO", "held", "inflate_stream", "inflated", "inflated_limit"]
 
 READ_STEP = 8 << 20
 INFLATE_STEP = 1 << 20
@@ -49,9 +53,19 @@ def inflated_limit(compressed_size: int) -> int:
 
 
 def _inflate(storage: Storage, info: ObjectInfo) -> bytes:
-    """The decompressed bytes of the gzip shard `info`, streamed, at most `inflated_limit` of them."""
-    uri, limit = info.uri, inflated_limit(info.size)
+    """The decompressed bytes of the gzip shard `info`, whole."""
     out = bytearray()
+    for piece in inflate_stream(storage, info):
+        out += piece
+    return bytes(out)
+
+
+def inflate_stream(storage: Storage, info: ObjectInfo) -> Iterator[bytes]:
+    """The decompressed bytes of the gzip shard `info` as they come, at most INFLATE_STEP at a time, from ONE
+    streamed read: at most `inflated_limit` of them (a DataSourceError as soon as the output passes it), the
+    stream checked to its end (a damaged or cut one is a DataSourceError once its bytes run out)."""
+    uri, limit = info.uri, inflated_limit(info.size)
+    total = 0
     d: zlib._Decompress | None = None  # the gzip member being inflated; None between members
     members = 0
     member_at = 0  # compressed offset of the current gzip member
@@ -74,8 +88,8 @@ def _inflate(storage: Storage, info: ObjectInfo) -> bytes:
                 raise DataSourceError(
                     f"{uri}: corrupt gzip stream in the member at offset {member_at} ({exc})", uri=uri
                 ) from exc
-            out += piece
-            if len(out) > limit:
+            total += len(piece)
+            if total > limit:
                 raise DataSourceError(
                     f"{uri}: the compressed shard inflates to more than {limit} bytes, the limit for a "
                     f"{info.size}-byte shard ({INFLATE_RATIO}x its size, at least {INFLATE_FLOOR}, at most "
@@ -85,6 +99,8 @@ def _inflate(storage: Storage, info: ObjectInfo) -> bytes:
             rest = d.unused_data if d.eof else d.unconsumed_tail
             if not piece and not d.eof and len(rest) == len(data) > 0:  # no progress: never loop on it
                 raise DataSourceError(f"{uri}: corrupt gzip stream at offset {at}", uri=uri)
+            if piece:
+                yield piece
             at, data = at + len(data) - len(rest), rest
             if d.eof:
                 d, members = None, members + 1
@@ -96,7 +112,6 @@ def _inflate(storage: Storage, info: ObjectInfo) -> bytes:
             f"does ({info.size} bytes)",
             uri=uri,
         )
-    return bytes(out)
 
 
 # -- one inflate per shard and process ---------------------------------------------------------------
@@ -135,6 +150,12 @@ def inflated(storage: Storage, info: ObjectInfo) -> bytes:
             _cache.popitem(last=False)
     flight.set_result(data)
     return data
+
+
+def held(info: ObjectInfo) -> bytes | None:
+    """The inflated bytes of `info` if this process keeps them (no read, no inflate), else None."""
+    with _lock:
+        return _cache.get((info.uri, info.etag))
 
 
 def _cached_bytes() -> int:

@@ -2,7 +2,9 @@
 
 `index_tar` hops from header to header (a 512-byte block, then the member's
 data rounded up to 512), reading through a small window so that small
-members and the headers after them cost no extra read. GNU long names and
+members and the headers after them cost no extra read. It reads forward only,
+so it also indexes a stream whose length is learned at its end (an inflating
+.tar.gz: `size=None`), never holding more of it than a window. GNU long names and
 pax `path`/`size` records are honoured, as Python's tarfile (and so the
 webdataset library) reads them. The headers shards are made of (files, pax
 headers, long names, with the numbers tarfile writes) are read here, a few
@@ -164,8 +166,20 @@ def _data_size(
     info: _Header | tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: str, pos: int, size: int
 ) -> int:
     """The size of the data after the header at `pos` (see `_member_size`), checked to end inside the
-    shard of `size` bytes, and to be at most MAX_EXTENDED_HEADER for a GNU long name or pax header."""
+    shard of `size` bytes (None: not known yet, checked when it is), and to be at most MAX_EXTENDED_HEADER
+    for a GNU long name or pax header."""
     n = _member_size(info, pax, pax_at, uri, pos)
+    if size is not None:
+        _check_inside(uri, pos, n, size)
+    extended = info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE)
+    if extended and n > MAX_EXTENDED_HEADER:
+        raise _corrupt(uri, pos, f"a {n}-byte extended header, over the {MAX_EXTENDED_HEADER}-byte limit")
+    return n
+
+
+def _check_inside(uri: str, pos: int, n: int, size: int) -> None:
+    """The member whose header is at `pos` needs `n` bytes after it: a DataSourceError if the shard of `size`
+    bytes ends before them."""
     data_at = pos + BLOCK
     if data_at + n > size:
         raise DataSourceError(
@@ -173,23 +187,36 @@ def _data_size(
             f"offset {data_at}, but the shard ends at {size}",
             uri=uri,
         )
-    extended = info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE)
-    if extended and n > MAX_EXTENDED_HEADER:
-        raise _corrupt(uri, pos, f"a {n}-byte extended header, over the {MAX_EXTENDED_HEADER}-byte limit")
-    return n
 
 
 def index_tar(
-    read: Callable[[int, int], bytes], size: int, uri: str, *, window: int = 16 << 10, small_limit: int = 4096
+    read: Callable[[int, int], bytes],
+    size: int | None,
+    uri: str,
+    *,
+    window: int = 16 << 10,
+    small_limit: int = 4096,
+    length: Callable[[], int] | None = None,
 ) -> TarIndex:
-    """Members of the uncompressed tar `uri` of `size` bytes; `read(offset, length)` fetches bytes."""
+    """Members of the uncompressed tar `uri` of `size` bytes; `read(offset, length)` fetches bytes, at offsets
+    that only move forward. `size` None: a stream whose length is not known yet; `read` then gives fewer
+    bytes than asked at its end, and `length()` gives its length (reading the rest of it)."""
     buf_start, buf = 0, b""
 
     def get(off: int, n: int) -> bytes:
         nonlocal buf_start, buf
         if not (buf_start <= off and off + n <= buf_start + len(buf)):
-            buf_start, buf = off, read(off, min(max(n, window), size - off))
+            want = max(n, window) if size is None else min(max(n, window), size - off)
+            buf_start, buf = off, read(off, want)
         return buf[off - buf_start : off - buf_start + n]
+
+    def ended(pos: int, n: int) -> int:
+        """A streamed tar ended before the `n` bytes after the header at `pos`: its length, and the error
+        where the member at `pos` needs more than it holds."""
+        end = length()  # type: ignore[misc]
+        if pos >= 0:
+            _check_inside(uri, pos, n, end)
+        return end
 
     def cached(off: int, n: int) -> bytes | None:
         return (
@@ -198,23 +225,34 @@ def index_tar(
             else None
         )
 
+    if size is None and length is None:
+        raise ValueError("index_tar of a stream (size=None) needs its length()")
     members: list[Member] = []
     small: dict[int, bytes] = {}
     pos = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
     pax_at = 0
-    while pos + BLOCK <= size:
+    last = (-1, 0)  # the header before `pos` and its data's size: a stream's end must not cut that data
+    while size is None or pos + BLOCK <= size:
         header = get(pos, BLOCK)
+        if len(header) < BLOCK:  # a stream that ended before this header
+            size = ended(*last)
+            break
         if header == _ZERO:
             break  # end-of-archive marker
         info = _header_at(header, uri, pos)
         data_at = pos + BLOCK
         n = _data_size(info, pax, pax_at, uri, pos, size)
+        last = (pos, n)
+        if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE):
+            extended = get(data_at, n)
+            if len(extended) < n:  # a stream that ends inside it
+                ended(pos, n)
         if info.type == tarfile.GNUTYPE_LONGNAME:
-            long_name = get(data_at, n).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            long_name = extended.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
         elif info.type == tarfile.XHDTYPE:
-            pax, pax_at = _pax_records(get(data_at, n), uri, pos), pos
+            pax, pax_at = _pax_records(extended, uri, pos), pos
         elif info.type in (tarfile.XGLTYPE, tarfile.GNUTYPE_LONGLINK):
             pass
         elif info.type == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse.") for k in pax):
@@ -229,9 +267,8 @@ def index_tar(
                         small[len(members) - 1] = payload
             long_name, pax = None, {}
         pos = data_at + _round_up(n)  # n >= 0: at least one block forward
-    else:
-        if pos < size and size - pos < BLOCK:  # not a whole header left
-            raise DataSourceError(
-                f"{uri}: truncated tar shard: {size - pos} stray bytes at offset {pos}", uri=uri
-            )
+    if size is not None and pos < size and size - pos < BLOCK:  # not a whole header left
+        raise DataSourceError(
+            f"{uri}: truncated tar shard: {size - pos} stray bytes at offset {pos}", uri=uri
+        )
     return TarIndex(members, small)

@@ -14,7 +14,8 @@ It comes from one of:
   size, mtime_ns) for a local file, under `$RAYDL_CACHE_DIR/wds-index`;
 - the shard itself, read once in ONE streamed read (`build_block`), its
   headers parsed by the hardened reader of raydl/sources/_tar.py going
-  forward only.
+  forward only; a compressed shard's inflated bytes stream past it the same
+  way, so indexing holds a window of the shard, never the whole of it.
 
 Every index is untrusted: what it makes us allocate is bounded by the shard's
 size (a member takes at least one 512-byte header), offsets and sizes are
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raydl.errors import DataSourceError
-from raydl.sources._inflate import inflated
+from raydl.sources import _inflate
 from raydl.sources._tar import BLOCK, index_tar
 from raydl.sources._wds_blocks import (  # its names are re-exported: the index's callers find them here too
     MemberBlock,
@@ -152,12 +153,27 @@ class _Forward:
         for _ in self._pieces:  # the rest of the stream (an archive's end blocks): one request all the same
             pass
 
+    def length(self) -> int:
+        """The stream's length in bytes: the rest of it is read (and dropped) to learn it."""
+        end = self._at + len(self._buf)
+        for piece in self._pieces:
+            end += len(piece)
+        return end
 
-def build_block(storage: Storage, info: ObjectInfo) -> MemberBlock:
-    """The members of shard `info` from ONE streamed read of it (inflated first where compressed)."""
-    if is_compressed(info.uri):
-        stream = inflated(storage, info)
-        index = index_tar(lambda off, n: stream[off : off + n], len(stream), info.uri, small_limit=0)
+
+def build_block(storage: Storage, info: ObjectInfo, *, keep_inflated: bool = False) -> MemberBlock:
+    """The members of shard `info` from ONE streamed read of it. A compressed shard's inflated bytes stream
+    past the header reader, a window at a time (its whole inflated bytes where this process keeps them);
+    `keep_inflated`: inflate it whole, kept for the reads that cut samples out of it next (a worker's)."""
+    held = _inflate.held(info) if is_compressed(info.uri) else None
+    if held is None and keep_inflated and is_compressed(info.uri):
+        held = _inflate.inflated(storage, info)
+    if held is not None:
+        index = index_tar(lambda off, n: held[off : off + n], len(held), info.uri, small_limit=0)
+    elif is_compressed(info.uri):
+        reader = _Forward(_inflate.inflate_stream(storage, info), info.uri)
+        index = index_tar(reader.read, None, info.uri, window=64 << 10, small_limit=0, length=reader.length)
+        reader.drain()
     else:
         reader = _Forward(stream_object(storage, info), info.uri)
         index = index_tar(reader.read, info.size, info.uri, window=64 << 10, small_limit=0)

@@ -193,8 +193,8 @@ class WebDatasetSource(Source):
                 block = decode_block(data, info, where)
         except DataSourceError as exc:
             logger.warning("raydl: %s; indexing %s itself", exc, info.uri)
-        if block is None:
-            block = _wds_index.build_block(storage, info)
+        if block is None:  # its samples are cut next: a compressed shard is inflated whole once, and kept
+            block = _wds_index.build_block(storage, info, keep_inflated=True)
         _wds_index.cache_put(info, block, key=key)
         return block
 

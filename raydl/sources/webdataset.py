@@ -20,9 +20,11 @@ many. The catalog holds one part per shard (its count); the per-sample
 offsets and keys stay in the shards' index blocks, which the source
 (`WebDatasetSource`, raydl/sources/_wds_source.py) loads on the worker.
 
-Compressed shards (.tar.gz, .tgz) cannot be read by range: they are inflated
-whole (one GET), in bounded steps and to a bounded size, once per process
-(raydl/sources/_inflate.py); prefer uncompressed shards for shuffled reads.
+Compressed shards (.tar.gz, .tgz) cannot be read by range: listing streams
+their inflated bytes past the header reader (one GET, a window held at a
+time), and a worker inflates each whole, in bounded steps and to a bounded
+size, once per process (raydl/sources/_inflate.py); prefer uncompressed
+shards for shuffled reads.
 """
 
 from __future__ import annotations
