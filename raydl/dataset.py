@@ -64,7 +64,8 @@ def read_webdataset(
     list of them. Members group into samples exactly as the webdataset library
     groups them, and batch["key"] is the webdataset key. Compressed shards
     (.tar.gz/.tgz) are read whole. A pattern that matches nothing, a malformed
-    brace pattern or an unknown scheme is a ValueError naming it; a corrupt or
+    brace pattern or an unknown scheme is a ValueError naming it; a path with no
+    pattern in it that does not exist a DataSourceError naming it; a corrupt or
     truncated shard a DataSourceError naming the shard and the offset.
 
     `fields`: which members reach the batch, and under which names.

@@ -337,7 +337,11 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         "of the data bad?": [lambda: _raise(ErrorPolicy("replace").no_substitute(bad, [5, 9]))],
         "LoaderError: loader worker …: sample … (…) failed with …: … (not a decode error: on_error does not cover "
         "it)": [lambda: Failure.decode_failed(3, "/data/c0/x.jpg", MemoryError("no room"), worker="host:123")],
-        "DataSourceError: '…' does not exist": [lambda: raydl.read_images(str(tmp / "no-such-folder"))],
+        "DataSourceError: '…' does not exist": [lambda: raydl.read_images(str(tmp / "no-such-folder")),
+                                                lambda: raydl.read_webdataset(str(tmp / "no-such.tar")),
+                                                lambda: raydl.read_parquet(str(tmp / "no-such-folder"))],
+        "ValueError: the Parquet path '…' matches nothing (no *.parquet files below it)": [
+            lambda: raydl.read_parquet(str(tmp / "empty"))],
         "DataSourceError: no images (.jpg, .jpeg, .png, .webp, .bmp) found under '…'": [
             lambda: raydl.read_images(str(tmp / "empty")), lambda: raydl.read_images(str(ROOT / "README.md"))],
         "DataSourceError: '…' (and … more) lie directly in the root, so they have no class folder; move them into "

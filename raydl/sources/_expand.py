@@ -2,7 +2,10 @@
 
 A pattern's braces are expanded first (raydl/sources/_braces.py), then each
 URL is itself where it exists as written, else a glob with one meaning on
-local disk and S3 (raydl/sources/_patterns.py). On an object store the sizes
+local disk and S3 (raydl/sources/_patterns.py). A path with no pattern in it
+(no braces, no `* ? [`) that is not there is a DataSourceError saying it does
+not exist, as for every other source; a pattern that matches nothing is a
+ValueError, the argument's fault. On an object store the sizes
 and etags come from LIST pages, each prefix listed once (`Listing`): a list of
 URLs lists each folder's common prefix once, never a HEAD per object. Both
 read_webdataset and read_parquet name their files this way.
@@ -12,11 +15,17 @@ from __future__ import annotations
 
 import os
 
+from raydl.errors import DataSourceError
 from raydl.sources._braces import expand_braces
 from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
 from raydl.storage import ObjectInfo, split_scheme
 
-__all__ = ["Listing", "expand", "expand_urls", "stem"]
+__all__ = ["Listing", "expand", "expand_urls", "is_plain", "stem"]
+
+
+def is_plain(url: str) -> bool:
+    """Whether `url` is a path with no pattern in it: no braces (well formed or not), no glob character."""
+    return not has_magic(url) and "{" not in url and "}" not in url
 
 
 def stem(uri: str) -> str:
@@ -70,7 +79,8 @@ def expand_urls(urls: str | list[str] | tuple[str, ...], storage_of) -> list[Obj
     Globs mean the same on local disk and S3 (raydl/sources/_patterns.py); a
     name that exists as written is itself, before it is read as a glob. A
     pattern that matches nothing is a ValueError naming it; so is a malformed
-    brace pattern. `storage_of(url)` gives the storage of a URL. On S3 the
+    brace pattern. A path with no pattern in it that is not there is a
+    DataSourceError: '...' does not exist. `storage_of(url)` gives the storage of a URL. On S3 the
     sizes and etags come from LIST pages (never a HEAD per object).
     """
     return expand(urls, Listing(storage_of))
@@ -91,6 +101,8 @@ def expand(urls, listing: Listing) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
         for url in candidates:
             found += _objects_of(url, listing)
+        if not found and is_plain(pattern):
+            raise DataSourceError(f"{pattern!r} does not exist", uri=pattern)
         if not found:
             raise ValueError(f"the shard pattern {pattern!r} matches nothing")
         out += found

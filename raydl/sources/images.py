@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydl.describe.catalog import Catalog, make_catalog
-from raydl.errors import DataSourceError
+from raydl.errors import AccessDeniedError, DataSourceError
 from raydl.sources.base import ImageFiles
 from raydl.storage.base import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import int_array
@@ -54,6 +54,9 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     prefix = root if scheme == "file" or root.endswith("/") else root + "/"
     scan = _scan(root, prefix, storage, local=scheme == "file")
     n = len(scan.sizes)
+    if not n and not scan.listed and scheme != "file" and not _is_object(storage, root):
+        # an object store's folder is its objects: no object under it, no folder (as a local one would be)
+        raise DataSourceError(f"{root!r} does not exist", uri=root)
     if not n:
         raise DataSourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {root!r}", uri=root)
     if labels == "folder" and scan.loose:
@@ -80,6 +83,17 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
         parts={"shard": np.arange(n, dtype=np.int64), "count": np.ones(n, np.int64), "label": label_values},
         classes=classes,
     )
+
+
+def _is_object(storage: Storage, uri: str) -> bool:
+    """Whether `uri` is an object itself (a file, where a folder was meant): one stat, on the error path."""
+    try:
+        storage.stat(uri)
+    except AccessDeniedError:
+        raise
+    except DataSourceError:
+        return False
+    return True
 
 
 def _scan(root: str, prefix: str, storage: Storage, *, local: bool) -> _Scan:
@@ -115,8 +129,10 @@ class _Scan:
         self.ordered, self.last = True, ""
         self.head: str | None = None  # what precedes the key in every URI (the prefix, and any '/' after it)
         self.plain = True  # every URI is head + key: sorting the URIs sorts the keys
+        self.listed = 0  # objects listed one by one, images or not
 
     def add(self, obj: ObjectInfo) -> None:
+        self.listed += 1
         uri = obj.uri
         key = uri[len(self.prefix) :].lstrip("/") if uri.startswith(self.prefix) else uri
         if self.local:

@@ -207,7 +207,14 @@ def expand_paths(paths, storage: Storage) -> list[ObjectInfo]:
         scheme, _ = split_scheme(p)
         is_dir = os.path.isdir(p) if scheme == "file" else p.endswith("/")
         if is_dir:
-            found = sorted((o for o in storage.list(p) if o.uri.endswith(".parquet")), key=lambda o: o.uri)
+            found, listed = [], 0
+            for o in storage.list(p):
+                listed += 1
+                if o.uri.endswith(".parquet"):
+                    found.append(o)
+            if not listed and scheme != "file":  # an object store's folder is its objects: none, no folder
+                raise DataSourceError(f"{p!r} does not exist", uri=p)
+            found.sort(key=lambda o: o.uri)
             if not found:
                 raise ValueError(f"the Parquet path {p!r} matches nothing (no *.parquet files below it)")
             out += found

@@ -134,6 +134,10 @@ def _named_shards(urls, index: str, listing: Listing) -> tuple[list[ObjectInfo],
         return expand(urls, listing), None
     if split_scheme(json_uri)[0] == "file":
         json_uri = os.path.abspath(json_uri)
+    else:
+        listing.prefetch([json_uri])
+    if not listing.exists(json_uri):
+        raise DataSourceError(f"{json_uri!r} does not exist", uri=json_uri)
     infos, wids = _wids_shards(json_uri, listing.storage_of(json_uri), listing)
     if not urls_json:  # index="shards.json": the urls choose among its shards
         chosen = {o.uri for o in expand(urls, listing)}
@@ -146,7 +150,10 @@ def _wids_shards(json_uri: str, storage: Storage, listing: Listing) -> tuple[lis
     urls = [e.url for e in entries]
     try:
         shards = expand(urls, listing)
-    except ValueError as exc:
+    except (ValueError, DataSourceError) as exc:
+        # a shard that does not exist (named by its url), not a store that failed (denied, unreachable)
+        if isinstance(exc, DataSourceError) and (type(exc) is not DataSourceError or exc.uri not in urls):
+            raise
         raise DataSourceError(f"{json_uri}: a shard it lists is not there ({exc})", uri=json_uri) from exc
     return shards, {e.url: e for e in entries}
 
