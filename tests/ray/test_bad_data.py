@@ -155,3 +155,49 @@ def test_messages_show_no_object_reprs(ray_local, tmp_path, shared_data):
             _epoch(loader.iterator(0))
     assert " object at 0x" not in str(info.value)
     assert it.stats().samples_skipped == len(broken)
+
+
+def _laion_shard(path, missing_caption: int) -> str:
+    """8 LAION-style samples (jpg, txt, cls) written with webdataset's TarWriter; one has no .txt member."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+
+    with wds.TarWriter(str(path), encoder=False) as sink:
+        for i in range(8):
+            buf = io.BytesIO()
+            Image.new("RGB", (20, 16), (30 * i, 90, 150)).save(buf, "JPEG")
+            sample = {"__key__": f"k{i}", "jpg": buf.getvalue(), "txt": f"a photo of {i}".encode(), "cls": b"%d" % i}
+            if i == missing_caption:
+                del sample["txt"]
+            sink.write(sample)
+    return str(path)
+
+
+def test_a_sample_lacking_a_selected_field_is_skipped_replaced_or_raised(ray_local, tmp_path):
+    """fields={"image": "jpg", "caption": "txt"} over a shard whose sample k3 has no .txt: the default "skip"
+    finishes the epoch without it (it stopped training with a DataSourceError, as a failed read); "replace"
+    keeps batches full; "raise" stops with MissingFieldError naming the sample, the field and the shard."""
+    from raydl.errors import DataSourceError, MissingFieldError
+
+    shard = _laion_shard(tmp_path / "laion.tar", missing_caption=3)
+    ds = raydl.read_webdataset(shard, fields={"image": "jpg", "caption": "txt"}).decode().resize((8, 8))
+    with ds.loader(batch_size=3, shuffle=False) as loader:
+        it = loader.iterator(0)
+        batches = _epoch(it)
+    keys = [k for b in batches for k in b["key"]]
+    assert keys == [f"k{i}" for i in range(8) if i != 3] and [len(b["key"]) for b in batches] == [3, 2, 2]
+    assert [c for b in batches for c in b["caption"]] == [f"a photo of {i}" for i in range(8) if i != 3]
+    assert it.stats().samples_skipped == 1 and it.stats().skipped_uris == [f"{shard}#k3"]
+    with ds.loader(batch_size=3, shuffle=False, on_error="replace") as loader:
+        it = loader.iterator(0)
+        batches = _epoch(it)
+    assert [len(b["key"]) for b in batches] == [3, 3, 2] and "k3" not in [k for b in batches for k in b["key"]]
+    assert it.stats().samples_replaced == 1
+    with ds.loader(batch_size=3, shuffle=False, on_error="raise") as loader:
+        with pytest.raises(MissingFieldError) as info:
+            _epoch(loader.iterator(0))
+    assert isinstance(info.value, DataSourceError) and str(info.value) == (
+        f"rank 0: batch 1 of epoch 0: incomplete sample 3 ({shard}#k3): {shard}: sample 'k3' lacks the field "
+        "'caption' (no .txt member)")
