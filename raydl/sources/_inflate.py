@@ -14,7 +14,7 @@ keeps (`inflated`). The shard is untrusted, so:
   (a bomb: 611 KB of gzipped zeros is 600 MB) is a DataSourceError naming
   the shard and the limit, raised as soon as the output passes it;
 - a worker's shard is read and inflated once per process however many threads ask
-  for it at once (single flight, keyed by uri and etag), and the last few
+  for it at once (single flight, keyed by uri, etag, size and a local file's mtime), and the last few
   inflated shards are kept, at most `CACHE_BYTES` in all besides the one
   in use, so the samples of one shard in a batch cost one inflate.
 
@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 from raydl.errors import DataSourceError
+from raydl.sources._version import mtime_ns
 from raydl.storage import ObjectInfo, Storage
 from raydl.storage.base import stream_object
 
@@ -116,15 +117,15 @@ def inflate_stream(storage: Storage, info: ObjectInfo) -> Iterator[bytes]:
 
 # -- one inflate per shard and process ---------------------------------------------------------------
 
-_cache: collections.OrderedDict[tuple[str, str], bytes] = collections.OrderedDict()
-_flights: dict[tuple[str, str], Future] = {}
+_cache: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
+_flights: dict[tuple, Future] = {}
 _lock = threading.Lock()
 
 
 def inflated(storage: Storage, info: ObjectInfo) -> bytes:
     """The decompressed bytes of the compressed shard `info`: from the cache, from the inflate another
     thread is doing now, or inflated here (see the module docstring)."""
-    key = (info.uri, info.etag)
+    key = _key(info)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
@@ -154,8 +155,15 @@ def inflated(storage: Storage, info: ObjectInfo) -> bytes:
 
 def held(info: ObjectInfo) -> bytes | None:
     """The inflated bytes of `info` if this process keeps them (no read, no inflate), else None."""
+    key = _key(info)
     with _lock:
-        return _cache.get((info.uri, info.etag))
+        return _cache.get(key)
+
+
+def _key(info: ObjectInfo) -> tuple:
+    """The shard's version: a local file rewritten at the same size is another one
+    (raydl/sources/_version.py)."""
+    return info.uri, info.etag, info.size, mtime_ns(info)
 
 
 def _cached_bytes() -> int:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from raydl.errors import DataSourceError
 from raydl.sources import _wds_index
 from raydl.sources._expand import Listing, stem
+from raydl.sources._version import mtime_ns  # an index file's entry of a local shard must match it
 from raydl.sources._wds_blocks import MemberBlock, count_from_signatures, decode_block, samples_of
 from raydl.sources._wds_index import IndexEntry, WidsShard
 from raydl.sources._wds_source import BUILD, DALI, EXPLICIT
@@ -53,16 +54,6 @@ class Shard:
     block: MemberBlock | None = None
     mtime_ns: int = 0
     sigs: dict[str, int] | None = None  # its samples' field sets, where its index header or block says them
-
-
-def mtime_ns(info: ObjectInfo) -> int:
-    """A local file's mtime (an index file's entry for it must match); 0 for an object with an etag."""
-    if info.etag:
-        return 0
-    try:
-        return os.stat(info.uri).st_mtime_ns
-    except OSError:
-        return 0
 
 
 def _relative(uri: str, folder: str) -> str:

@@ -28,6 +28,7 @@ from raydl.errors import DataSourceError, DecodeError, MissingFieldError, Object
 from raydl.sources import _wds_index
 from raydl.sources._inflate import inflated
 from raydl.sources._values import decode_value
+from raydl.sources._version import mtime_ns
 from raydl.sources._wds_blocks import (
     BlockLRU,
     MemberBlock,
@@ -155,7 +156,8 @@ class WebDatasetSource(Source):
         row = {c: catalog.parts.column(c)[part].as_py() for c in ("shard", "count", "every", *LOCATORS)}
         info = catalog.shard_info(row["shard"])
         every = bool(row["every"])
-        key = (info.uri, info.etag, info.size, self.image_fields, self.label_field, every, self.select)
+        version = (info.uri, info.etag, info.size, mtime_ns(info))  # a local file rewritten since: another
+        key = (*version, self.image_fields, self.label_field, every, self.select)
         hit = _BLOCKS.get(key)
         if hit is not None:
             return info, hit

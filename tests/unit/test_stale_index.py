@@ -145,3 +145,27 @@ def test_the_node_cache_keys_a_block_by_the_shard_as_it_was_before_the_read(tmp_
     monkeypatch.setattr(wi, "build_block", build_then_rewrite)
     wi.build_cached(LocalStorage(), info)
     assert wi.cache_get(info) is None
+
+
+def test_a_process_that_read_a_shard_before_its_rewrite_reads_it_anew(tmp_path, fresh_cache):
+    """The blocks (and inflated shards) a process keeps are keyed by a local file's mtime too: listing again after
+    an in-place rewrite at the same size, the same process (a driver that also makes the first batches) cuts the
+    new bytes under their own keys, not the old block's; a .tar.gz too."""
+    import gzip
+
+    path = _shard(tmp_path / "s.tar", range(N))
+    assert _right(_samples(raydl.read_webdataset(path)))
+    _rewrite_in_place(path)
+    got = _samples(raydl.read_webdataset(path))
+    assert _right(got) and list(got) == [f"k{i:02d}" for i in reversed(range(N))]  # the new bytes, in their order
+
+    gz = tmp_path / "s.tar.gz"
+    gz.write_bytes(gzip.compress(Path(path).read_bytes(), compresslevel=0, mtime=0))  # stored: its size is the tar's
+    assert _right(_samples(raydl.read_webdataset(str(gz))))
+    before = os.stat(gz)
+    flipped = gzip.compress(Path(_shard(tmp_path / "t.tar", range(N))).read_bytes(), compresslevel=0, mtime=0)
+    assert len(flipped) == before.st_size
+    gz.write_bytes(flipped)
+    os.utime(gz, ns=(before.st_atime_ns, before.st_mtime_ns + 5_000_000_000))
+    got = _samples(raydl.read_webdataset(str(gz)))
+    assert _right(got) and list(got) == [f"k{i:02d}" for i in range(N)]
