@@ -259,11 +259,10 @@ class WebDatasetSource(Source):
         payload = bytes(data[where[1] : where[1] + sizes[1]])
         try:
             return {"image": image, "label": int(payload.decode("utf-8").strip())}
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise DataSourceError(
+        except (UnicodeDecodeError, ValueError) as exc:  # a field that does not decode: the sample's defect
+            raise DecodeError(
                 f"{uri}: sample {key!r} has a {self.label_field!r} member {payload[:40]!r} that "
-                "is not an integer label",
-                uri=uri,
+                "is not an integer label"
             ) from exc
 
     def sample_uri(self, shard_uri: str, key: str) -> str:

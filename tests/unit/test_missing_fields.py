@@ -145,3 +145,17 @@ def test_a_null_parquet_array_cell_is_skipped_under_the_default(tmp_path):
     with pytest.raises(MissingFieldError, match=r"incomplete sample 2 \(.*t.parquet#0:2\): .*field 'emb' "
                                                 r"\(column 'emb'\) is null; an array field needs a value"):
         _settle(_batch(ds, range(6), "raise"), "raise")
+
+
+def test_a_label_member_that_is_not_an_integer_is_the_samples_defect(tmp_path):
+    """read_webdataset's image and label: a .cls member that is not an integer is a field that does not decode,
+    skipped under "skip" (it was raised as a failed read)."""
+    samples = [(f"k{i}", {"jpg": b"jpeg-%d" % i, "cls": b"%d" % i if i != 2 else b"cat"}) for i in range(4)]
+    path = _tar(tmp_path / "labels.tar", samples)
+    result = _batch(raydl.read_webdataset(path), range(4), "skip")
+    assert result.batch["key"] == ["k0", "k1", "k3"] and result.batch["label"].tolist() == [0, 1, 3]
+    stats = _settle(result, "skip")
+    assert stats.samples_skipped == 1 and stats.skipped_uris == [f"{path}#k2"]
+    with pytest.raises(SampleDecodeError, match=r"cannot decode sample 2 .*'cls' member b'cat' that is not an "
+                                                r"integer label"):
+        _settle(_batch(raydl.read_webdataset(path), range(4), "raise"), "raise")
