@@ -34,6 +34,7 @@ from raydl.errors import DataSourceError, MissingFieldError, ObjectChangedError
 from raydl.sources._footer import Footer
 from raydl.sources._parquet_fields import MISSING, RowGroupValues, Selection
 from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, open_pieces, parse_footer
+from raydl.sources._version import mtime_ns
 from raydl.storage import ObjectInfo, Storage
 from raydl.util.arrow import StringColumn, int_column
 
@@ -110,13 +111,14 @@ def _runs(chunks: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class _FileFooter:
-    """A file's footer as a worker read it: pyarrow's FileMetaData, raydl's checked reading, its size, and
-    the leaf columns the source's selection reads."""
+    """A file's footer as a worker read it: pyarrow's FileMetaData, raydl's checked reading, its size, the
+    leaf columns the source's selection reads, and a local file's mtime when it was read."""
 
     meta: pq.FileMetaData
     footer: Footer
     nbytes: int
     leaves: tuple[int, ...]
+    mtime_ns: int = 0
     reads: dict = field(default_factory=dict, compare=False)  # part -> its checked _RowGroupRead
 
 
@@ -126,7 +128,7 @@ class _RowGroupRead:
     (read when the row group is decoded). Every located row of the row group shares one."""
 
     uri: str
-    version: tuple  # (catalog fingerprint, uri, etag, size): the file as listed
+    version: tuple  # (catalog fingerprint, uri, etag, size, mtime_ns): the file as listed
     size: int
     file: _FileFooter
     rg: int
@@ -269,11 +271,13 @@ class ParquetSource(Source):
                 meta = parse_footer(tail)
             except (OSError, pa.ArrowException, ValueError) as exc:
                 raise DataSourceError(f"{info.uri}: corrupt Parquet footer ({exc})", uri=info.uri) from exc
-            return _FileFooter(meta, footer, len(tail), leaves)
+            return _FileFooter(meta, footer, len(tail), leaves, stamp)
 
-        # local files have no etag: the catalog's fingerprint (counts, sizes), the footer's length and the
-        # selection stand in for one
-        key = (catalog.fingerprint, info.uri, info.etag, info.size, want, self.selection.key)
+        # local files have no etag: the catalog's fingerprint (counts, sizes), the footer's length, the
+        # selection and the file's mtime stand in for one (a file rewritten at the same size, with the same
+        # row groups, is another file: its footer and values are read again)
+        stamp = mtime_ns(info)
+        key = (catalog.fingerprint, info.uri, info.etag, info.size, stamp, want, self.selection.key)
         if cached_only:
             return _footers.peek(key)
         try:
@@ -304,14 +308,16 @@ class ParquetSource(Source):
         main = max(runs, key=lambda r: r[1] - r[0])  # the most bytes: what the batch's IO pool fetches
         file.reads[p] = read = _RowGroupRead(
             uri=info.uri,
-            version=(catalog.fingerprint, info.uri, info.etag, info.size),
+            version=(catalog.fingerprint, info.uri, info.etag, info.size, file.mtime_ns),
             size=info.size,
             file=file,
             rg=rg,
             start=main[0],
             end=main[1],
             far=tuple(r for r in runs if r != main),
-            cache_key=repr((catalog.fingerprint, info.uri, info.etag, info.size, rg, self.selection.key)),
+            cache_key=repr(
+                (catalog.fingerprint, info.uri, info.etag, info.size, file.mtime_ns, rg, self.selection.key)
+            ),
         )
         return read
 

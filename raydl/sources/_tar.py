@@ -4,8 +4,8 @@
 data rounded up to 512), reading through a small window so that small
 members and the headers after them cost no extra read. It reads forward only,
 so it also indexes a stream whose length is learned at its end (an inflating
-.tar.gz: `size=None`), never holding more of it than a window. GNU long names and
-pax `path`/`size` records are honoured, as Python's tarfile (and so the
+.tar.gz: `size=None`), never holding more of it than a window. GNU long names
+and pax `path`/`size` records are honoured, as Python's tarfile (and so the
 webdataset library) reads them. The headers shards are made of (files, pax
 headers, long names, with the numbers tarfile writes) are read here, a few
 times faster than tarfile.TarInfo.frombuf, which reads any other.
@@ -163,7 +163,7 @@ def _header_at(header: bytes, uri: str, pos: int) -> _Header | tarfile.TarInfo:
 
 
 def _data_size(
-    info: _Header | tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: str, pos: int, size: int
+    info: _Header | tarfile.TarInfo, pax: dict[str, str], pax_at: int, uri: str, pos: int, size: int | None
 ) -> int:
     """The size of the data after the header at `pos` (see `_member_size`), checked to end inside the
     shard of `size` bytes (None: not known yet, checked when it is), and to be at most MAX_EXTENDED_HEADER
