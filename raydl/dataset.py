@@ -76,8 +76,9 @@ def read_webdataset(
     of all the shards' samples. A dict {"image": "jpg;png", "caption": "txt"}
     selects members and renames them ("jpg;png": the first a sample has); a
     list ["jpg", "txt"] selects them under their own names. With fields given
-    every sample counts, a sample lacking a selected field fails under
-    on_error (naming the sample, the field and the shard), and a field no
+    every sample counts, a sample lacking a selected field is that sample's
+    defect (MissingFieldError naming the sample, the field and the shard),
+    skipped under the default on_error="skip", and a field no
     sample has is a ValueError. Values are decoded by extension as
     webdataset's default decoder does: txt -> str, json -> parsed, cls/id/
     index -> int, npy -> ndarray, .gz decompressed first, image extensions

@@ -146,11 +146,12 @@ class LoaderConfig:
     """Leave out the epoch's last, partial batches, so that every batch holds `batch_size` rows."""
 
     on_error: str = "skip"
-    """What a sample whose bytes cannot be decoded does to its batch. "skip": it is left out (the batch is
-    one row shorter, maybe 0 rows, with a warning) and counted; "replace": a substitute drawn from the
-    failed slot's seed (the same in every run) stands in, so batches keep `batch_size` rows; "raise": the
-    epoch stops with SampleDecodeError naming the file. Only decode errors (and, under "replace",
-    unreadable files) are covered: any other failure is a LoaderError."""
+    """What a sample whose bytes cannot be decoded, or that lacks a field its source selects, does to its
+    batch. "skip": it is left out (the batch is one row shorter, maybe 0 rows, with a warning) and counted;
+    "replace": a substitute drawn from the failed slot's seed (the same in every run) stands in, so batches
+    keep `batch_size` rows; "raise": the epoch stops with SampleDecodeError (MissingFieldError for a
+    missing field) naming the file. Only those (and, under "replace", unreadable files) are covered: any
+    other failure is a LoaderError."""
 
     num_workers: int = 1
     """Loader actors started on every alive node with CPUs (and `node_resource`, when given), and on nodes
