@@ -134,10 +134,6 @@ def _named_shards(urls, index: str, listing: Listing) -> tuple[list[ObjectInfo],
         return expand(urls, listing), None
     if split_scheme(json_uri)[0] == "file":
         json_uri = os.path.abspath(json_uri)
-    else:
-        listing.prefetch([json_uri])
-    if not listing.exists(json_uri):
-        raise DataSourceError(f"{json_uri!r} does not exist", uri=json_uri)
     infos, wids = _wids_shards(json_uri, listing.storage_of(json_uri), listing)
     if not urls_json:  # index="shards.json": the urls choose among its shards
         chosen = {o.uri for o in expand(urls, listing)}
@@ -146,7 +142,15 @@ def _named_shards(urls, index: str, listing: Listing) -> tuple[list[ObjectInfo],
 
 
 def _wids_shards(json_uri: str, storage: Storage, listing: Listing) -> tuple[list[ObjectInfo], dict]:
-    entries = _wds_index.parse_wids(_wds_index.read_index_file(storage, json_uri), json_uri)
+    try:
+        data = _wds_index.read_index_file(storage, json_uri)
+    except DataSourceError as exc:
+        # as for a shard: a list that is not there says so (one stat, on this path only), a store that
+        # failed or refused says what it said
+        if type(exc) is DataSourceError and not _exists(storage, json_uri):
+            raise DataSourceError(f"{json_uri!r} does not exist", uri=json_uri) from exc
+        raise
+    entries = _wds_index.parse_wids(data, json_uri)
     urls = [e.url for e in entries]
     try:
         shards = expand(urls, listing)
@@ -156,6 +160,16 @@ def _wids_shards(json_uri: str, storage: Storage, listing: Listing) -> tuple[lis
             raise
         raise DataSourceError(f"{json_uri}: a shard it lists is not there ({exc})", uri=json_uri) from exc
     return shards, {e.url: e for e in entries}
+
+
+def _exists(storage: Storage, uri: str) -> bool:
+    if split_scheme(uri)[0] == "file":
+        return os.path.exists(uri)
+    try:
+        storage.stat(uri)
+    except DataSourceError:
+        return False
+    return True
 
 
 def _resolve(
