@@ -33,8 +33,9 @@ class BatchTask:
 @dataclass
 class BatchResult:
     """A finished batch, without the failed samples that were not replaced: those that could not be
-    decoded (`skipped`) and those whose bytes could not be read (`unreadable`), which the iterator
-    skips or raises as the error policy says; and the replaced ones.
+    decoded (`skipped`) and those the source could not give (`unreadable`: bytes that could not be read,
+    or a field the sample lacks), which the iterator skips or raises as the error policy says; and the
+    replaced ones.
     `membership` is the coordinator's worker-list version as this worker last
     heard it: a rank that holds an older list asks the coordinator for the new one.
     `cache` counts the node cache's hits, misses, bytes and evictions while the batch was made."""
