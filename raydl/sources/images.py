@@ -56,7 +56,11 @@ def list_image_folder(root: str, *, labels: str | None = "folder", storage: Stor
     n = len(scan.sizes)
     if not n and not scan.listed and scheme != "file" and not _is_object(storage, root):
         # an object store's folder is its objects: no object under it, no folder (as a local one would be)
-        raise DataSourceError(f"{root!r} does not exist", uri=root)
+        raise DataSourceError(
+            f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {root!r}: {root!r} does not exist (no "
+            "object under it)",
+            uri=root,
+        )
     if not n:
         raise DataSourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) found under {root!r}", uri=root)
     if labels == "folder" and scan.loose:

@@ -34,9 +34,10 @@ def _missing(call, uri: str) -> None:
 
 
 def test_every_read_of_an_s3_path_that_does_not_exist_says_so(moto_server, s3_client, bucket, monkeypatch, tmp_path):
-    """Missing keys (a shard, alone or in a list; a Parquet file; a wids list), prefixes with no object under them
-    (a Parquet folder, an image folder): DataSourceError "'s3://…' does not exist"; an object read as an image
-    folder is still "no images found"; a glob that matches nothing is still a ValueError."""
+    """Missing keys (a shard, alone or in a list; a Parquet file; a wids list) and a Parquet folder with no
+    object under it: DataSourceError "'s3://…' does not exist"; an image folder with no object under it says
+    so after "no images found"; an object read as an image folder is still "no images found"; a glob that
+    matches nothing is still a ValueError."""
     monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
     s3 = raydl.S3Options(endpoint_url=moto_server)
     s3_client.put_object(Bucket=bucket, Key="d/ok.tar", Body=_tar())
@@ -50,7 +51,11 @@ def test_every_read_of_an_s3_path_that_does_not_exist_says_so(moto_server, s3_cl
     _missing(lambda: raydl.read_webdataset([f"{base}/d/ok.tar", f"{base}/e/gone.tar"], s3=s3), f"{base}/e/gone.tar")
     _missing(lambda: raydl.read_parquet(f"{base}/p/gone.parquet", s3=s3), f"{base}/p/gone.parquet")
     _missing(lambda: raydl.read_parquet(f"{base}/none/", s3=s3), f"{base}/none/")
-    _missing(lambda: raydl.read_images(f"{base}/none", s3=s3), f"{base}/none")
+    with pytest.raises(DataSourceError) as info:  # "no images" first, as it was: a test holds it
+        raydl.read_images(f"{base}/none", s3=s3)
+    assert type(info.value) is DataSourceError and info.value.uri == f"{base}/none"
+    assert str(info.value) == (f"no images (.jpg, .jpeg, .png, .webp, .bmp) found under '{base}/none': '{base}/none' "
+                               "does not exist (no object under it)")
     _missing(lambda: raydl.read_webdataset(f"{base}/d/shards.json", s3=s3), f"{base}/d/shards.json")
 
     with pytest.raises(DataSourceError, match="no images .* found under"):
