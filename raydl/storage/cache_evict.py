@@ -30,8 +30,9 @@ Held in memory: the sample and one shard's listing (N/4,096 entries: 2,400 at te
 
 The ledger stays right. A writer adds to the ledger before its rename and a remover subtracts after its
 unlink, so a process killed between the two leaves the total above the folder's bytes, never below (the
-cache then holds a little less than max_bytes). A walk that visited every shard knows the bytes it left;
-with the bytes others added meanwhile (the ledger's `added`), it sets the total from the folder again.
+cache then holds a little less than max_bytes). A pass that read every shard (a sample that is the whole
+folder, or a walk to the end) knows the bytes there; with the bytes others added meanwhile (the ledger's
+`added`), it sets the total from the folder again, so such an excess lasts one pass at most.
 
 One process evicts at a time: it holds PATH/evicting (an fcntl lock, `claimed`). Writers that still fit
 under max_bytes write on while it works; raydl/storage/node_cache.py says who starts a pass and what a
@@ -97,11 +98,9 @@ def evict(folder: CacheFolder, locked: Locked, target: float, *, everything: boo
         cutoff = None
         if not everything:
             sample, complete = _sample(folder, shards)
-            if complete:  # the whole folder: its exact order
-                n, left, done = _remove(folder, locked, sorted(sample), target, True)
-                removed += n
-                if not done:
-                    _rebase(locked, left, added)
+            if complete:  # the whole folder: its exact order, and its exact total
+                _rebase(locked, sum(size for _, size, _, _ in sample), added)
+                removed += _remove(folder, locked, sorted(sample), target, True)[0]
                 break
             cutoff = _cutoff(sample, (total - target) / total if total > 0 else 1.0)
             del sample
