@@ -22,11 +22,15 @@ How the oldest are found with bounded memory. A sample: whole shard folders read
 SAMPLE entries are in hand. The URI hash spreads entries over the shards regardless of when they were
 used, so the sample's ages are drawn like the folder's, and its byte-weighted quantile at the share to
 free estimates the cutoff: the last use before which the entries to remove were last used. Then a walk,
-from a random shard on, one shard's listing at a time: a shard's entries used before the cutoff are
-removed, oldest first, and the walk stops as soon as the ledger is at the target. A walk that ends above
-it (the estimate came out low) is followed by another sample and walk (at most ROUNDS). When the sample
-is the whole folder (at most SAMPLE entries) it is the exact least-recently-used order, removed as such.
-Held in memory: the sample and one shard's listing (N/4,096 entries: 2,400 at ten million).
+from a random shard on, one shard's listing at a time: the entries used before the cutoff are gathered and
+removed, oldest first, a step at a time, until the pass has freed what it set out to free (the total's
+excess over its target when it began: what others write meanwhile is their room, not more work). The
+walk keeps aside the RESERVE oldest entries past the cutoff and removes them next, oldest first, if it
+ends short (the estimate came out low); a new sample and walk follow only if that is not enough (at most
+ROUNDS). When the sample is the whole folder (at most SAMPLE entries) it is the exact least-recently-used
+order, removed as such. Held in memory: the sample, the reserve and one shard's listing (N/4,096 entries:
+2,400 at ten million). The pass reads the folder about once, as one pass under the lock did, but outside
+it, in the evicting writer's thread; `raydl bench cache --eviction` measures both.
 
 The ledger stays right. A writer adds to the ledger before its rename and a remover subtracts after its
 unlink, so a process killed between the two leaves the total above the folder's bytes, never below (the
@@ -42,6 +46,7 @@ writer that does not fit does.
 from __future__ import annotations
 
 import fcntl
+import heapq
 import os
 import random
 import threading
@@ -50,11 +55,12 @@ from contextlib import AbstractContextManager, contextmanager
 
 from raydl.storage.cache_folder import EVICTING, CacheFolder, Ledger
 
-__all__ = ["ROUNDS", "SAMPLE", "STEP", "claimed", "evict"]
+__all__ = ["RESERVE", "ROUNDS", "SAMPLE", "STEP", "claimed", "evict"]
 
 SAMPLE = 16_384  # entries read to estimate the cutoff (and the whole order of a cache this small)
 STEP = 64  # entries removed per hold of the lock
-ROUNDS = 3  # sample-and-walk rounds a pass tries before it gives up on reaching its target
+RESERVE = 4096  # the oldest entries past the cutoff a walk keeps aside, to finish with if the cutoff was low
+ROUNDS = 3  # sample-and-walk rounds a pass tries before it gives up on reaching its goal
 
 Locked = Callable[[], AbstractContextManager[Ledger]]
 Item = tuple[int, int, str, str]  # (mtime_ns, size, shard, name)
@@ -83,32 +89,46 @@ def claimed(folder: CacheFolder, thread_lock: threading.Lock, *, wait: bool) -> 
         thread_lock.release()
 
 
+class _Goal:
+    """What a pass still has to do: free `to_free` bytes (fixed when it starts: what others write meanwhile
+    is their room, not more work for this pass), or stop early once the total is at `target`."""
+
+    def __init__(self, target: float, to_free: float) -> None:
+        self.target, self.to_free = target, to_free
+
+    def met(self, led: Ledger) -> bool:
+        return self.to_free <= 0 or led.total <= self.target
+
+
 def evict(folder: CacheFolder, locked: Locked, target: float, *, everything: bool = False) -> int:
-    """Remove the least recently used entries until the ledger's total is <= `target`, in steps of at most
-    STEP removals under `locked()`; with `everything`, every entry of the cache's own. How many were
-    removed. Call it holding `claimed`."""
+    """Remove the least recently used entries until they free what the ledger's total was over `target`
+    when the pass began (or the total is at `target`), in steps of at most STEP removals under `locked()`;
+    with `everything`, every entry of the cache's own. How many were removed. Call it holding `claimed`."""
     shards = folder.shards()
+    random.shuffle(shards)
+    with locked() as led:
+        total, added = led.total, led.added
+    if total <= target:
+        return 0
+    if everything:
+        return _walk(folder, locked, shards, None, _Goal(target, float("inf")), unused=False)
     removed = 0
-    for _ in range(1 if everything else ROUNDS):
+    goal = None
+    for _ in range(ROUNDS):
+        sample, complete = _sample(folder, shards)
+        if complete:  # the whole folder: its exact total, and its exact order
+            total = _rebase(locked, sum(size for _, size, _, _ in sample), added)
+            goal = goal or _Goal(target, total - target)
+            return removed + _remove(folder, locked, sorted(sample), goal, unused=True)[0]
+        goal = goal or _Goal(target, total - target)
+        cutoff = _cutoff(sample, goal.to_free / total if total > 0 else 1.0)
+        del sample
+        removed += _walk(folder, locked, shards, cutoff, goal, unused=True)
         with locked() as led:
-            total, added = led.total, led.added
-        if total <= target:
-            break
-        random.shuffle(shards)
-        cutoff = None
-        if not everything:
-            sample, complete = _sample(folder, shards)
-            if complete:  # the whole folder: its exact order, and its exact total
-                _rebase(locked, sum(size for _, size, _, _ in sample), added)
-                removed += _remove(folder, locked, sorted(sample), target, True)[0]
+            if goal.met(led):
                 break
-            cutoff = _cutoff(sample, (total - target) / total if total > 0 else 1.0)
-            del sample
-        n, left, done = _walk(folder, locked, shards, cutoff, target, not everything)
-        removed += n
-        if done:
-            break
-        _rebase(locked, left, added)
+            total, added = led.total, led.added
+        random.shuffle(shards)
     return removed
 
 
@@ -135,37 +155,54 @@ def _cutoff(sample: list[Item], share: float) -> int:
     return sample[-1][0] if sample else 0
 
 
-def _walk(folder: CacheFolder, locked: Locked, shards: list[str], cutoff: int | None, target: float,
-          unused: bool) -> tuple[int, int, bool]:  # fmt: skip
-    """Every shard in turn: remove its entries used at or before `cutoff` (None: all), oldest first, until the
-    ledger is at `target`. (removed, bytes of the entries seen and left, whether the target was reached)."""
+def _walk(folder: CacheFolder, locked: Locked, shards: list[str], cutoff: int | None, goal: _Goal, *,
+          unused: bool) -> int:  # fmt: skip
+    """Every shard in turn: its entries used at or before `cutoff` (None: all) gathered, and removed STEP at
+    a time (a step may span shards) until the goal is met. The oldest RESERVE entries past the cutoff are
+    kept aside, and removed next, oldest first, when the walk ends short of its goal (the cutoff came out
+    low). A walk that reaches the end has seen every entry: it sets the ledger's total from what it left.
+    How many it removed."""
+    with locked() as led:
+        added = led.added
     removed = left = 0
-    for shard in shards:
-        entries = folder.scan_shard(shard)
-        old = sorted((m, size, shard, name) for m, size, name in entries if cutoff is None or m <= cutoff)
-        left += sum(size for _, size, _ in entries) - sum(size for _, size, _, _ in old)
-        n, rest, done = _remove(folder, locked, old, target, unused)
-        removed += n
-        left += rest
-        if done:
-            return removed, left, True
-    return removed, left, False
+    pending: list[Item] = []
+    reserve: list[tuple[int, int, str, str]] = []  # a max-heap of (-mtime, ...): the oldest past the cutoff
+    for i, shard in enumerate(shards):
+        for m, size, name in folder.scan_shard(shard):
+            if cutoff is None or m <= cutoff:
+                pending.append((m, size, shard, name))
+                continue
+            left += size
+            if len(reserve) < RESERVE:
+                heapq.heappush(reserve, (-m, size, shard, name))
+            elif -reserve[0][0] > m:
+                heapq.heapreplace(reserve, (-m, size, shard, name))
+        if len(pending) >= STEP or i == len(shards) - 1:
+            pending.sort()
+            n, rest, done = _remove(folder, locked, pending, goal, unused=unused)
+            removed, left, pending = removed + n, left + rest, []
+            if done:
+                return removed
+    aside = sorted((-m, size, shard, name) for m, size, shard, name in reserve)
+    n, rest, done = _remove(folder, locked, aside, goal, unused=unused)
+    _rebase(locked, left - (sum(size for _, size, _, _ in aside) - rest), added)
+    return removed + n
 
 
-def _remove(folder: CacheFolder, locked: Locked, items: list[Item], target: float,
+def _remove(folder: CacheFolder, locked: Locked, items: list[Item], goal: _Goal, *,
             unused: bool) -> tuple[int, int, bool]:  # fmt: skip
     """`items` removed in order, STEP per hold of the lock, each re-checked (the cache's own; with `unused`,
-    not used since it was read), until the ledger is at `target`. (removed, bytes of the items left,
-    whether the target was reached)."""
+    not used since it was read), until the goal is met. (removed, bytes of the items left, whether the goal
+    was met)."""
     removed = 0
     left = sum(size for _, size, _, _ in items)
-    reached = False  # with no item, nothing was removed: only others' writes moved the total, upwards
+    met = False  # with no item, nothing was removed: only others' writes moved the total, upwards
     for at in range(0, len(items), STEP):
         fds: dict[str, int] = {}
         try:
             with locked() as led:
                 for mtime, size, shard, name in items[at : at + STEP]:
-                    if led.total <= target:
+                    if goal.met(led):
                         return removed, left, True
                     fd = fds.get(shard)
                     if fd is None:
@@ -176,18 +213,23 @@ def _remove(folder: CacheFolder, locked: Locked, items: list[Item], target: floa
                     got = folder.remove(fd, name, mtime_ns=mtime if unused else None)
                     if got is not None:
                         led.total -= got
+                        goal.to_free -= got
                         removed += 1
                         left -= size
-                reached = led.total <= target
+                met = goal.met(led)
         finally:
             for fd in fds.values():
                 os.close(fd)
-    return removed, left, reached
+        if met:
+            break
+    return removed, left, met
 
 
-def _rebase(locked: Locked, left: int, added: int) -> None:
-    """After a walk of every shard: the total is the bytes the walk left plus those added since it began
-    (an entry added during the walk and seen by it is counted twice: the total errs above, never below)."""
+def _rebase(locked: Locked, left: int, added: int) -> int:
+    """After reading every shard: the total is the bytes seen and left plus those added since the reading
+    began (an entry added meanwhile and seen too is counted twice: the total errs above, never below).
+    The total after."""
     with locked() as led:
         if led.added >= added:
             led.total = left + (led.added - added)
+        return led.total
