@@ -209,6 +209,7 @@ class CacheFolder:
             fd = self.open_shard(shard)
         except FileNotFoundError:
             return out
+        uid, gid, is_reg = self.uid, self.gid, stat.S_ISREG  # ours(), inlined: this loop runs per entry
         try:
             with os.scandir(fd) as it:
                 for e in it:
@@ -219,7 +220,7 @@ class CacheFolder:
                         st = e.stat(follow_symlinks=False)
                     except OSError:
                         continue
-                    if self.ours(st):
+                    if is_reg(st.st_mode) and (st.st_uid == uid if gid is None else st.st_gid == gid):
                         out.append((st.st_mtime_ns, st.st_size, name))
         finally:
             os.close(fd)
