@@ -4,9 +4,9 @@ target, with the node-wide lock held for a bounded amount of work at a time.
 Why this way. An eviction pass must find the entries used longest ago among all of the folder's, and the
 folder holds an entry per sample (ten million on a large node). Listing, stat'ing and sorting all of them
 under the lock, as one pass did, made every other writer on the node wait for it, and the evicting process
-hold the whole list: another writer waited 0.86 s at 100,000 entries and 16.5 s at 1,000,000, and the
-evicting process grew by 28 and 281 MiB (`raydl bench cache --eviction`, on tmpfs here); at ten million,
-minutes and about 3 GiB. The ways out:
+hold the whole list: another writer waited 0.9-1.7 s at 100,000 entries and 16-21 s at 1,000,000, and
+the evicting process grew by 28 and 281 MiB (`raydl bench cache --eviction`, two runs on tmpfs here); at
+ten million, minutes and about 3 GiB. The ways out:
 
 * a size ledger: kept (PATH/state, updated under the lock by every add and removal), so that no one
   counts the folder to know its total; but it does not say which entries are the oldest;
