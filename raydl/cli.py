@@ -100,6 +100,7 @@ def _add_cache(sub) -> None:
     ):
         cp = cache_sub.add_parser(name, help=what)
         cp.add_argument("path", help="the cache folder (raydl.Cache's path)")
+        cp.add_argument("--group", help="the group that shares the folder (raydl.Cache's group), if any")
         cp.set_defaults(func=_cache_main)
 
 
@@ -112,11 +113,15 @@ def _cache_main(args) -> int:
     if not os.path.isdir(os.path.join(args.path, ENTRIES)):
         print(f"raydl cache: {args.path} is no raydl cache folder (it has no {ENTRIES}/)", file=sys.stderr)
         return 2
-    cache = NodeCache(args.path, 0)  # 0: keep the max_bytes the loaders recorded
-    if args.cache_command == "clear":
-        print(f"raydl cache: removed {cache.clear()} entries from {cache.path}")
-        return 0
-    info = cache.info()
+    cache = NodeCache(args.path, 0, args.group)  # 0: keep the max_bytes the loaders recorded
+    try:
+        if args.cache_command == "clear":
+            print(f"raydl cache: removed {cache.clear()} entries from {cache.path}")
+            return 0
+        info = cache.info()
+    except PermissionError as exc:  # a link, or a folder of another user's or group's: refused, untouched
+        print(f"raydl cache: {exc}", file=sys.stderr)
+        return 2
 
     def when(t):
         return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))

@@ -107,19 +107,32 @@ def _name(name: str, value: object) -> None:
 @dataclass(frozen=True)
 class Cache:
     """A node-local cache of remote bytes: `loader(cache=raydl.Cache(path, max_bytes=...))`, and a YAML
-    config's `loader.cache: {path: ..., max_bytes: ...}` (see "Node cache" in docs/loader.md)."""
+    config's `loader.cache: {path: ..., max_bytes: ..., group: ...}` (see "Node cache" in docs/loader.md,
+    and docs/security.md for who can read and write it)."""
 
     path: str
     """The cache folder on every node's local disk (made where missing); every loader and process on a
-    node that names it shares it, and it outlives the job, so a job submitted again starts warm."""
+    node that names it shares it, and it outlives the job, so a job submitted again starts warm. It is
+    private to its user (folders 0700, files 0600): a folder that is a symbolic link or another user's is
+    refused."""
 
     max_bytes: int
     """The most bytes the folder's entries may take on each node; the least recently used go first."""
+
+    group: str | None = None
+    """None: the cache is its user's alone. A group's name: the folder is shared by that group's members
+    (folders 2770, files 0660, all of the group), who then trust each other with the cache's bytes."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.path, str) and self.path):
             raise ValueError(f"Cache.path must be a non-empty str, got {self.path!r}")
         positive_int("Cache.max_bytes", self.max_bytes)
+        if self.group is not None and not (
+            isinstance(self.group, str) and self.group.strip() == self.group != ""
+        ):
+            raise ValueError(
+                f"Cache.group must be None or a group's name (a non-empty str), got {self.group!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -188,22 +188,22 @@ def actor_alive(handle) -> bool:
         return False
 
 
-def _probe_cache_folder(path: str) -> tuple[str, str | None]:
+def _probe_cache_folder(path: str, group: str | None = None) -> tuple[str, str | None]:
     """(this node's address, why `path` is no cache folder here, or None when it is writable)."""
     from raydl.storage.cache import check_cache_folder
 
     try:
-        check_cache_folder(path)
+        check_cache_folder(path, group)
     except OSError as exc:
         return ray.util.get_node_ip_address(), f"{type(exc).__name__}: {exc}"
     return ray.util.get_node_ip_address(), None
 
 
-def check_cache(path: str, placement: dict[str, int], *, here: str) -> None:
-    """The cache folder is writable on every node that will host workers: the driver's own, checked here
-    (it makes the first batches itself), and the others by a task pinned to each; else a LoaderError
-    naming the path and the node."""
-    _ip, why = _probe_cache_folder(path) if here in placement else (None, None)
+def check_cache(path: str, placement: dict[str, int], *, here: str, group: str | None = None) -> None:
+    """The cache folder is writable on every node that will host workers (and its own user's, or `group`'s):
+    the driver's own, checked here (it makes the first batches itself), and the others by a task pinned to
+    each; else a LoaderError naming the path and the node."""
+    _ip, why = _probe_cache_folder(path, group) if here in placement else (None, None)
     if why is not None:
         raise LoaderError(
             f"the node cache folder {path!r} is not writable on node {here} (the driver's, "
@@ -214,7 +214,9 @@ def check_cache(path: str, placement: dict[str, int], *, here: str) -> None:
         return
     probe = ray.remote(num_cpus=0, max_retries=0)(_probe_cache_folder)
     refs = {
-        n: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(path)
+        n: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(
+            path, group
+        )
         for n in nodes
     }
     for node, ref in refs.items():

@@ -21,6 +21,10 @@ normalize, float32 NCHW). Epoch 1's images/s runs from its first batch to its la
 left out, as in `raydl bench loader`); a later epoch's from the previous epoch's last batch. The goals:
 the cached epochs 2-N make no request to the store and reach >= 0.95x local disk's images/s,
 and the cached epoch 1 >= 0.95x the uncached epoch 1.
+
+`raydl bench cache --eviction 100000,1000000 [--eviction-before DIR]` measures something else, without S3
+or Ray: what an eviction pass at that many entries costs the node's other writers and the evicting process
+(raydl/bench/_cache_eviction.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from raydl.bench import _cache_eviction
 from raydl.bench._epochs_report import (
     child_env,
     epoch_table,
@@ -94,6 +99,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
     p.add_argument("--json", help="write every measurement and the table here")
+    _cache_eviction.add_arguments(p)
     p.set_defaults(func=main)
     return p
 
@@ -141,6 +147,8 @@ def _loader_options() -> set[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.eviction:
+        return _cache_eviction.main(args)
     try:
         formats, rows = check_args(args)
     except ValueError as exc:

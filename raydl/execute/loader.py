@@ -102,7 +102,7 @@ class Loader:
         self._catalog_bytes = sum(cat.nbytes for cat in catalogs)
         here = ray.get_runtime_context().get_node_id()
         if config.cache is not None:
-            check_cache(config.cache.path, placement, here=here)
+            check_cache(config.cache.path, placement, here=here, group=config.cache.group)
         cpus = {n.node_id: n.cpus for n in nodes}
         self._coordinator = None  # set by the launch, which the first batch does not wait for
         self._starting: dict = {}  # ready() ref -> handle of the workers started here, until they are up

@@ -7,8 +7,9 @@ process (open files, a boto3 client) is built lazily in that process and
 never pickled. Every failure is a DataSourceError naming the URI, and the
 offset when there is one, raised `from` the lower-level error.
 
-Beside reading, every storage answers what a reader asks of a node cache
-(`uses_plans`, `scoped`, `plan`, `flush`, `take_cache_counts`): `BaseStorage` gives the
+Beside reading, every storage says which store it reads (`identity`: two storages of one identity
+read the same bytes at the same URI, so a node cache keys its entries by it) and answers what a reader
+asks of a node cache (`uses_plans`, `scoped`, `plan`, `flush`, `take_cache_counts`): `BaseStorage` gives the
 answers of a storage with no cache, and the cache's wrapper
 (raydl/storage/cache.py, `CachedStorage`) overrides them. A caller asks any
 storage alike and never tests which one it holds. Listing and cutting samples
@@ -43,6 +44,10 @@ class Storage(Protocol):
 
     #: how many concurrent reads this store wants per process (the loader's `io_concurrency` default)
     default_io_concurrency: int
+
+    #: which store this is: equal for two storages only when a URI names the same bytes in both (S3: the
+    #: endpoint URL; local disk: ""). The node cache keys its entries by it.
+    identity: str
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every object under `prefix` (recursively; a prefix naming one object lists it). Any order."""
@@ -101,6 +106,12 @@ class BaseStorage:
     __slots__ = ()
 
     uses_plans: ClassVar[bool] = False  # plan() is ignored: no need to work the pieces out
+
+    @property
+    def identity(self) -> str:
+        """The storage's class, by module and name: a storage whose URIs mean other bytes at another endpoint
+        or account names that too (S3Storage: its endpoint URL)."""
+        return f"{type(self).__module__}.{type(self).__qualname__}"
 
     def scoped(self, *, behind: bool = False) -> Storage:
         """This storage itself: with no cache, a scope has nothing of its own."""

@@ -4,12 +4,15 @@
 chunks, image objects) and `stream` (compressed shards, whole) from a `NodeCache`, and fetches from `inner`
 on a miss; `with_node_cache(storage, cache)` wraps a storage where caching applies. Only remote stores are
 cached (`wants_cache`: S3, not local disk, whose reads would only be copied), and only reads that name an
-etag: an entry's key is (object URI, etag, offset, length), so an object rewritten in the store (a new etag
-at listing) never gets its old bytes, and its old entries are removed when the new etag is first read.
+etag: an entry's key is (store, object URI, etag, offset, length), the store being the storage's `identity`
+(an S3 store's endpoint URL), so that a folder shared by jobs on two stores never serves one's bytes for
+the other's bucket of the same name, and an object rewritten in the store (a new etag at listing) never
+gets its old bytes; its old entries are removed when the new etag is first read.
 
-The cache itself is two modules below this one: raydl/storage/node_cache.py (`NodeCache`: entries written
-by rename after fsync, verified by digest on read) and raydl/storage/cache_folder.py (the folder's layout,
-its lock and recorded total, least-recently-used eviction). Their names are re-exported here.
+The cache itself is three modules below this one: raydl/storage/node_cache.py (`NodeCache`: entries
+written by rename after fsync, verified by digest on read), raydl/storage/cache_folder.py (the folder's
+layout, who may use it, its lock and size ledger) and raydl/storage/cache_evict.py (least-recently-used
+eviction in short steps under the lock). Their names are re-exported here.
 
 Faults: a write that fails (a full disk, a read-only folder) abandons the entry, and the bytes read from the
 store are returned as they are; the first such failure in a process is warned about.
@@ -55,7 +58,7 @@ def with_node_cache(storage: Storage, cache: Cache | None) -> Storage:
     a cache is asked for and `wants_cache(storage)`. Else `storage` itself, unchanged."""
     if cache is None or not wants_cache(storage):
         return storage
-    return CachedStorage(storage, node_cache(cache.path, cache.max_bytes))
+    return CachedStorage(storage, node_cache(cache.path, cache.max_bytes, cache.group))
 
 
 WRITER_THREADS = 4  # a process's threads writing entries behind the reads (each mostly waits in fsync)
@@ -101,6 +104,11 @@ class CachedStorage(BaseStorage):
     def default_io_concurrency(self) -> int:
         return self.inner.default_io_concurrency
 
+    @property
+    def identity(self) -> str:
+        """The store's own: a cache in front changes where bytes come from, not which store's they are."""
+        return self.inner.identity
+
     def scoped(self, *, behind: bool = False) -> CachedStorage:
         """The same storage and cache with counters of its own (a batch's); with `behind`, a miss's entries
         are written behind the read (the bytes go on at once; `flush()` waits for the writes)."""
@@ -121,7 +129,7 @@ class CachedStorage(BaseStorage):
         return self.counts.take()
 
     def _put(self, uri: str, etag: str, offset: int, length: int, data) -> int | None:
-        return self.cache.put(uri, etag, offset, length, data)
+        return self.cache.put(uri, etag, offset, length, data, store=self.inner.identity)
 
     def plan(self, uri: str, offset: int, length: int, pieces: list[tuple[int, int]]) -> None:
         """The next read of exactly (uri, offset, length) is made of the (offset, length) `pieces` (sorted,
@@ -149,7 +157,8 @@ class CachedStorage(BaseStorage):
             return data
         if not pieces or pieces == [(offset, length)]:
             pieces = [(offset, length)]
-        got = [self.cache.get(uri, etag, o, n, self.counts) for o, n in pieces]
+        store = self.inner.identity
+        got = [self.cache.get(uri, etag, o, n, self.counts, store=store) for o, n in pieces]
         if all(g is not None for g in got):
             self.counts.add(hits=1, bytes_from_cache=sum(map(len, got)))
             if len(got) == 1:
@@ -158,7 +167,7 @@ class CachedStorage(BaseStorage):
             for (o, n), g in zip(pieces, got):
                 block[o - offset : o - offset + n] = g
             return bytes(block)
-        evicted = self.cache.forget_other_etags(uri, etag)
+        evicted = self.cache.forget_other_etags(uri, etag, store=store)
         data = self.inner.read_range(uri, offset, length, etag=etag)
         for (o, n), g in zip(pieces, got):
             if g is None:
@@ -179,18 +188,19 @@ class CachedStorage(BaseStorage):
                 yield piece
             self.counts.add(misses=1)
             return
-        mm = self.cache.get_whole(uri, etag, self.counts)
+        store = self.inner.identity
+        mm = self.cache.get_whole(uri, etag, self.counts, store=store)
         if mm is not None:
             try:
-                start = NodeCache.payload_start(uri, etag, 0, WHOLE)
+                start = NodeCache.payload_start(uri, etag, 0, WHOLE, store)
                 self.counts.add(hits=1, bytes_from_cache=len(mm) - start)
                 for at in range(start, len(mm), chunk):
                     yield mm[at : at + chunk]
             finally:
                 mm.close()
             return
-        self.counts.add(misses=1, evictions=self.cache.forget_other_etags(uri, etag))
+        self.counts.add(misses=1, evictions=self.cache.forget_other_etags(uri, etag, store=store))
         pieces = self.inner.stream(uri, etag=etag, chunk=chunk)
-        for piece in self.cache.put_stream(uri, etag, pieces, self.counts):
+        for piece in self.cache.put_stream(uri, etag, pieces, self.counts, store=store):
             self.counts.add(bytes_from_store=len(piece))
             yield piece

@@ -82,6 +82,11 @@ class LocalStorage(BaseStorage):
 
     default_io_concurrency: int = 4
 
+    @property
+    def identity(self) -> str:
+        """ "": a path names the same file for every process of a node, where a node cache lives."""
+        return ""
+
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """Every regular file under the directory `prefix` (following links), or `prefix` itself if a file."""
         if os.path.isfile(prefix):

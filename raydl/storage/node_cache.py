@@ -1,55 +1,70 @@
 """The node cache's entries on disk: one folder on a node's local disk, shared by its processes, verified
-on read. `NodeCache(path, max_bytes)` keeps and serves byte ranges and whole objects under their key
-(object URI, etag, offset, length); `CachedStorage` (raydl/storage/cache.py) reads through it.
+on read. `NodeCache(path, max_bytes, group=None)` keeps and serves byte ranges and whole objects under
+their key (store, object URI, etag, offset, length); `CachedStorage` (raydl/storage/cache.py) reads
+through it, naming its storage's `identity` as the store (an S3 store's endpoint URL; "" for local disk),
+so that one folder shared by jobs on two stores never serves one store's bytes for the other's.
 
 An entry file holds a magic, its key (as JSON), the payload's length and an XXH3-128 digest of key and
 payload, checked on every read: a torn, truncated or flipped entry is a miss (warned about, removed,
 fetched again), never bytes handed on. XXH3 guards against disk faults and torn writes, not an
-attacker who can write the cache folder (who could write a matching digest as well).
+attacker who can write the cache folder (who could write a matching digest as well): who can is the
+folder's business (raydl/storage/cache_folder.py: private to its user, or to a named group).
+
+Entries of the key scheme before the store was part of it (magic RAYDLC1, names without the store's
+hash) are never looked up: every lookup misses them, and they are evicted as usual, the least recently
+used first, so an upgraded node's old entries go first.
 
 Writes: a temporary file in PATH/tmp, written, fsync'ed, then renamed into place under the lock and the
 entry folder fsync'ed; a crash leaves a whole entry or none, and the temporary file of a dead writer is
 removed by the next process that opens the cache. Two writers of one entry: the first rename wins, the
 second finds it there and drops its copy, so the accounting counts it once.
 
-Size: the entries' total stays <= max_bytes. A write that would pass it evicts, under the folder's lock,
-the least recently used entries until the total is at most LOW_WATER of max_bytes with the new entry in
-(raydl/storage/cache_folder.py: the folder's layout, lock, recorded total and eviction). A hit touches its
-entry's mtime (os.utime), which is what "recently used" means across processes.
+Size: the entries' total (the ledger, PATH/state) stays <= max_bytes. A write that takes it past
+HIGH_WATER of max_bytes starts an eviction pass down to LOW_WATER (raydl/storage/cache_evict.py: the
+least recently used entries, removed in short steps under the lock), in the writing thread after its
+entry is in; other writers write on meanwhile in the room between. A write that does not fit under
+max_bytes makes room first: it runs the pass itself, or, when another process runs one, waits up to
+ROOM_WAIT_S for room and is otherwise left out (its bytes are handed on as they are). A hit touches its
+entry's mtime, which is what "recently used" means across processes.
 
-Faults: any OSError while writing (a full disk, a read-only folder) abandons the entry, and the first such
-failure in a process is warned about; the caller hands on the bytes it read from the store as they are.
+Faults: any OSError while writing (a full disk, a read-only folder, a link where a folder should be)
+abandons the entry, and the first such failure in a process is warned about; the caller hands on the
+bytes it read from the store as they are.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import mmap
 import os
-import secrets
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 import xxhash
 
-from raydl.storage import cache_folder
-from raydl.storage.cache_folder import ENTRIES, STATE, TMP, StateLock, fsync_dir, read_state, write_all
+from raydl.storage import cache_evict
+from raydl.storage.cache_folder import ENTRIES, ENTRY, CacheFolder, StateLock, pid_namespace, write_all
 
-__all__ = ["COUNTERS", "LOW_WATER", "WHOLE", "CacheCounts", "NodeCache", "node_cache"]
+__all__ = ["COUNTERS", "HIGH_WATER", "LOW_WATER", "WHOLE", "CacheCounts", "NodeCache", "node_cache"]
 
 # The node cache's warnings go out under the name of its front module, raydl.storage.cache: one name to
 # filter the whole cache on.
 logger = logging.getLogger("raydl.storage.cache")
 
-MAGIC = b"RAYDLC1\n"
+MAGIC = b"RAYDLC2\n"  # RAYDLC1: the key scheme without the store
 _HEAD = struct.Struct("<8sIQ16s")  # magic, key bytes, payload bytes, XXH3-128 of key + payload
-LOW_WATER = 0.9  # an eviction pass frees room down to this share of max_bytes (so it runs once per 10%)
-SEEN_MAX = 1 << 16  # (uri, etag) pairs a process remembers having cleaned of other etags
+LOW_WATER = 0.9  # an eviction pass frees room down to this share of max_bytes
+HIGH_WATER = 0.95  # a write past this share starts a pass, while the rest of max_bytes is room to write on
+ROOM_WAIT_S = 2.0  # how long a write that does not fit waits for another process's pass to make room
+SEEN_MAX = 1 << 16  # (store, uri, etag) a process remembers having cleaned of other etags
 WHOLE = -1  # the length of a whole-object entry (a streamed read)
 COUNTERS = ("hits", "misses", "bytes_from_store", "bytes_from_cache", "evictions", "corrupt")
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class CacheCounts:
@@ -80,179 +95,232 @@ def _hex(text: str, n: int) -> str:
 
 class NodeCache:
     """One cache folder on this node. Made per process (`node_cache`); every method is thread safe, and any
-    number of processes may use one folder at once."""
+    number of processes may use one folder at once. `group`: None for a cache private to this user, or the
+    group whose members share it (raydl/storage/cache_folder.py)."""
 
-    def __init__(self, path: str, max_bytes: int) -> None:
+    def __init__(self, path: str, max_bytes: int, group: str | None = None) -> None:
         self.path = os.path.abspath(path)
         self.max_bytes = max_bytes
-        self._entries = os.path.join(self.path, ENTRIES)
-        self._tmp = os.path.join(self.path, TMP)
-        self._opened = False
-        self._lock = threading.Lock()  # this process's threads; the fcntl lock is between processes
-        self._seen: set[tuple[str, str]] = set()  # (uri, etag) whose other-etag entries are gone
+        self.group = group
+        self._folder: CacheFolder | None = None
+        self._opening = threading.Lock()
+        self._lock = (
+            threading.Lock()
+        )  # this process's threads at the ledger; the fcntl lock is between processes
+        self._evicting = threading.Lock()  # this process's threads at the eviction claim
+        self._seen: set[tuple[str, str, str]] = set()  # (store, uri, etag) whose other-etag entries are gone
         self._warned = False
-        self._ns = cache_folder.pid_namespace()
+        self._warned_refused = False
+        self._ns = pid_namespace()
 
     # -- names ----------------------------------------------------------------------------------
-    def entry_path(self, uri: str, etag: str, offset: int, length: int) -> str:
+    @staticmethod
+    def _names(store: str, uri: str, etag: str, offset: int, length: int) -> tuple[str, str]:
         uh = _hex(uri, 12)
         size = "all" if length == WHOLE else str(length)
-        return os.path.join(self._entries, uh[:3], f"{uh}-{_hex(etag, 8)}-{offset}-{size}")
+        return uh[:3], f"{uh}-{_hex(store, 8)}-{_hex(etag, 8)}-{offset}-{size}"
+
+    def entry_path(self, uri: str, etag: str, offset: int, length: int, store: str = "") -> str:
+        shard, name = self._names(store, uri, etag, offset, length)
+        return os.path.join(self.path, ENTRIES, shard, name)
 
     @staticmethod
-    def _key(uri: str, etag: str, offset: int, length: int) -> bytes:
-        return json.dumps([uri, etag, offset, length], separators=(",", ":")).encode()
+    def _key(store: str, uri: str, etag: str, offset: int, length: int) -> bytes:
+        return json.dumps([store, uri, etag, offset, length], separators=(",", ":")).encode()
 
     @classmethod
-    def payload_start(cls, uri: str, etag: str, offset: int, length: int) -> int:
+    def payload_start(cls, uri: str, etag: str, offset: int, length: int, store: str = "") -> int:
         """Where the entry's payload starts in its file (and in `get_whole`'s mmap): after header and key."""
-        return _HEAD.size + len(cls._key(uri, etag, offset, length))
+        return _HEAD.size + len(cls._key(store, uri, etag, offset, length))
 
-    def _open(self) -> None:
-        """Make the folders, and remove what dead writers left in tmp/ (once per process)."""
-        if self._opened:
-            return
-        with self._lock:
-            if self._opened:
-                return
-            os.makedirs(self._entries, exist_ok=True)
-            os.makedirs(self._tmp, exist_ok=True)
-            self._clean_tmp()
-            self._opened = True
-
-    def _clean_tmp(self) -> int:
-        return cache_folder.clean_tmp(self._tmp, self._ns)
+    def _open(self) -> CacheFolder:
+        """The folder opened and checked, and what dead writers left in tmp/ removed (once per process); a
+        folder with no ledger is counted first, outside the lock."""
+        folder = self._folder
+        if folder is not None:
+            return folder
+        with self._opening:
+            if self._folder is None:
+                folder = CacheFolder(self.path, self.group)
+                folder.clean_tmp(self._ns)
+                if folder.read_state() is None:
+                    counted = sum(size for _, size, _, _ in folder.scan())
+                    with StateLock(folder, self._lock, self.max_bytes, self._ns) as led:
+                        if folder.read_state() is None:
+                            led.total = counted
+                self._folder = folder
+            return self._folder
 
     # -- reads ----------------------------------------------------------------------------------
     def get(
-        self, uri: str, etag: str, offset: int, length: int, counts: CacheCounts | None = None
-    ) -> bytes | None:
+        self, uri: str, etag: str, offset: int, length: int, counts: CacheCounts | None = None, *,
+        store: str | None = None,
+    ) -> bytes | None:  # fmt: skip
         """The entry's bytes, verified; None on a miss (a corrupt entry is warned about, removed, counted in
-        `counts`, a miss)."""
-        self._open()
-        path = self.entry_path(uri, etag, offset, length)
-        key = self._key(uri, etag, offset, length)
+        `counts`, a miss). `store`: the storage's identity; None, a tool's view, finds any store's entry."""
+        if store is None:
+            return self._get_any(uri, etag, offset, length, counts, whole=False)
+        return self._get(store, uri, etag, offset, length, counts, whole=False)
+
+    def get_whole(
+        self, uri: str, etag: str, counts: CacheCounts | None = None, *, store: str | None = None
+    ) -> mmap.mmap | None:
+        """A whole-object entry as a read-only mmap (payload from `payload_start(uri, etag, 0, WHOLE,
+        store)`), verified."""
+        if store is None:
+            return self._get_any(uri, etag, 0, WHOLE, counts, whole=True)
+        return self._get(store, uri, etag, 0, WHOLE, counts, whole=True)
+
+    def _get(self, store, uri, etag, offset, length, counts, *, whole: bool):
+        folder = self._open()
+        shard, name = self._names(store, uri, etag, offset, length)
+        key = self._key(store, uri, etag, offset, length)
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                head = f.read(_HEAD.size + len(key))
-                why = self._bad_head(head, key, size)
-                if why is None:
-                    n = _HEAD.unpack_from(head)[2]
-                    data = f.read(n)
-                    h = xxhash.xxh3_128(key)
-                    h.update(data)
-                    if len(data) != n or h.digest() != _HEAD.unpack_from(head)[3]:
-                        why = "its digest does not match its bytes"
+            shard_fd = folder.open_shard(shard)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            why = f"it cannot be read ({exc})"
-        if why is not None:
-            self._corrupt(path, why, counts)
+            self._refused(exc)
             return None
         try:
-            os.utime(path)  # recently used, as every process on the node sees it
-        except OSError:
-            pass
-        return data
+            return self._read(folder, shard_fd, name, key, counts, whole)
+        finally:
+            os.close(shard_fd)
 
-    def get_whole(self, uri: str, etag: str, counts: CacheCounts | None = None) -> mmap.mmap | None:
-        """A whole-object entry as a read-only mmap (payload from `payload_start(uri, etag, 0, WHOLE)`),
-        verified."""
-        self._open()
-        path = self.entry_path(uri, etag, 0, WHOLE)
-        key = self._key(uri, etag, 0, WHOLE)
+    def _read(self, folder: CacheFolder, shard_fd: int, name: str, key: bytes, counts, whole: bool):
+        path = os.path.join(folder.shard_path(name[:3]), name)
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < _HEAD.size + len(key):
-                    self._corrupt(path, "it is truncated", counts)
-                    return None
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            self._corrupt(path, f"it cannot be read ({exc})", counts)
+            if exc.errno == errno.ELOOP:
+                self._refused(
+                    PermissionError(f"node cache entry {path!r} is a symbolic link: never followed")
+                )
+                return None
+            self._corrupt(folder, shard_fd, name, None, f"it cannot be read ({exc})", counts)
             return None
-        head = mm[: _HEAD.size + len(key)]
-        why = self._bad_head(head, key, size)
-        if why is None:
-            h = xxhash.xxh3_128(key)
-            h.update(memoryview(mm)[len(head) :])
-            if h.digest() != _HEAD.unpack_from(head)[3]:
-                why = "its digest does not match its bytes"
-        if why is not None:
-            mm.close()
-            self._corrupt(path, why, counts)
-            return None
+        out = None
         try:
-            os.utime(path)
-        except OSError:
-            pass
-        return mm
+            st = os.fstat(fd)
+            if not folder.ours(st):
+                self._refused(
+                    PermissionError(f"node cache entry {path!r} is not a regular file of the cache's own")
+                )
+                return None
+            out, why = (_read_whole if whole else _read_range)(fd, key, st.st_size)
+            if why is not None:
+                self._corrupt(folder, shard_fd, name, st.st_ino, why, counts)
+                return None
+            try:
+                os.utime(fd)  # recently used, as every process on the node sees it
+            except OSError:
+                pass
+            return out
+        except OSError as exc:
+            if isinstance(out, mmap.mmap):
+                out.close()
+            self._corrupt(folder, shard_fd, name, None, f"it cannot be read ({exc})", counts)
+            return None
+        finally:
+            os.close(fd)
 
-    @staticmethod
-    def _bad_head(head: bytes, key: bytes, size: int) -> str | None:
-        if len(head) < _HEAD.size + len(key):
-            return "it is truncated"
-        magic, klen, n, _ = _HEAD.unpack_from(head)
-        if magic != MAGIC or klen != len(key) or head[_HEAD.size :] != key:
-            return "its header is not this entry's"
-        if size != _HEAD.size + klen + n:
-            return f"it is {size} bytes, its header says {_HEAD.size + klen + n}"
+    def _get_any(self, uri, etag, offset, length, counts, *, whole: bool):
+        """The entry of (uri, etag, offset, length) of whichever store has one (a tool's view)."""
+        folder = self._open()
+        shard, name = self._names("", uri, etag, offset, length)
+        head, tail = name[:24] + "-", name[41:]
+        try:
+            with folder.shard(shard) as fd:
+                names = sorted(n for n in os.listdir(fd) if n.startswith(head) and n.endswith(tail))
+                stores = [s for n in names if ENTRY.fullmatch(n) and (s := _store_of(fd, n)) is not None]
+        except OSError:
+            return None
+        for store in stores:
+            got = self._get(store, uri, etag, offset, length, counts, whole=whole)
+            if got is not None:
+                return got
         return None
 
-    def _corrupt(self, path: str, why: str, counts: CacheCounts | None) -> None:
+    def _corrupt(self, folder: CacheFolder, shard_fd: int, name: str, ino, why: str, counts) -> None:
+        path = os.path.join(folder.shard_path(name[:3]), name)
         if counts is not None:
             counts.add(corrupt=1)
         logger.warning("raydl: node cache entry %s is corrupt (%s): removed, read from the store", path, why)
         try:
-            os.unlink(path)
+            with self._locked() as led:
+                size = folder.remove(shard_fd, name, ino=ino)
+                if size is not None:
+                    led.total -= size
         except OSError:
             pass
 
-    def forget_other_etags(self, uri: str, etag: str) -> int:
-        """Remove `uri`'s entries of any other etag (the object was rewritten): on a miss, once per (uri,
-        etag) and process (a bounded memory of them). How many were removed."""
-        if (uri, etag) in self._seen:
+    def _refused(self, exc: OSError) -> None:
+        if not self._warned_refused:
+            self._warned_refused = True
+            logger.warning("raydl: node cache %s left alone: %s; read from the store instead (warned once "
+                           "per process)", self.path, exc)  # fmt: skip
+
+    def forget_other_etags(self, uri: str, etag: str, *, store: str = "") -> int:
+        """Remove `uri`'s entries of `store` under any other etag (the object was rewritten): on a miss, once
+        per (store, uri, etag) and process (a bounded memory of them). How many were removed."""
+        if (store, uri, etag) in self._seen:
             return 0
-        self._open()
-        uh = _hex(uri, 12)
-        mine = f"{uh}-{_hex(etag, 8)}-"
-        folder = os.path.join(self._entries, uh[:3])
+        folder = self._open()
+        shard, name = self._names(store, uri, etag, 0, 0)
+        prefix, mine = name[:42], name[:59]  # "<uri hash>-<store hash>-", and then "<etag hash>-"
         removed = 0
         try:
-            with os.scandir(folder) as it:
-                old = [e.path for e in it if e.name.startswith(uh + "-") and not e.name.startswith(mine)]
-        except OSError:
-            old = []
-        if old:
-            with self._locked() as state:
-                for p in old:
-                    try:
-                        size = os.stat(p).st_size
-                        os.unlink(p)
-                    except OSError:
-                        continue
-                    state[0] = max(0, state[0] - size)
-                    removed += 1
+            with folder.shard(shard) as fd:
+                old = [n for n in os.listdir(fd) if n.startswith(prefix) and not n.startswith(mine)]
+                old = [n for n in old if ENTRY.fullmatch(n)]
+                if old:
+                    with self._locked() as led:
+                        for n in old:
+                            size = folder.remove(fd, n)
+                            if size is not None:
+                                led.total -= size
+                                removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._refused(exc)
         if len(self._seen) >= SEEN_MAX:
             self._seen.clear()
-        self._seen.add((uri, etag))
+        self._seen.add((store, uri, etag))
         return removed
 
     # -- writes ---------------------------------------------------------------------------------
-    def put(self, uri: str, etag: str, offset: int, length: int, data: bytes) -> int | None:
+    def put(
+        self, uri: str, etag: str, offset: int, length: int, data: bytes, *, store: str = ""
+    ) -> int | None:
         """Keep `data` as the entry; the entries evicted to make room, or None when nothing was kept
-        (too big for max_bytes, or a write failed: then a warning, once per process)."""
-        key = self._key(uri, etag, offset, length)
-        return self._commit(uri, etag, offset, length, key, [data], len(data))
+        (too big for max_bytes, no room made in time, or a write failed: then a warning, once per process)."""
+        key = self._key(store, uri, etag, offset, length)
+        if _HEAD.size + len(key) + len(data) > self.max_bytes:
+            return None
+        try:
+            tmp = self._temp(key)
+        except OSError as exc:
+            self._write_failed(uri, exc)
+            return None
+        h = xxhash.xxh3_128(key)
+        try:
+            h.update(data)
+            write_all(tmp[0], data)
+        except OSError as exc:
+            self._abandon(tmp)
+            self._write_failed(uri, exc)
+            return None
+        return self._finish(store, uri, etag, offset, length, key, tmp, len(data), h.digest())
 
-    def put_stream(self, uri: str, etag: str, pieces: Iterator[bytes], out: CacheCounts) -> Iterator[bytes]:
+    def put_stream(
+        self, uri: str, etag: str, pieces: Iterator[bytes], out: CacheCounts, *, store: str = ""
+    ) -> Iterator[bytes]:
         """`pieces` (a whole object) handed on as they come and written to a whole-object entry beside;
         committed when they end (a failed write only stops the writing)."""
-        key = self._key(uri, etag, 0, WHOLE)
+        key = self._key(store, uri, etag, 0, WHOLE)
         tmp = None
         h = xxhash.xxh3_128(key)
         total = 0
@@ -277,84 +345,88 @@ class NodeCache:
                 self._abandon(tmp)
             raise
         if tmp is not None:
-            evicted = self._finish(uri, etag, 0, WHOLE, key, tmp, total, h.digest())
+            evicted = self._finish(store, uri, etag, 0, WHOLE, key, tmp, total, h.digest())
             if evicted is not None:
                 out.add(evictions=evicted)
 
     def _temp(self, key: bytes) -> tuple[int, str]:
-        self._open()
-        name = f"{self._ns}-{os.getpid()}-{secrets.token_hex(8)}.tmp"
-        path = os.path.join(self._tmp, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        folder = self._open()
+        fd, name = folder.temp(self._ns)
         try:
             write_all(fd, _HEAD.pack(MAGIC, len(key), 0, b"\0" * 16) + key)
         except BaseException:
             os.close(fd)
-            os.unlink(path)
+            os.unlink(name, dir_fd=folder.tmp)
             raise
-        return fd, path
+        return fd, name
 
-    def _commit(self, uri, etag, offset, length, key: bytes, pieces, n: int) -> int | None:
-        if _HEAD.size + len(key) + n > self.max_bytes:
-            return None
-        try:
-            tmp = self._temp(key)
-        except OSError as exc:
-            self._write_failed(uri, exc)
-            return None
-        h = xxhash.xxh3_128(key)
-        try:
-            for piece in pieces:
-                h.update(piece)
-                write_all(tmp[0], piece)
-        except OSError as exc:
-            self._abandon(tmp)
-            self._write_failed(uri, exc)
-            return None
-        return self._finish(uri, etag, offset, length, key, tmp, n, h.digest())
-
-    def _finish(self, uri, etag, offset, length, key, tmp, n, digest) -> int | None:
-        """Fill in the header, fsync, rename into place under the lock (making room first), fsync the
-        folder: the entries evicted, or None when it was abandoned."""
-        fd, tmp_path = tmp
+    def _finish(self, store, uri, etag, offset, length, key, tmp, n, digest) -> int | None:
+        """Fill in the header, fsync, rename into place under the lock (making room first where it does not
+        fit), fsync the folder, and evict past HIGH_WATER: the entries evicted, or None when the entry was
+        left out."""
+        fd, tmp_name = tmp
         size = _HEAD.size + len(key) + n
         if size > self.max_bytes:
             self._abandon(tmp)
             return None
-        final = self.entry_path(uri, etag, offset, length)
+        folder = self._open()
+        shard, name = self._names(store, uri, etag, offset, length)
         try:
             os.pwrite(fd, _HEAD.pack(MAGIC, len(key), n, digest), 0)
             os.fsync(fd)
             os.close(fd)
             fd = -1
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            with self._locked() as state:
-                evicted = 0
-                if os.path.exists(final):  # another writer got there first: one copy, counted once
-                    os.unlink(tmp_path)
-                    return 0
-                if state[0] + size > self.max_bytes:
-                    state[0], evicted = self._evict(self.max_bytes * LOW_WATER - size)
-                os.rename(tmp_path, final)
-                state[0] += size
-            fsync_dir(os.path.dirname(final))
-            return evicted
+            with folder.shard(shard, create=True) as shard_fd:
+                return self._publish(folder, shard_fd, tmp_name, name, size)
         except OSError as exc:
-            self._abandon((fd, tmp_path))
+            self._abandon((fd, tmp_name))
             self._write_failed(uri, exc)
             return None
 
+    def _publish(self, folder: CacheFolder, shard_fd: int, tmp_name: str, name: str, size: int) -> int | None:
+        evicted, made_room, deadline = 0, False, None
+        while True:
+            lock = self._locked()
+            with lock as led:
+                if _exists(shard_fd, name):  # another writer got there first: one copy, counted once
+                    os.unlink(tmp_name, dir_fd=folder.tmp)
+                    return evicted
+                if led.total + size <= self.max_bytes:
+                    led.total += size
+                    led.added += size
+                    # the ledger before the rename: a crash between the two counts too much, never too little
+                    lock.write()
+                    os.rename(tmp_name, name, src_dir_fd=folder.tmp, dst_dir_fd=shard_fd)
+                    high = led.total > HIGH_WATER * self.max_bytes
+                    break
+            got = None if made_room else self._evict(LOW_WATER * self.max_bytes - size)
+            if got is not None:
+                evicted += got
+                made_room = True  # a pass of our own: if the entry does not fit after it, it never will now
+                continue
+            now = time.monotonic()
+            deadline = deadline or now + ROOM_WAIT_S
+            if made_room or now >= deadline:
+                self._abandon((-1, tmp_name))
+                return None
+            time.sleep(0.005)  # another process's pass frees room a step at a time
+        os.fsync(shard_fd)
+        if high:
+            evicted += self._evict(LOW_WATER * self.max_bytes) or 0
+        return evicted
+
     def _abandon(self, tmp: tuple[int, str]) -> None:
-        fd, path = tmp
+        fd, name = tmp
         if fd >= 0:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        if self._folder is not None:
+            try:
+                os.unlink(name, dir_fd=self._folder.tmp)
+            except OSError:
+                pass
 
     def _write_failed(self, uri: str, exc: OSError) -> None:
         if not self._warned:
@@ -369,54 +441,140 @@ class NodeCache:
             )
 
     # -- size and eviction ----------------------------------------------------------------------
-    def _locked(self):
-        return StateLock(self.path, self._lock, self.max_bytes)
+    def _locked(self) -> StateLock:
+        return StateLock(self._open(), self._lock, self.max_bytes, self._ns)
+
+    def _evict(self, target: float) -> int | None:
+        """A pass down to `target` if no other process runs one (then None): the entries it removed."""
+        folder = self._open()
+        with cache_evict.claimed(folder, self._evicting, wait=False) as mine:
+            if not mine:
+                return None
+            removed = cache_evict.evict(folder, self._locked, target)
+        folder.clean_tmp(self._ns)
+        return removed
 
     def scan(self) -> list[tuple[int, int, str]]:
-        """Every entry as (mtime_ns, size, path)."""
-        return cache_folder.scan(self._entries)
-
-    def _evict(self, target: float) -> tuple[int, int]:
-        """(the total after, entries removed): least recently used first, until the total is <= target.
-        Called under the lock; recounts the total from the folder."""
-        total, removed = cache_folder.evict(self._entries, target)
-        self._clean_tmp()
-        return total, removed
+        """Every entry as (mtime_ns, size, path) (a tool's view: the whole folder in memory)."""
+        folder = self._open()
+        return [
+            (m, size, os.path.join(folder.shard_path(shard), name)) for m, size, shard, name in folder.scan()
+        ]
 
     # -- the CLI's view -------------------------------------------------------------------------
     def info(self) -> dict:
         """entries, bytes, max_bytes (as the last writer set it, None if unknown), oldest and newest use
         (seconds since the epoch, None when empty)."""
-        entries = self.scan()
-        recorded = read_state(os.path.join(self.path, STATE))
-        times = [t for t, _, _ in entries]
+        folder = self._open()
+        n = total = 0
+        oldest = newest = None
+        for mtime, size, _, _ in folder.scan():
+            n += 1
+            total += size
+            oldest = mtime if oldest is None else min(oldest, mtime)
+            newest = mtime if newest is None else max(newest, mtime)
+        recorded = folder.read_state()
         return {
             "path": self.path,
-            "entries": len(entries),
-            "bytes": sum(s for _, s, _ in entries),
+            "entries": n,
+            "bytes": total,
             "max_bytes": recorded[1] if recorded and recorded[1] else None,
-            "oldest": min(times) / 1e9 if times else None,
-            "newest": max(times) / 1e9 if times else None,
+            "oldest": oldest / 1e9 if oldest is not None else None,
+            "newest": newest / 1e9 if newest is not None else None,
         }
 
     def clear(self) -> int:
-        """Remove every entry (and temporary files of dead writers); how many entries were removed."""
-        self._open()
-        with self._locked() as state:
-            total, removed = self._evict(-1)
-            state[0] = total
+        """Remove every entry (and temporary files of dead writers); how many entries were removed. Files
+        the cache did not name, links and other users' files are left."""
+        folder = self._open()
+        with cache_evict.claimed(folder, self._evicting, wait=True):
+            removed = cache_evict.evict(folder, self._locked, -1, everything=True)
+        folder.clean_tmp(self._ns)
         return removed
 
 
-_caches: dict[tuple[str, int], NodeCache] = {}
+def _read_range(fd: int, key: bytes, size: int) -> tuple[bytes | None, str | None]:
+    """(payload, None) of a verified entry file, or (None, why not)."""
+    with open(fd, "rb", closefd=False) as f:
+        head = f.read(_HEAD.size + len(key))
+        why = _bad_head(head, key, size)
+        if why is not None:
+            return None, why
+        n = _HEAD.unpack_from(head)[2]
+        data = f.read(n)
+    h = xxhash.xxh3_128(key)
+    h.update(data)
+    if len(data) != n or h.digest() != _HEAD.unpack_from(head)[3]:
+        return None, "its digest does not match its bytes"
+    return data, None
+
+
+def _read_whole(fd: int, key: bytes, size: int) -> tuple[mmap.mmap | None, str | None]:
+    """(the file as a read-only mmap, None) of a verified entry file, or (None, why not)."""
+    if size < _HEAD.size + len(key):
+        return None, "it is truncated"
+    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    head = mm[: _HEAD.size + len(key)]
+    why = _bad_head(head, key, size)
+    if why is None:
+        h = xxhash.xxh3_128(key)
+        h.update(memoryview(mm)[len(head) :])
+        if h.digest() != _HEAD.unpack_from(head)[3]:
+            why = "its digest does not match its bytes"
+    if why is not None:
+        mm.close()
+        return None, why
+    return mm, None
+
+
+def _bad_head(head: bytes, key: bytes, size: int) -> str | None:
+    if len(head) < _HEAD.size + len(key):
+        return "it is truncated"
+    magic, klen, n, _ = _HEAD.unpack_from(head)
+    if magic != MAGIC or klen != len(key) or head[_HEAD.size :] != key:
+        return "its header is not this entry's"
+    if size != _HEAD.size + klen + n:
+        return f"it is {size} bytes, its header says {_HEAD.size + klen + n}"
+    return None
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _store_of(shard_fd: int, name: str) -> str | None:
+    """The store an entry file's key names (None when it has no readable key of this scheme)."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, _HEAD.size, 0)
+        if len(head) < _HEAD.size or head[:8] != MAGIC:
+            return None
+        klen = _HEAD.unpack_from(head)[1]
+        key = json.loads(os.pread(fd, min(klen, 1 << 16), _HEAD.size))
+        return key[0] if isinstance(key, list) and len(key) == 5 and isinstance(key[0], str) else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+_caches: dict[tuple[str, int, str | None], NodeCache] = {}
 _caches_lock = threading.Lock()
 
 
-def node_cache(path: str, max_bytes: int) -> NodeCache:
-    """This process's NodeCache of (path, max_bytes): one per folder, shared by its threads and loaders."""
-    key = (os.path.abspath(path), max_bytes)
+def node_cache(path: str, max_bytes: int, group: str | None = None) -> NodeCache:
+    """This process's NodeCache of (path, max_bytes, group): one per folder, shared by its threads and
+    loaders."""
+    key = (os.path.abspath(path), max_bytes, group)
     with _caches_lock:
         cache = _caches.get(key)
         if cache is None:
-            cache = _caches[key] = NodeCache(path, max_bytes)
+            cache = _caches[key] = NodeCache(path, max_bytes, group)
         return cache

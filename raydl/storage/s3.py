@@ -184,6 +184,15 @@ class S3Storage(BaseStorage):
         return self.options.max_concurrency
 
     @property
+    def identity(self) -> str:
+        """The endpoint URL the client talks to (the options' `endpoint_url`, else the one boto3 resolves
+        for the region), lower-cased up to the path: a bucket's name means other objects at another one."""
+        url = self.options.endpoint_url or self.client().meta.endpoint_url
+        scheme, sep, rest = url.partition("://")
+        host, slash, path = rest.partition("/")
+        return f"{scheme.lower()}{sep}{host.lower()}{slash}{path}".rstrip("/")
+
+    @property
     def retry_policy(self) -> RetryPolicy:
         """`retries` tries of at most `timeout_s` each, all of them within `timeout_s * retries`."""
         o = self.options

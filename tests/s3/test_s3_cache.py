@@ -226,3 +226,23 @@ def test_killed_racing_and_evicting_writers_on_the_server(moto_server, s3_client
         assert cache.get(uris[1], objects[uris[1]][0], 0, 20_000) is None  # the least recently used went
         assert all(cache.get(u, objects[u][0], 0, 20_000) is not None for u in (uris[0], uris[2], uris[3]))
         assert cache.info()["bytes"] <= cache.max_bytes
+
+
+def test_entries_are_keyed_by_the_stores_endpoint(moto_server, s3_client, bucket, tmp_path):
+    """One object (same bucket, key and etag) read through two endpoints into one cache folder: each endpoint
+    gets an entry of its own and its own GET (the cache never answers one endpoint from the other's bytes),
+    and S3Storage.identity is the endpoint URL."""
+    from raydl.storage.cache import CachedStorage, NodeCache
+    from raydl.storage.s3 import S3Storage
+
+    objects = _objects(s3_client, bucket, n=1)
+    (uri, (etag, body)), = objects.items()
+    root = str(tmp_path / "cache")
+    with FaultFront(moto_server, lambda *_: None) as a, FaultFront(moto_server, lambda *_: None) as b:
+        stores = [S3Storage(raydl.S3Options(endpoint_url=f.url + "/")) for f in (a, b)]
+        for _ in range(2):
+            for store in stores:
+                assert CachedStorage(store, NodeCache(root, 1 << 20)).read_range(uri, 0, 100, etag=etag) == body[:100]
+        assert [m for m, _, _ in a.requests] == ["GET"] and [m for m, _, _ in b.requests] == ["GET"]
+    assert len([p for p in Path(root, "entries").rglob("*") if p.is_file()]) == 2
+    assert [s.identity for s in stores] == [a.url, b.url]
