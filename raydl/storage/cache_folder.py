@@ -88,7 +88,10 @@ class CacheFolder:
         self.root = self.entries = self.tmp = -1
         try:
             parent = os.path.dirname(self.path)
-            os.makedirs(parent, exist_ok=True)  # above the cache: made as any folder is (the umask's mode)
+            try:
+                os.makedirs(parent, exist_ok=True)  # above the cache: made as any folder is (the umask's mode)
+            except FileExistsError as exc:  # PARENT itself is there, and is not a folder
+                raise NotADirectoryError(errno.ENOTDIR, "is not a folder", parent) from exc
             self.root = self._open_dir(None, self.path, self.path)
             self.entries = self._open_dir(self.root, ENTRIES, os.path.join(self.path, ENTRIES))
             self.tmp = self._open_dir(self.root, TMP, os.path.join(self.path, TMP))
