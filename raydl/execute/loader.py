@@ -86,6 +86,7 @@ class Loader:
         check_mixture(mixture)  # before any actor starts
         self.config = config
         self.plan: LoaderPlan = build_plan(mixture, config)
+        self.plan.check_epoch()  # an epoch with no batch is a mistake in the settings: say so before Ray
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True

@@ -4,6 +4,7 @@ A plan holds the order (raydl/plan/orders.py: plain, windowed, bucketed or mixed
 the data's fingerprint, the settings that shape batches, and the error policy. It answers:
 
     batches_per_rank(epoch)   the same on every rank
+    check_epoch()             a ValueError when an epoch would deliver no batch
     task(rank, epoch, k)      batch k of `rank`: its rows and their augmentation seeds (a BatchTask)
     state(...)                where a rank stands, as plain JSON values
     check_state(state)        where a rank resumes from a state, after checking the state fits this plan
@@ -77,6 +78,37 @@ class LoaderPlan:
     def batches_per_rank(self, epoch: int = 0, *, start: int = 0) -> int:
         """Batches every rank gets in `epoch` (from `start`)."""
         return self.deal(start=start).batches_per_rank
+
+    def check_epoch(self) -> None:
+        """A ValueError saying why and what to change when an epoch would deliver no batch (every epoch
+        deals the same number of units, so epoch 0 stands for all)."""
+        if self.batches_per_rank(0) > 0:
+            return
+        c, units = self.config, self.order.units
+        if self.order.deals_batches:  # aspect buckets, or a mix's per-source batches: units are whole batches
+            have = (
+                f"the data makes {units} full batch{'' if units == 1 else 'es'} of batch_size {c.batch_size} "
+                f"({self.order.fixed_batch_size})"
+            )
+            need = f"each of the world_size {c.world_size} ranks needs a full batch"
+            fix = "lower batch_size or world_size"
+        else:
+            have = f"the data has {units} sample{'' if units == 1 else 's'}"
+            need = (
+                f"a round of batches needs batch_size {c.batch_size} x world_size {c.world_size} = "
+                f"{c.batch_size * c.world_size}"
+            )
+            fix = (
+                f"lower batch_size to at most {units // c.world_size}"
+                if units >= c.world_size
+                else f"use at most {units} ranks"
+            )
+        if not c.drop_last or units == 0:
+            raise ValueError(f"an epoch of this loader would deliver no batch: {have}")
+        raise ValueError(
+            f"an epoch of this loader would deliver no batch: with drop_last=True {need}, and {have}; "
+            f"{fix}, or set drop_last=False"
+        )
 
     def epoch_order(self, epoch: int):
         """The order of `epoch`, computed once (the last few are kept)."""
