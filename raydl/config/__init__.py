@@ -224,7 +224,9 @@ def _read_yaml(path: str) -> dict:
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}") from exc
     except RecursionError as exc:
-        raise ValueError(f"{path}: nested too deeply for a config (mappings and lists in each other)") from exc
+        raise ValueError(
+            f"{path}: nested too deeply for a config (mappings and lists in each other)"
+        ) from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping with sections {list(_TOP)}, got {type(data).__name__}")
     return data
