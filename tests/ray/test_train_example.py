@@ -44,3 +44,26 @@ def test_a_validation_epoch_with_no_batch_is_a_config_mistake(tmp_path):
             "set): an epoch of this loader would deliver no batch: with drop_last=True a round of batches needs "
             "batch_size 128 x world_size 1 = 128, and the data has 64 samples; lower batch_size to at most 64, or set "
             "drop_last=False") in r.stderr, r.stderr[-3000:]
+
+
+def _readme_block(marker: str) -> str:
+    import re
+
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S) if marker in b]
+    assert len(blocks) == 1, f"README.md should have one python block with {marker}"
+    return blocks[0]
+
+
+@pytest.mark.timeout(400)
+def test_the_readme_ray_train_block_says_what_it_does_and_how_it_learns():
+    """README's Ray Train block (workers' logs off) prints what it starts before the slow start-up, then each
+    epoch's loss, falling."""
+    import re
+
+    r = subprocess.run([sys.executable, "-c", _readme_block("TorchTrainer")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=380)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines and lines[0].startswith("Ray Train: 2 workers, 3 epochs of 64 images"), r.stdout
+    losses = [float(m.group(2)) for m in (re.fullmatch(r"epoch (\d): loss ([\d.]+)", ln) for ln in lines[1:]) if m]
+    assert len(losses) == 3 and losses[-1] < losses[0] < 1.5, r.stdout
