@@ -7,7 +7,8 @@ the data's fingerprint, the settings that shape batches, and the error policy. I
     check_epoch()             a ValueError when an epoch would deliver no batch
     task(rank, epoch, k)      batch k of `rank`: its rows and their augmentation seeds (a BatchTask)
     state(...)                where a rank stands, as plain JSON values
-    check_state(state)        where a rank resumes from a state, after checking the state fits this plan
+    check_state(state)        where a rank resumes from a state, after checking each of its fields' type
+                              and range and that the state fits this plan
 
 `start` (a position in the epoch's order) is where a re-dealt epoch begins after a resume at another
 world size; 0 otherwise.
