@@ -18,12 +18,16 @@
   $XDG_CACHE_HOME or $RAYDL_DEMO_DIR); the script says where, and `--fresh`
   starts afresh.
 - Rank 0 prints one line per epoch (throughput, consumer wait, skipped samples,
-  checkpoint transfer time) and one per evaluation.
+  the epoch's mean training loss, checkpoint transfer time) and one per
+  evaluation. On the generated demo data (each class has its own tint) the
+  loss falls from ln 4 = 1.39 and the accuracy climbs well above chance
+  within the two epochs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -42,6 +46,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raydl import checkpoint
 from raydl.config import load_config
 from raydl.env import ray_address
+from raydl.errors import DataSourceError
 
 PREFIX = "raydl-train"
 
@@ -150,19 +155,20 @@ def train_loop_per_worker(cfg: dict) -> None:
                 f"{iters[0]['batches_done']} of loader epoch {iters[0]['epoch']} (--fresh starts afresh)"
             )
     model = prepare_model(model)
-    opt = torch.optim.SGD(model.parameters(), lr=job.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=job.lr)
     evaluator = (
         start_evaluator(cfg["val_loader"], cfg["num_classes"]) if rank == 0 and cfg["val_loader"] else None
     )
     evals, published_box = [], []  # the ref rank 0 serves now (unpublished when the next replaces it)
     steps = job.steps_per_epoch or len(it)
     for epoch in range(first_epoch, job.epochs):
-        before, t0, loss = it.stats(), time.perf_counter(), None
+        before, t0, losses = it.stats(), time.perf_counter(), []
         for step, batch in enumerate(it.iter_torch_batches()):
             loss = torch.nn.functional.cross_entropy(model(batch["image"]), batch["label"])
             opt.zero_grad()
             loss.backward()
             opt.step()
+            losses.append(loss.item())
             if step + 1 >= steps:
                 break  # the loader's epoch continues where this one stopped
         after, wall = it.stats(), time.perf_counter() - t0
@@ -171,7 +177,7 @@ def train_loop_per_worker(cfg: dict) -> None:
             "wall": wall,
             "wait": after.wait_s - before.wait_s,
             "skipped": after.samples_skipped - before.samples_skipped,
-            "loss": loss.item() if loss is not None else float("nan"),
+            "loss": sum(losses) / len(losses) if losses else float("nan"),  # this rank's mean over the epoch
             "state": it.state_dict(),
         }
         ranks: list = [None] * world
@@ -197,7 +203,7 @@ def report_epoch(
         f"{PREFIX} epoch {epoch + 1}/{job.epochs}: {samples} samples on {world} ranks, "
         f"{samples / max(r['wall'] for r in ranks):.1f} images/s, "
         f"wait {max(r['wait'] for r in ranks):.2f} s, skipped {sum(r['skipped'] for r in ranks)}, "
-        f"loss {ranks[0]['loss']:.3f}"
+        f"loss {sum(r['loss'] for r in ranks) / world:.3f}"
     )
     plain = model.module if hasattr(model, "module") else model  # DDP's wrapper adds a "module." prefix
     if evaluator is not None:
@@ -257,7 +263,30 @@ def main(argv: list[str] | None = None) -> int:
         help="start afresh: forget the state job.state_dir holds from a run before",
     )
     args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.set)
+    try:
+        return run(args, parser)
+    except ConfigMistake as exc:  # the message says what to change: no traceback around it
+        print(f"{PREFIX}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+class ConfigMistake(Exception):
+    """The config (or a --set) asks for something raydl refuses before training starts."""
+
+
+@contextlib.contextmanager
+def config_checks(where: str = ""):
+    """ValueErrors (and data that cannot be listed) of reading the config, listing its data and building
+    its loaders are the config's mistakes; errors while training are not, and keep their traceback."""
+    try:
+        yield
+    except (ValueError, DataSourceError) as exc:
+        raise ConfigMistake(f"{where}: {exc}" if where else str(exc)) from exc
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    with config_checks():
+        cfg = load_config(args.config, args.set)
     job = cfg.job
     if cfg.loader.world_size != job.workers:
         parser.error(f"loader.world_size ({cfg.loader.world_size}) must equal job.workers ({job.workers})")
@@ -281,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         start_local_ray()
     else:
         ray.init(address=address)
-    ds, val = cfg.dataset(), (cfg.val_dataset() if cfg.val and job.evaluate else None)
+    with config_checks():
+        ds, val = cfg.dataset(), (cfg.val_dataset() if cfg.val and job.evaluate else None)
     print(
         f"{PREFIX}: {args.config} on {len(ray.nodes())} node(s), {job.workers} ranks, {len(ds)} samples",
         ds,
@@ -289,8 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     storage = job.storage_path or os.path.join(job.state_dir or tempfile.gettempdir(), "ray-train")
-    with ds.loader_from_config(cfg.loader) as loader:
-        val_loader = val.loader_from_config(cfg.val.loader) if val is not None else None
+    with config_checks("the training loader (`loader:`)"):
+        loader = ds.loader_from_config(cfg.loader)
+    with loader:
+        with config_checks(
+            "the validation loader (`val.loader:`, which takes `loader:`'s values it does not set)"
+        ):
+            val_loader = val.loader_from_config(cfg.val.loader) if val is not None else None
         try:
             trainer = TorchTrainer(
                 train_loop_per_worker,

@@ -355,7 +355,8 @@ class Dataset:
         return self._with(stage)
 
     def loader(self, **options: Any) -> Loader:
-        """Start loader actors on Ray (ray.init() first if needed) and return the Loader.
+        """Start loader actors on Ray and return the Loader. A process not connected to Ray starts a local
+        one (`ray.init(address="local")`), or joins the cluster RAY_ADDRESS names.
 
         Takes the fields of `raydl.options.LoaderConfig` as keywords, each documented there with its
         default: `batch_size` (required), `world_size`, `seed`, `shuffle`, `drop_last`, `on_error`,

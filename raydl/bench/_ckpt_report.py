@@ -191,7 +191,7 @@ def write_plot(summary: dict, path: str, *, title: str) -> None:
     try:
         import matplotlib
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install 'raydl[bench]'") from exc
+        raise RuntimeError("--plot needs matplotlib: pip install 'raydl-loader[bench]'") from exc
     matplotlib.use("Agg")  # no display on a training node
     import matplotlib.pyplot as plt
 

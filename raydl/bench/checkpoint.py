@@ -484,7 +484,7 @@ def main(args: argparse.Namespace) -> int:
 def _refusal(args: argparse.Namespace) -> str | None:
     """Why this run cannot go ahead (bad flags, no libfabric, Ray already up), or None."""
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        return "--plot needs matplotlib: pip install 'raydl[bench]'"
+        return "--plot needs matplotlib: pip install 'raydl-loader[bench]'"
     if args.nodes < 1 or args.rounds < 1 or args.timeout <= 0 or args.chunk_size <= 0:
         return "--nodes, --rounds, --timeout and --chunk-size must be positive"
     if args.link_gbps is not None and args.link_gbps <= 0:

@@ -163,7 +163,7 @@ def write_plot(result: dict, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise SystemExit(f"--plot needs matplotlib (pip install 'raydl[bench]'): {exc}") from exc
+        raise SystemExit(f"--plot needs matplotlib (pip install 'raydl-loader[bench]'): {exc}") from exc
     rows = result["rows"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     nodes = [r["nodes"] for r in rows]

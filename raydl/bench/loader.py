@@ -447,9 +447,9 @@ class _Refused(Exception):
 def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """(the peers to run, in order; why each left out was skipped), after the flags are checked."""
     if importlib.util.find_spec("psutil") is None:  # the runner samples memory and CPU with it
-        raise _Refused("raydl bench loader needs psutil: pip install 'raydl[bench]'")
+        raise _Refused("raydl bench loader needs psutil: pip install 'raydl-loader[bench]'")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        raise _Refused("--plot needs matplotlib: pip install 'raydl[bench]'")
+        raise _Refused("--plot needs matplotlib: pip install 'raydl-loader[bench]'")
     batch = 1 if args.batch_size is None else args.batch_size  # None: chosen once the images are counted
     if min(args.cpus, args.rounds, args.nodes, args.epochs, batch) < 1:
         raise _Refused("--cpus, --rounds, --batch-size, --nodes and --epochs must be positive")

@@ -388,23 +388,23 @@ WHY_NOT: dict[tuple[str, str], str] = {
 
 # Modules a peer needs, and what to install when one is missing.
 REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
-    "raydl": (("ray",), "pip install raydl"),
-    "raydl-base": (("ray",), "pip install raydl"),
-    "raydl-fast": (("ray",), "pip install raydl"),
-    "raydl-image": (("ray",), "pip install raydl"),
-    "raydl-ordered": (("ray",), "pip install raydl"),
-    "dali": (("nvidia.dali",), "pip install 'raydl[bench]'  (or: pip install nvidia-dali-cuda120)"),
+    "raydl": (("ray",), "pip install raydl-loader"),
+    "raydl-base": (("ray",), "pip install raydl-loader"),
+    "raydl-fast": (("ray",), "pip install raydl-loader"),
+    "raydl-image": (("ray",), "pip install raydl-loader"),
+    "raydl-ordered": (("ray",), "pip install raydl-loader"),
+    "dali": (("nvidia.dali",), "pip install 'raydl-loader[bench]'  (or: pip install nvidia-dali-cuda120)"),
     "spdl": (
         ("spdl.io",),
-        "pip install 'raydl[bench]'  (or: pip install spdl), and FFmpeg 5's shared "
+        "pip install 'raydl-loader[bench]'  (or: pip install spdl), and FFmpeg 5's shared "
         "libraries (Debian 12: apt-get install libavutil57 libavcodec59 libavformat59 "
         "libavfilter8 libavdevice59 libswscale6 libswresample4)",
     ),
     "floor": (("simplejpeg",), "pip install simplejpeg"),
     "torch": (("torch",), "pip install torch"),
     "raydata": (("ray", "pandas"), "pip install 'ray[data]'"),
-    "dataio": (("dataio",), "pip install 'raydl[bench]'  (or: pip install dataio-rs)"),
-    "datago": (("datago",), "pip install 'raydl[bench]'  (or: pip install datago)"),
+    "dataio": (("dataio",), "pip install 'raydl-loader[bench]'  (or: pip install dataio-rs)"),
+    "datago": (("datago",), "pip install 'raydl-loader[bench]'  (or: pip install datago)"),
     "ceiling": (("simplejpeg",), "pip install simplejpeg"),
 }
 

@@ -153,9 +153,10 @@ def format_table(summary: list[dict], *, header: str, rate: str = "images/s") ->
 def peer_versions() -> dict[str, str]:
     """Installed versions of the packages the peers run on, for the JSON record."""
     versions = {}
+    names = {"raydl": "raydl-loader"}  # raydl's distribution name (the import name is raydl)
     for dist in ("raydl", "ray", "torch", "numpy", "pillow", "simplejpeg", "dataio-rs", "datago"):
         try:
-            versions[dist] = metadata.version(dist)
+            versions[dist] = metadata.version(names.get(dist, dist))
         except metadata.PackageNotFoundError:
             pass
     return versions
@@ -166,7 +167,7 @@ def write_plot(summary: list[dict], path: str, *, title: str) -> None:
     try:
         import matplotlib
     except ImportError as exc:
-        raise RuntimeError("--plot needs matplotlib: pip install 'raydl[bench]'") from exc
+        raise RuntimeError("--plot needs matplotlib: pip install 'raydl-loader[bench]'") from exc
     matplotlib.use("Agg")  # no display on a training node
     import matplotlib.pyplot as plt
 

@@ -32,7 +32,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import MISSING, fields, replace
 
-from raydl.config.raw import apply_override, expand, parse_override
+from raydl.config.raw import apply_override, check_size, expand, parse_override
 from raydl.config.schema import (
     SOURCES,
     BenchConfig,
@@ -223,21 +223,25 @@ def _read_yaml(path: str) -> dict:
         raise ValueError(f"cannot read config {path!r}: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError(
+            f"{path}: nested too deeply for a config (mappings and lists in each other)"
+        ) from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping with sections {list(_TOP)}, got {type(data).__name__}")
     return data
 
 
 def _edited(data: dict, path: str, overrides: Sequence[str]) -> tuple[dict, set[str]]:
-    """A copy of `data` with `${VAR}`s expanded and the `--set` overrides applied; and the keys they set."""
-    import copy
-
-    data = expand(copy.deepcopy(data), path)
+    """A copy of `data` with `${VAR}`s expanded and the `--set` overrides applied, refused when it is too
+    large (raydl/config/raw.py); and the keys the overrides set."""
+    data = expand(data, path)
     overridden = set()
     for item in overrides:
         parts, value = parse_override(item)
         apply_override(data, parts, value, path, item)
         overridden.add(".".join(parts))
+    check_size(data, path)
     return data, overridden
 
 

@@ -181,7 +181,8 @@ class JobConfig:
     steps_per_epoch: int | None = None
     """Train at most this many steps per epoch (None: the whole epoch)."""
 
-    lr: float = 0.05
+    lr: float = 0.01
+    """Adam's learning rate."""
 
     state_dir: str | None = None
     """Model and iterator state after every epoch; a resubmitted job resumes from it."""

@@ -31,14 +31,24 @@ _PER_BATCH = "bucket"  # the one batch entry that is a value per batch, not a co
 Batch = dict[str, Any]
 
 
+# What a batch_format of torch tensors is called elsewhere: those get the way to them in their error.
+_TORCH_NAMES = ("torch", "pytorch", "tensor", "tensors", "pt")
+
+
 def check_batch_format(batch_format: object, collate_fn: object = None) -> str:
     """The batch format's own name ("default" is "numpy"); an unknown one is a ValueError listing the known
     ones, a collate_fn that is not callable a TypeError."""
     name = _ALIASES.get(batch_format, batch_format) if isinstance(batch_format, str) else batch_format
     if name not in BATCH_FORMATS:
         known = ", ".join(repr(f) for f in BATCH_FORMATS)
+        torch = isinstance(name, str) and name.lower() in _TORCH_NAMES
         raise ValueError(
             f"batch_format must be one of {known} (or 'default', which is 'numpy'), got {batch_format!r}"
+            + (
+                "; torch tensors come from iter_torch_batches() (with dtypes=, device=, pin_memory=)"
+                if torch
+                else ""
+            )
         )
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be a callable that takes a batch, got {type(collate_fn).__name__}")

@@ -108,6 +108,11 @@ class DataIterator:
                     raise self._timeout(k, timeout, worker) from exc
                 except Exception as exc:  # noqa: BLE001 - named by _failed
                     self._failed(k, worker, exc, exc)
+            if not ray.is_initialized():  # ray.get would connect to a cluster again: say what happened
+                raise LoaderError(
+                    f"rank {self._rank}: Ray was shut down while batch {k} of epoch {self._position.epoch} "
+                    "was on its way; build the loader again"
+                )
             try:
                 return ray.get(ref, timeout=wait)
             except ray.exceptions.GetTimeoutError as exc:

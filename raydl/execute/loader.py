@@ -34,6 +34,7 @@ import time
 from concurrent.futures import Future
 
 import ray
+from ray import runtime_context
 
 from raydl.actors.coordinator import start_coordinator
 from raydl.actors.launch import (
@@ -50,6 +51,7 @@ from raydl.describe.catalog import Catalog
 from raydl.describe.mixing import Mixture
 from raydl.describe.records import Pipeline
 from raydl.describe.transforms import SampleProgram
+from raydl.env import ray_address
 from raydl.errors import LoaderError
 from raydl.execute.bootstrap import Bootstrap
 from raydl.execute.checks import check_mixture
@@ -86,6 +88,7 @@ class Loader:
         check_mixture(mixture)  # before any actor starts
         self.config = config
         self.plan: LoaderPlan = build_plan(mixture, config)
+        self.plan.check_epoch()  # an epoch with no batch is a mistake in the settings: say so before Ray
         self._lock = threading.Lock()
         self._closed = False
         self._owner = True
@@ -93,7 +96,11 @@ class Loader:
         self._version = 0
         self._workers: list[WorkerInfo] = []
         if not ray.is_initialized():
-            ray.init(logging_level=logging.WARNING)  # actors' logs reach the driver (Ray's default)
+            # Never a running cluster the user did not name: the one RAY_ADDRESS names (`ray job submit`
+            # sets it for the job's driver), else a local Ray of this process's own. Actors' logs reach
+            # the driver (Ray's default).
+            ray.init(address=ray_address() or "local", logging_level=logging.WARNING)
+        self._cluster = _cluster_now()  # the Ray this loader's actors live in: no call is made in another
         nodes = live_nodes()
         self.object_store_budget = config.object_store_budget or _default_budget(nodes)
         placement = initial_placement(config, nodes)
@@ -148,25 +155,41 @@ class Loader:
             if self._bootstrap is not None and not self._launch_now.wait(LAUNCH_DELAY_S):
                 if self._bootstrap.busy:  # a batch is under way here: let it finish first
                     self._launch_now.wait(READY_TIMEOUT_S)
-            if self._closed:
-                self._launch.set_result(None)
-                return
+            self._check_ray()
             catalog_ref = ray.put(catalogs)
+            self._check_ray()
             spec_ref = ray.put(spec)  # the coordinator passes it on without unpickling it
-            started = [
-                (h, node)
-                for node, k in placement.items()
-                for h in launch_workers(
+            started = []
+            for node, k in placement.items():
+                self._check_ray()
+                handles = launch_workers(
                     spec_ref, catalog_ref, self.config, node, k, node_cpus=cpus[node], soft=False
                 )
-            ]
+                started += [(h, node) for h in handles]
+            self._check_ray()
             coordinator = start_coordinator(spec_ref, catalog_ref, self.config, started, here)
             with self._lock:
                 self._starting = {h.ready.remote(): h for h, _node in started}
                 self._coordinator = coordinator
             self._launch.set_result(coordinator)
+        except _Stopped:  # shut down, or Ray went away first: nothing to start, and nothing to say
+            self._launch.set_result(None)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever needs the coordinator
-            self._launch.set_exception(exc)
+            if self._closed or not self._ray_is_ours():
+                self._launch.set_result(None)  # Ray went away under the launch: its errors are no news
+            else:
+                self._launch.set_exception(exc)
+
+    def _ray_is_ours(self) -> bool:
+        """Whether this process is still connected to the Ray the loader was built in (asks, never
+        connects: Ray's own calls would connect again after a ray.shutdown())."""
+        return ray.is_initialized() and _cluster_now() == self._cluster
+
+    def _check_ray(self) -> None:
+        """Before each Ray call of the launch thread: none after shutdown() or ray.shutdown(), so the
+        thread never starts Ray or joins a cluster (Ray connects on its own when asked while disconnected)."""
+        if self._closed or not self._ray_is_ours():
+            raise _Stopped
 
     def _coordinator_handle(self):
         """The coordinator, launching the workers now if they are not yet (see `_run_launch`)."""
@@ -179,6 +202,7 @@ class Loader:
                     f"could not start the loader's workers and coordinator: {type(exc).__name__}: {exc}"
                 ) from exc
             if coordinator is None:
+                self._check_open()
                 raise LoaderError("the loader is shut down")
             return coordinator
         return self._coordinator
@@ -339,12 +363,18 @@ class Loader:
     def _check_open(self) -> None:
         if self._closed:
             raise LoaderError("the loader is shut down")
+        if not self._ray_is_ours():
+            raise LoaderError(
+                "Ray was shut down after this loader was built, so its workers are gone; build the loader "
+                "again (after ray.init(), or let loader() start a local Ray)"
+            )
 
     # -- public -------------------------------------------------------------------------
     def iterator(self, rank: int = 0) -> DataIterator:
         """The iterator of `rank` (0 <= rank < world_size)."""
         world = self.config.world_size
         check_number(f"rank (world_size={world})", rank, integer=True, at_least=0, below=world)
+        self._check_open()
         return DataIterator(self.plan, self, rank)
 
     def shutdown(self) -> None:
@@ -366,7 +396,7 @@ class Loader:
             coordinator = self._launch.result(timeout=READY_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - a failed launch left nothing to stop
             coordinator = None
-        if coordinator is None:
+        if coordinator is None or not self._ray_is_ours():  # after ray.shutdown(): the actors went with it
             return
         try:
             workers = ray.get(coordinator.shutdown.remote(), timeout=30)
@@ -414,6 +444,19 @@ class Loader:
             f"Loader(samples={self.plan.num_samples}, batch_size={c.batch_size}, world_size={c.world_size}, "
             f"workers={len(self._workers)}, closed={self._closed})"
         )
+
+
+class _Stopped(Exception):
+    """The launch stops: the loader was shut down, or Ray was."""
+
+
+def _cluster_now() -> str | None:
+    """The GCS address of the Ray this process is connected to; None when it is not. Ray's own
+    get_runtime_context, not the `ray.` one, which would connect when it is not."""
+    try:
+        return runtime_context.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - not connected (Ray says so by raising)
+        return None
 
 
 def _as_pipeline(pipeline: Pipeline | SampleProgram | None) -> Pipeline:

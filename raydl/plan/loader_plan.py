@@ -4,9 +4,11 @@ A plan holds the order (raydl/plan/orders.py: plain, windowed, bucketed or mixed
 the data's fingerprint, the settings that shape batches, and the error policy. It answers:
 
     batches_per_rank(epoch)   the same on every rank
+    check_epoch()             a ValueError when an epoch would deliver no batch
     task(rank, epoch, k)      batch k of `rank`: its rows and their augmentation seeds (a BatchTask)
     state(...)                where a rank stands, as plain JSON values
-    check_state(state)        where a rank resumes from a state, after checking the state fits this plan
+    check_state(state)        where a rank resumes from a state, after checking each of its fields' type
+                              and range and that the state fits this plan
 
 `start` (a position in the epoch's order) is where a re-dealt epoch begins after a resume at another
 world size; 0 otherwise.
@@ -14,6 +16,8 @@ world size; 0 otherwise.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -76,6 +80,37 @@ class LoaderPlan:
         """Batches every rank gets in `epoch` (from `start`)."""
         return self.deal(start=start).batches_per_rank
 
+    def check_epoch(self) -> None:
+        """A ValueError saying why and what to change when an epoch would deliver no batch (every epoch
+        deals the same number of units, so epoch 0 stands for all)."""
+        if self.batches_per_rank(0) > 0:
+            return
+        c, units = self.config, self.order.units
+        if self.order.deals_batches:  # aspect buckets, or a mix's per-source batches: units are whole batches
+            have = (
+                f"the data makes {units} full batch{'' if units == 1 else 'es'} of batch_size {c.batch_size} "
+                f"({self.order.fixed_batch_size})"
+            )
+            need = f"each of the world_size {c.world_size} ranks needs a full batch"
+            fix = "lower batch_size or world_size"
+        else:
+            have = f"the data has {units} sample{'' if units == 1 else 's'}"
+            need = (
+                f"a round of batches needs batch_size {c.batch_size} x world_size {c.world_size} = "
+                f"{c.batch_size * c.world_size}"
+            )
+            fix = (
+                f"lower batch_size to at most {units // c.world_size}"
+                if units >= c.world_size
+                else f"use at most {units} ranks"
+            )
+        if not c.drop_last or units == 0:
+            raise ValueError(f"an epoch of this loader would deliver no batch: {have}")
+        raise ValueError(
+            f"an epoch of this loader would deliver no batch: with drop_last=True {need}, and {have}; "
+            f"{fix}, or set drop_last=False"
+        )
+
     def epoch_order(self, epoch: int):
         """The order of `epoch`, computed once (the last few are kept)."""
         got = self._epochs.get(epoch)
@@ -116,13 +151,13 @@ class LoaderPlan:
 
     def check_state(self, state: dict[str, Any]) -> Position:
         """Where a rank resumes from `state`: the same position, or at another world size or batch size the
-        rest of the epoch re-dealt. A state of other data or other settings is a ValueError naming what
-        differs."""
+        rest of the epoch re-dealt. A state is input like any other: every field is checked for its type
+        and range first (see `_state_fields`); a state of other data or other settings is a ValueError
+        naming what differs."""
         c = self.config
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
+        got = _state_fields(state)
         order = self.order.state()
-        check_mix_state(state.get("mix"), order["mix"])
+        check_mix_state(got["mix"], order["mix"])
         mine = {
             "fingerprint": self.fingerprint,
             "num_samples": self.num_samples,
@@ -133,25 +168,108 @@ class LoaderPlan:
             "shuffle_window": order["shuffle_window"],
         }
         for key, value in mine.items():
-            # a state without shuffle_window shuffled the whole epoch together (window 0)
-            if state.get(key, 0 if key == "shuffle_window" else None) != value:
+            if got[key] != value:
                 raise ValueError(
                     f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
                     f"{value!r}; build the loader over the same data with the same settings"
                 )
         why = self.order.fixed_batch_size
-        if why is not None and int(state["batch_size"]) != c.batch_size:
+        world, batch_size = got["world_size"], got["batch_size"]
+        if why is not None and batch_size != c.batch_size:
             raise ValueError(
                 f"cannot resume: the state's batch_size is {state['batch_size']!r}, this loader's is "
                 f"{c.batch_size!r}; with {why} the batches themselves depend on it"
             )
-        world, batch_size = int(state["world_size"]), int(state["batch_size"])
-        old = self.deal(start=int(state["start"]), world_size=world, batch_size=batch_size)
-        done = int(state["batches_done"])
-        epoch = int(state["epoch"])
+        # Same data and settings from here on: the state's start and batches_done must lie in its epoch.
+        start = _in_range(got, "start", 0, self.order.units, "a position in the epoch's order")
+        old = self.deal(start=start, world_size=world, batch_size=batch_size)
+        done = _in_range(got, "batches_done", 0, old.batches_per_rank, "its epoch's batches on a rank")
+        epoch = got["epoch"]
         if (world, batch_size) == (c.world_size, c.batch_size):
             return Position(epoch, old.start, done)
         start = old.consumed(done)  # re-deal the rest of the epoch
         if start >= self.order.units or self.batches_per_rank(epoch, start=start) == 0:
             return Position(epoch + 1, 0, 0)
         return Position(epoch, start, 0)
+
+
+# -- a resume state's fields, checked before use -----------------------------------------------
+_MAX_EPOCH = 2**63 - 1  # epochs mix into 64-bit seeds, as the seed does
+_MAX_COUNT = 2**31 - 1  # world sizes and batch sizes
+
+
+def _state_fields(state: object) -> dict[str, Any]:
+    """A state's fields, each checked for its type and range alone (what fits this plan is checked after):
+    a ValueError naming the field. Fields a state of an older raydl may lack get their meaning then:
+    shuffle_window 0 (the whole epoch shuffled together), buckets and mix None, rank unchecked."""
+    if not isinstance(state, Mapping):
+        raise ValueError(
+            f"cannot resume: a state is the dict state_dict() returned, got {type(state).__name__}"
+        )
+    if _integer(state.get("version")) != STATE_VERSION:
+        raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
+    got: dict[str, Any] = {"version": STATE_VERSION}
+    for name, lo, hi in (
+        ("epoch", 0, _MAX_EPOCH),
+        ("batches_done", 0, None),
+        ("start", 0, None),
+        ("world_size", 1, _MAX_COUNT),
+        ("batch_size", 1, _MAX_COUNT),
+        ("seed", 0, 2**63 - 1),
+        ("num_samples", 0, None),
+    ):
+        _needs(state, name)
+        got[name] = _in_range(state, name, lo, hi)
+    for name in ("shuffle", "drop_last"):
+        got[name] = _needs(state, name)
+        if not isinstance(got[name], bool):
+            _refuse(state, name, "true or false")
+    got["fingerprint"] = _needs(state, "fingerprint")
+    if not isinstance(got["fingerprint"], str):
+        _refuse(state, "fingerprint", "a str")
+    if "rank" in state:
+        _in_range(state, "rank", 0, got["world_size"] - 1, "below its world_size")
+    got["shuffle_window"] = _in_range(
+        {"shuffle_window": state.get("shuffle_window", 0)}, "shuffle_window", 0, None
+    )
+    buckets = state.get("buckets")
+    if buckets is not None and not (
+        isinstance(buckets, list)
+        and all(
+            isinstance(b, list) and len(b) == 2 and all(_integer(x) is not None for x in b) for b in buckets
+        )
+    ):
+        _refuse(state, "buckets", "null or a list of [height, width] pairs")
+    got["buckets"] = buckets
+    got["mix"] = state.get("mix")
+    if got["mix"] is not None and not isinstance(got["mix"], Mapping):
+        _refuse(state, "mix", "null or a dict")
+    return got
+
+
+def _integer(value: object) -> int | None:
+    """`value` as an int when it is a whole number of an integer type (never a bool or a float), else None."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def _needs(state: Mapping, name: str) -> object:
+    if name not in state:
+        raise ValueError(f"cannot resume: the state has no {name}; a state is the dict state_dict() returned")
+    return state[name]
+
+
+def _in_range(fields: Mapping, name: str, lo: int, hi: int | None, note: str = "") -> int:
+    """fields[name] as an int in [lo, hi] (hi None: no upper bound), else a ValueError naming it."""
+    value = _integer(fields[name])
+    if value is None or value < lo or (hi is not None and value > hi):
+        bounds = f"an int in [{lo}, {hi}]" if hi is not None else f"an int >= {lo}"
+        _refuse(fields, name, bounds + (f" ({note})" if note else ""))
+    return value
+
+
+def _refuse(fields: Mapping, name: str, what: str) -> None:
+    text = repr(fields[name])
+    text = text if len(text) <= 80 else text[:77] + "..."
+    raise ValueError(f"cannot resume: the state's {name} is {text}; it must be {what}")

@@ -11,7 +11,7 @@ def import_torch(what: str):
         import torch
     except ImportError as exc:
         raise ImportError(
-            f"{what} needs torch; install the build for your CUDA version, "
-            "or `pip install 'raydl[torch]'` for the default one"
+            f"{what} needs torch; install the build for your CUDA version, or the default one with "
+            "`pip install 'raydl-loader[torch]'` (from a raydl checkout: `pip install -e '.[torch]'`)"
         ) from exc
     return torch
