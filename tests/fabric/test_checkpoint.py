@@ -242,7 +242,7 @@ def test_a_node_without_fabric_fetches_through_the_object_store(cluster):
     pub = Publisher.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
         _other_node(cluster), soft=False)).remote()
     refs = [checkpoint.publish(_state(11)), ray.get(pub.publish.remote(11))]
-    for ref, transport in zip(refs, ("auto", "object_store")):
+    for ref, transport in zip(refs, ("auto", "object_store"), strict=True):
         assert ref.transports == ("fabric", "object_store")
         assert ray.get(_fetch_without_fabric.remote(ref, transport)) == ("object_store", expected)
     checkpoint.unpublish(refs[0])
@@ -319,7 +319,7 @@ def test_broadcast_pipelines_under_a_link_limit(cluster):
         link_s = ref.size / (0.1e9 / 8)  # 1.3 s: far longer than a hop's set-up
         for r in results:  # the limit holds: the link, not the CPU, sets the pace (16 windows, the first free)
             assert r["last_window_at"] - r["first_window_at"] > 0.8 * link_s * 15 / 16, r
-        for up, down in zip(results, results[1:]):  # a chain that waited for whole copies would not overlap
+        for up, down in zip(results, results[1:], strict=False):  # a chain that waited for whole copies would not overlap
             assert down["first_window_at"] < up["last_window_at"], (up, down)
         expected = {"w": ("torch.float32", (16 << 18,), float(_big_state(16)["w"].double().sum()))}
         assert ray.get(peers[3].summary.remote(ref.key)) == expected
@@ -341,7 +341,7 @@ def test_broadcast_falls_back_to_the_publisher_under_a_link_limit(cluster):
         # 16 MiB at 0.1 Gbit/s is 1.3 s a hop: peer 0 cannot be done when it is killed 0.5 s in
         # (at 0.5 Gbit/s it could be, and then nobody needs to fall back).
         calls = [p.pull.remote(src, timeout=30, window_bytes=1 << 20, link_gbps=0.1)
-                 for p, src in zip(peers, chain_sources(ref, refs))]
+                 for p, src in zip(peers, chain_sources(ref, refs), strict=True)]
         time.sleep(0.5)  # peer 0 holds part of it now
         ray.kill(peers[0])
         second, third = ray.get(calls[1:], timeout=60)

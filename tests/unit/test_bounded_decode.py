@@ -95,7 +95,7 @@ def _refusals(data: bytes):
         yield "jpeg_crop_resize_into", lambda: native.jpeg_crop_resize_into(data, box, slot, flip=False, **_AFFINE)
 
 
-_AFFINE = dict(zip(("scale", "bias"), compile_stages(TRAIN)._affine))
+_AFFINE = dict(zip(("scale", "bias"), compile_stages(TRAIN)._affine, strict=True))
 
 
 def _raise_first(errors):

@@ -288,7 +288,7 @@ def test_dataset_repr_lists_every_stage(tmp_path):
     assert str(tmp_path) in lines[0] and "samples=2" in lines[0] and "classes=2" in lines[0]
     assert len(lines) == 1 + len(ds.stages) == 7
     for line, name in zip(lines[1:], ["Decode", "RandomResizedCrop", "RandomHFlip", "Resize", "CenterCrop",
-                                      "Normalize"]):
+                                      "Normalize"], strict=True):
         assert line.lstrip().startswith(f"-> {name}("), line
     assert "p=0.25" in lines[3] and "size=(224, 224)" in lines[2]
 

@@ -34,7 +34,7 @@ def _shard_block() -> wi.MemberBlock:
 def seeds() -> list[bytes]:
     block = _shard_block()
     dali = "\n".join(
-        f"{n[n.find('.', n.rfind('/') + 1) + 1 :]} {o} {s} {n}" for n, o, s in zip(block.names, block.offsets, block.sizes)
+        f"{n[n.find('.', n.rfind('/') + 1) + 1 :]} {o} {s} {n}" for n, o, s in zip(block.names, block.offsets, block.sizes, strict=True)
     )
     dali = f"v1.2 {len(block)}\n{dali}\n".encode()
     path = "/tmp/raydl-fuzz-seed.rwi"
