@@ -70,7 +70,7 @@ def main() -> None:
         results = checkpoint.broadcast(ref, peers)
         seconds = time.perf_counter() - t0
         want = ray.get(trainer.summary.remote())
-        for peer, res in zip(peers, results):
+        for peer, res in zip(peers, results, strict=True):
             assert ray.get(peer.summary.remote(ref.key)) == want, f"peer {res['holder']} holds other bytes"
         how = "fabric chain" if results and results[0].get("ref") is not None else "object store"
         print(

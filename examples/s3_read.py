@@ -68,7 +68,7 @@ def main() -> None:
                 epochs[name] = list(loader.iterator(0).iter_batches())
             print(f"{name:>12}: {sum(len(b['id']) for b in epochs[name])} samples")
         assert len({len(e) for e in epochs.values()}) == 1
-        for a, b, c in zip(*epochs.values()):
+        for a, b, c in zip(*epochs.values(), strict=True):
             assert np.array_equal(a["image"], c["image"]) and np.array_equal(b["image"], c["image"])
             assert np.array_equal(a["label"], c["label"]) and np.array_equal(b["label"], c["label"])
         print("same labels and pixels from S3 (folder and shards) as from local disk")

@@ -315,7 +315,7 @@ class Dataset:
             raise ValueError("bucket_counts() needs .aspect_buckets(...) in the pipeline")
         idx = stage.assign(self.catalog.column("width"), self.catalog.column("height"))
         counts = np.bincount(idx[idx >= 0], minlength=len(stage.buckets))
-        return {b: int(c) for b, c in zip(stage.buckets, counts)}
+        return {b: int(c) for b, c in zip(stage.buckets, counts, strict=True)}
 
     def random_hflip(self, p: float = 0.5) -> Dataset:
         """Mirror left-right with probability p."""
@@ -466,7 +466,7 @@ def mix(
 def _mix_repr(m: Mixture) -> str:
     total = sum(m.weights)
     lines = [f"Mix(samples={m.epoch_size}, batching={m.batching!r})"]
-    for member, w in zip(m.members, m.weights):
+    for member, w in zip(m.members, m.weights, strict=True):
         c = member.catalog
         weighted = ", per-sample weights" if member.weights is not None else ""
         lines.append(

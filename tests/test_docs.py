@@ -27,11 +27,44 @@ def _python_blocks(path: Path) -> list[str]:
     return _blocks(path, "python")
 
 
+def _bash_blocks_to_run(path: Path) -> list[str]:
+    return [b for b in _blocks(path, "bash") if not b.startswith(NOT_RUN) and RUN_BY_JOB_TEST not in b]
+
+
+# How many blocks of each kind each doc holds ("bash run": its bash blocks that run here). The tests below
+# run the docs named here and check these counts, so none of them passes having found nothing to run (a
+# renamed fence, a moved doc); a doc not named holds none, which test_block_counts_are_as_stated checks.
+BLOCKS = {
+    "README.md": {"python": 6, "bash": 2, "bash run": 1},
+    "docs/benchmarks.md": {"bash": 23},
+    "docs/configs.md": {"python": 1, "bash": 1, "bash run": 1, "yaml": 2},
+    "docs/data.md": {"python": 3, "bash": 1},
+    "docs/errors.md": {"python": 1},
+}
+
+
+def _docs_with(kind: str) -> list[str]:
+    return [doc for doc, counts in BLOCKS.items() if counts.get(kind)]
+
+
+@pytest.mark.timeout(30)
+def test_block_counts_are_as_stated():
+    """Every doc holds exactly the python, bash and yaml blocks BLOCKS says (none where it names no doc)."""
+    assert set(BLOCKS) <= {p.relative_to(ROOT).as_posix() for p in DOCS}
+    for path in DOCS:
+        doc = path.relative_to(ROOT).as_posix()
+        found = {"python": len(_python_blocks(path)), "bash": len(_blocks(path, "bash")),
+                 "bash run": len(_bash_blocks_to_run(path)), "yaml": len(_blocks(path, "yaml"))}
+        stated = {kind: BLOCKS.get(doc, {}).get(kind, 0) for kind in found}
+        assert found == stated, f"{doc}: update BLOCKS in tests/test_docs.py"
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("doc", [p.relative_to(ROOT).as_posix() for p in DOCS])
+@pytest.mark.parametrize("doc", _docs_with("python"))
 def test_python_blocks_run(doc, tmp_path):
     """Every ```python block in README.md and docs/*.md runs to completion in a fresh interpreter."""
     blocks = _python_blocks(ROOT / doc)
+    assert len(blocks) == BLOCKS[doc]["python"]
     env = dict(os.environ, RAYDL_CHECKPOINT_BIND="127.0.0.1:0",  # checkpoint publishers: loopback only
                RAYDL_DEMO_DIR=str(tmp_path / "demo"))
     for code in blocks:
@@ -54,26 +87,28 @@ def test_readme_has_python_blocks_and_every_bash_block_runs_somewhere():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("doc", [p.relative_to(ROOT).as_posix() for p in DOCS])
+@pytest.mark.parametrize("doc", _docs_with("bash run"))
 def test_bash_blocks_run(doc, tmp_path):
     """Every ```bash block of README.md and docs/*.md that can run here runs, from the repository root."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                RAYDL_CHECKPOINT_BIND="127.0.0.1:0", RAYDL_DEMO_DIR=str(tmp_path / "demo"))
-    for block in _blocks(ROOT / doc, "bash"):
-        if block.startswith(NOT_RUN) or RUN_BY_JOB_TEST in block:
-            continue
+    blocks = _bash_blocks_to_run(ROOT / doc)
+    assert len(blocks) == BLOCKS[doc]["bash run"]
+    for block in blocks:
         proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, capture_output=True, text=True,
                               timeout=580, env=env)
         assert proc.returncode == 0, f"{doc} block failed:\n{block}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("doc", [p.relative_to(ROOT).as_posix() for p in DOCS])
+@pytest.mark.parametrize("doc", _docs_with("yaml"))
 def test_yaml_blocks_load(doc, tmp_path):
     """Every ```yaml block in the docs that is a config (has `source:`) loads; the others parse."""
     import yaml
 
-    for i, block in enumerate(_blocks(ROOT / doc, "yaml")):
+    blocks = _blocks(ROOT / doc, "yaml")
+    assert len(blocks) == BLOCKS[doc]["yaml"]
+    for i, block in enumerate(blocks):
         data = yaml.safe_load(block)
         if isinstance(data, dict) and "source" in data:
             path = tmp_path / f"block{i}.yaml"

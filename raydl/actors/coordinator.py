@@ -168,7 +168,7 @@ class LoaderCoordinator:
         refs = [h.ready.remote() for h in handles]
         _ready, pending = ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT_S)
         out = []
-        for h, ref in zip(handles, refs):
+        for h, ref in zip(handles, refs, strict=True):
             if self._closed:  # shut down while it started: nothing to say
                 ray.kill(h, no_restart=True)
                 continue

@@ -82,7 +82,8 @@ class BatchMaker:
         if isinstance(spec, WorkerSpec):  # one dataset, read as it is
             spec = MixtureSpec.one(spec, len(self._catalogs[0]))
         self.members = [
-            MemberReader(s, c, self.pools, self.name) for s, c in zip(spec.members, self._catalogs)
+            MemberReader(s, c, self.pools, self.name)
+            for s, c in zip(spec.members, self._catalogs, strict=True)
         ]
         self._mixing = None if spec.single else Mixing(spec)
 

@@ -140,7 +140,7 @@ class MemberReader:
                             else (record[name], seed, slots[name], ref)
                         )
                         owners.append(k)
-            for k, err in zip(owners, program.run_many(runs) if runs else []):
+            for k, err in zip(owners, program.run_many(runs) if runs else [], strict=True):
                 if err is not None and errors[k] is None:
                     errors[k] = err
             for k, data, seed, out, ref in masks:

@@ -81,7 +81,7 @@ class Mixing:
         batch: dict = {}
         if results:
             first = results[0].batch
-            for s, r in zip(members[1:], results[1:]):
+            for s, r in zip(members[1:], results[1:], strict=True):
                 if list(r.batch) != list(first):
                     raise LoaderError(
                         f"batch {task.index} of rank {task.rank}, epoch {task.epoch}: source {names[s]!r} "
@@ -92,7 +92,7 @@ class Mixing:
                 columns = [r.batch[key] for r in results]
                 if key == "bucket":
                     batch[key] = columns[0]
-                elif key in images and all(c is v[key] for c, v in zip(columns, views)):
+                elif key in images and all(c is v[key] for c, v in zip(columns, views, strict=True)):
                     batch[key] = images[key]  # every row decoded: the whole buffer's array, no copy
                 elif isinstance(columns[0], np.ndarray):
                     batch[key] = self._concat(task, key, columns, [names[s] for s in members])
@@ -101,7 +101,7 @@ class Mixing:
         if self.spec.labelled:
             label = np.empty(sum(batch_rows(r.batch) for r in results), dtype=object)
             at = 0
-            for s, r in zip(members, results):
+            for s, r in zip(members, results, strict=True):
                 n = batch_rows(r.batch)
                 label[at : at + n] = names[s]
                 at += n
@@ -117,7 +117,7 @@ class Mixing:
     @staticmethod
     def _concat(task, key: str, columns: list[np.ndarray], sources: list[str]) -> np.ndarray:
         ref = columns[0]
-        for c, src in zip(columns[1:], sources[1:]):
+        for c, src in zip(columns[1:], sources[1:], strict=True):
             if c.dtype != ref.dtype or c.shape[1:] != ref.shape[1:]:
                 raise LoaderError(
                     f"batch {task.index} of rank {task.rank}, epoch {task.epoch}: field {key!r} is "

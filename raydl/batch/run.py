@@ -81,7 +81,7 @@ class BatchRun:
         self._where = np.stack([loc.shard, loc.offset, loc.length, loc.row], axis=1).astype(np.int64)
         self._sizes = loc.size if loc.size is not None else loc.length  # a sample's own bytes
         shard_ids = np.unique(self._where[:, 0])
-        self._shards = dict(zip(shard_ids.tolist(), member.shard_infos(shard_ids)))
+        self._shards = dict(zip(shard_ids.tolist(), member.shard_infos(shard_ids), strict=True))
         self._failed: list[Failure | None] = [None] * len(task.ids)
         self._replaced: list[Replaced] = []
         # Samples whose bytes are in, waiting for a decode thread. A drain task takes them a chunk at a time
@@ -252,7 +252,7 @@ class BatchRun:
         each sample."""
         seeds, ids = self._task.seeds, self._task.ids
         items = [(int(ids[i]), self._uri(i), rec, int(seeds[i]), self._slots(i)) for i, rec in chunk]
-        for (i, _), (failure, values) in zip(chunk, self._member.make_samples(items)):
+        for (i, _), (failure, values) in zip(chunk, self._member.make_samples(items), strict=True):
             self._values[i] = values
             self.finish(i, failure)
 
@@ -300,7 +300,9 @@ class BatchRun:
             for name in names:
                 column = [v[name] for v in values]
                 image = self._images.get(name)
-                if image is not None and all(c is s for c, s in zip(column, self._slot_views(name, rows))):
+                if image is not None and all(
+                    c is s for c, s in zip(column, self._slot_views(name, rows), strict=True)
+                ):
                     batch[name] = image if full else image[ok]  # the user's stage kept the slot itself
                     continue
                 field = kinds.get(name)

@@ -41,7 +41,7 @@ def make_state(size: int, seed: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
     )
     gen = torch.Generator().manual_seed(seed)
     state = {}
-    for (name, dtype), lo, hi in zip(layout, cuts, cuts[1:]):
+    for (name, dtype), lo, hi in zip(layout, cuts, cuts[1:], strict=False):
         count = (hi - lo) // dtype.itemsize
         flat = torch.frombuffer(blob, dtype=dtype, offset=lo, count=count)
         flat.normal_(0.0, 0.02, generator=gen)

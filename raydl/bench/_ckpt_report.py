@@ -138,7 +138,9 @@ def _grid(cols: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(cols)]
 
     def fmt_row(cells):  # the first column left, the rest right
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     return [fmt_row(cols), "  ".join("-" * w for w in widths), *(fmt_row(b) for b in body)]
 

@@ -187,7 +187,7 @@ class _WdsTransform:
 def _collate(samples: list) -> tuple:
     import torch
 
-    images, captions, metas = zip(*samples)
+    images, captions, metas = zip(*samples, strict=True)
     return torch.stack(images), list(captions), list(metas)
 
 

@@ -63,6 +63,7 @@ class CountingProxy(LatencyProxy):
     def _read(self, src, chunks, delay_s: float) -> None:  # type: ignore[override]
         try:
             while data := src.recv(1 << 16):
+                self._count_waiting(1)
                 chunks.put((time.monotonic() + delay_s, data))
                 found = _REQUEST.findall(data)
                 if found:

@@ -95,7 +95,7 @@ def _etags(n: int, seed: int) -> pa.Array:
 def _objects(table: pa.Table) -> list[ObjectInfo]:
     """The shards as the ObjectInfos a listing makes (one Python object, URI and etag each)."""
     d = table.to_pydict()
-    return [ObjectInfo(u, s, e) for u, s, e in zip(d["uri"], d["size"], d["etag"])]
+    return [ObjectInfo(u, s, e) for u, s, e in zip(d["uri"], d["size"], d["etag"], strict=True)]
 
 
 def _fixed_width(rows: np.ndarray) -> pa.Array:

@@ -31,6 +31,10 @@ class LatencyProxy:
         self.upstream = (host, port)
         self.delay_s = delay_s
         self.connections = 0  # accepted so far
+        # Chunks (requests) held for their delay right now, and the most held at once since the last
+        # reset_peak(): how many requests a client keeps in flight, seen from the wire
+        self.waiting = 0
+        self.peak_waiting = 0
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=512)
         self.port = self._listener.getsockname()[1]
         self._closed = False
@@ -77,6 +81,8 @@ class LatencyProxy:
                     while (left := due - time.monotonic()) > 0:
                         time.sleep(left)
                 dst.sendall(item)
+                if delay_s:
+                    self._count_waiting(-1)
         except OSError:
             pass
         finally:
@@ -86,10 +92,19 @@ class LatencyProxy:
                 except OSError:
                     pass
 
-    @staticmethod
-    def _read(src: socket.socket, chunks: queue.SimpleQueue, delay_s: float) -> None:
+    def _count_waiting(self, change: int) -> None:
+        with self._lock:
+            self.waiting += change
+            self.peak_waiting = max(self.peak_waiting, self.waiting)
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak_waiting = self.waiting
+
+    def _read(self, src: socket.socket, chunks: queue.SimpleQueue, delay_s: float) -> None:
         try:
             while data := src.recv(_CHUNK):
+                self._count_waiting(1)
                 chunks.put((time.monotonic() + delay_s, data))
         except OSError:
             pass

@@ -134,7 +134,7 @@ def format_table(summary: list[dict], *, header: str, rate: str = "images/s") ->
         )
     widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
     fmt_row = lambda cells: "  ".join(  # noqa: E731 - the first column left, numbers right
-        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
     )
     lines.append(fmt_row(cols))
     lines.append("  ".join("-" * w for w in widths))
@@ -179,7 +179,7 @@ def write_plot(summary: list[dict], path: str, *, title: str) -> None:
         ("cpu_s_per_image", "CPU ms per image", 1000.0),
     )
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
-    for ax, (key, label, scale) in zip(axes, panels):
+    for ax, (key, label, scale) in zip(axes, panels, strict=True):
         rows = [
             r
             for r in summary

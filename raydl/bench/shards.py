@@ -45,7 +45,7 @@ def write_webdataset(folder: str, out: str, *, per_shard: int = 256) -> list[str
     for s in range(0, len(keys), per_shard):
         path = os.path.join(out, f"shard-{s // per_shard:06d}.tar")
         with tarfile.open(path, "w") as tar:
-            for key, label in zip(keys[s : s + per_shard], labels[s : s + per_shard]):
+            for key, label in zip(keys[s : s + per_shard], labels[s : s + per_shard], strict=True):
                 stem = key.rsplit(".", 1)[0]
                 for name, data in (
                     (key, Path(folder, key).read_bytes()),

@@ -65,7 +65,7 @@ def broadcast(
     refs = ray.get([t.prepare.remote(ref) for t in targets], timeout=timeout)
     calls = [
         t.pull.remote(sources, timeout=timeout, window_bytes=window_bytes, link_gbps=link_gbps)
-        for t, sources in zip(targets, chain_sources(ref, refs))
+        for t, sources in zip(targets, chain_sources(ref, refs), strict=True)
     ]
     results, failed = [], []
     for i, call in enumerate(calls):

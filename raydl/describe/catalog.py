@@ -255,7 +255,9 @@ def catalog_sizes(catalog: Catalog) -> HeaderSizes:
             f"not for a {catalog.source.name} source ({catalog.root!r})"
         )
     storage, shards = catalog.storage, catalog.shards.to_pydict()
-    objects = [ObjectInfo(u, s, e) for u, s, e in zip(shards["uri"], shards["size"], shards["etag"])]
+    objects = [
+        ObjectInfo(u, s, e) for u, s, e in zip(shards["uri"], shards["size"], shards["etag"], strict=True)
+    ]
     shard_of = catalog.column("shard")
 
     def read(shard: int, length: int | None) -> bytes:

@@ -100,11 +100,11 @@ class Mixture:
             raise ValueError(f"mix(): batching must be one of {list(BATCHINGS)}, got {self.batching!r}")
         if len(self.weights) != len(self.members):
             raise ValueError("mix(): one weight per dataset")
-        for m, w in zip(self.members, self.weights):
+        for m, w in zip(self.members, self.weights, strict=True):
             if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
                 raise ValueError(f"mix(): the weight of {m.name!r} is {w!r}; weights must be finite and >= 0")
         if not any(self.weights):
-            raise ValueError(f"mix(): every weight is 0 ({dict(zip(self.names, self.weights))})")
+            raise ValueError(f"mix(): every weight is 0 ({dict(zip(self.names, self.weights, strict=True))})")
         if not isinstance(self.epoch_size, int) or isinstance(self.epoch_size, bool) or self.epoch_size < 1:
             raise ValueError(f"mix(): epoch_size must be a positive int, got {self.epoch_size!r}")
         if not self.single:

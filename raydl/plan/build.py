@@ -109,7 +109,7 @@ def _mix_plan(
     programs = [m.pipeline.program for m in mixture.members]
     bucketed = programs[0] is not None and programs[0].buckets is not None
     sources, weights, owners, buckets, unsized = [], [], [], [], []
-    for i, (m, w) in enumerate(zip(mixture.members, mixture.weights)):
+    for i, (m, w) in enumerate(zip(mixture.members, mixture.weights, strict=True)):
         if not bucketed:
             window = part_window(m.catalog, config)
             counts = m.catalog.column("count") if window else None

@@ -323,7 +323,7 @@ class MixEpoch:
         shares = np.asarray(plan.shares, np.int64)
         self._streams = [
             SourceStream(src, int(share), i, seed=seed, epoch=epoch, shuffle=shuffle)
-            for i, (src, share) in enumerate(zip(plan.sources, shares))
+            for i, (src, share) in enumerate(zip(plan.sources, shares, strict=True))
         ]
         self._ids, self._slots = plan.id_offsets, plan.slot_offsets
         if plan.per_source:

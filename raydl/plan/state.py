@@ -16,7 +16,7 @@ def check_mix_state(theirs: dict | None, mine: dict | None) -> None:
     for key, value in mine.items():
         if theirs.get(key) != value:
             if key in ("sample_weights", "fingerprints"):
-                pairs = zip(mine["sources"], theirs.get(key) or [], value)
+                pairs = zip(mine["sources"], theirs.get(key) or [], value, strict=False)
                 changed = [n for n, a, b in pairs if a != b] or mine["sources"]
             if key == "sample_weights":
                 raise ValueError(
@@ -29,8 +29,8 @@ def check_mix_state(theirs: dict | None, mine: dict | None) -> None:
                     "it into a loader of the same mix"
                 )
             if key == "weights":
-                was = dict(zip(theirs.get("sources", []), theirs.get("weights", [])))
-                now = dict(zip(mine["sources"], value))
+                was = dict(zip(theirs.get("sources", []), theirs.get("weights", []), strict=False))
+                now = dict(zip(mine["sources"], value, strict=True))
                 raise ValueError(
                     f"cannot resume: the mix's weights changed: the state has {was}, this loader {now}; "
                     "resume with the same weights (or start a new epoch plan without the state)"

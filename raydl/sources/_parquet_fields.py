@@ -307,7 +307,7 @@ class RowGroupValues:
     def __init__(self, selection: Selection, columns: dict[str, pa.Array], rows: int) -> None:
         """`columns`: each selected column's decoded array, by its name in the file."""
         self.rows, self.nbytes, self._get = rows, 0, []
-        for column, how in zip(selection.columns, selection.how):
+        for column, how in zip(selection.columns, selection.how, strict=True):
             if column is None:  # the image-and-label record's label, without a label column
                 self._get.append(lambda _row: -1)
                 continue

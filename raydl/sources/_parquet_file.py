@@ -107,7 +107,7 @@ def label_leaf(footer: Footer, column: str, uri: str) -> int:
 def needed_leaves(footer: Footer, selection: Selection, uri: str) -> tuple[int, ...]:
     """The leaf columns the selection reads, in the file's order; its label column checked to be integers."""
     leaves: set[int] = set()
-    for path, how in zip(selection.paths, selection.how):
+    for path, how in zip(selection.paths, selection.how, strict=True):
         if path is not None:
             leaves.update(
                 (label_leaf(footer, path, uri),) if how == "label" else leaves_of(footer, path, uri)

@@ -208,13 +208,16 @@ class ParquetSource(Source):
         shard = cols["shard"].astype(np.int64)
         files = _Files(catalog, np.unique(shard))
         names = {s: info.uri.rsplit("/", 1)[-1] for s, info in files.infos.items()}
-        keys = [f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), cols["rg"].tolist(), row.tolist())]
+        keys = [
+            f"{names[s]}#{g}:{r}"
+            for s, g, r in zip(shard.tolist(), cols["rg"].tolist(), row.tolist(), strict=True)
+        ]
         offset, length = cols["offset"].copy(), cols["length"].copy()
         reads: list = [None] * len(ids)
         errors: dict[int, DataSourceError] = {}
         footers = self._footers(catalog, files)
         parts = np.unique(part)
-        for p, idx in zip(parts.tolist(), _members(part, parts)):
+        for p, idx in zip(parts.tolist(), _members(part, parts), strict=True):
             try:
                 read = _Part(self._row_group(catalog, files, footers, p), catalog.storage)
             except DataSourceError as exc:
@@ -241,7 +244,13 @@ class ParquetSource(Source):
         out = {s: self._footer(catalog, files.infos[s], s, cached_only=True) for s in files.infos}
         missing = [s for s, f in out.items() if f is None]
         if len(missing) > 1:
-            out.update(zip(missing, _pool().map(lambda s: self._footer(catalog, files.infos[s], s), missing)))
+            out.update(
+                zip(
+                    missing,
+                    _pool().map(lambda s: self._footer(catalog, files.infos[s], s), missing),
+                    strict=True,
+                )
+            )
         elif missing:
             out[missing[0]] = self._footer(catalog, files.infos[missing[0]], missing[0])
         return out
@@ -336,7 +345,7 @@ class ParquetSource(Source):
                 f"{read.uri}: row group {read.rg} holds {values.rows} rows, not row {row}", uri=read.uri
             )
         cells = values.row(row)
-        record = dict(zip(self.selection.names, cells))
+        record = dict(zip(self.selection.names, cells, strict=True))
         if any(c is MISSING for c in cells):
             self._missing(read, located.key[i], record)
         return record
@@ -344,7 +353,7 @@ class ParquetSource(Source):
     def _missing(self, read: _RowGroupRead, key: str, record: dict) -> None:
         """The MissingFieldError of a row whose array field is null: the sample's own defect, which on_error
         settles."""
-        for f, column in zip(self.fields, self.selection.columns):
+        for f, column in zip(self.fields, self.selection.columns, strict=True):
             if record[f.name] is MISSING:
                 raise MissingFieldError(
                     f"{self.sample_uri(read.uri, key)}: field {f.name!r} (column {column!r}) is "

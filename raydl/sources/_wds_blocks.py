@@ -183,7 +183,10 @@ def decode_block(data: bytes, shard: ObjectInfo, where: str) -> MemberBlock:
         raise bad("trailing bytes")
     starts = np.concatenate([[0], ends[:-1]]) if n else ends
     raw = bytes(text)
-    names = [raw[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts.tolist(), ends.tolist())]
+    names = [
+        raw[a:b].decode("utf-8", "surrogateescape")
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+    ]
     block = MemberBlock(names, offsets, sizes)
     check_block(block, shard, where)
     return block

@@ -131,8 +131,8 @@ class WebDatasetSource(Source):
             length[rows] = blk.length[at]
             # a sample's own bytes (for max_sample_bytes): its image (image and label), or its fields' members
             size[rows] = blk.image_len[at] if self.select is None else blk.size[at].sum(axis=1)
-            spans = zip(blk.at[at].tolist(), blk.size[at].tolist(), blk.choice[at].tolist())
-            for i, j, (where, sizes, choice) in zip(rows.tolist(), at.tolist(), spans):
+            spans = zip(blk.at[at].tolist(), blk.size[at].tolist(), blk.choice[at].tolist(), strict=True)
+            for i, j, (where, sizes, choice) in zip(rows.tolist(), at.tolist(), spans, strict=True):
                 keys[i] = blk.keys[j]
                 members[i] = MemberSpans(info.uri, where, sizes, choice)
                 error = self._unfit(info.uri, blk.keys[j], int(blk.start[j]), where, sizes)
@@ -204,7 +204,7 @@ class WebDatasetSource(Source):
         """Why a sample cannot be had, known before it is read: a selected field missing, no image, a
         label member too large to be one."""
         if self.select is not None:
-            for (name, exts), at in zip(self.select, where):
+            for (name, exts), at in zip(self.select, where, strict=True):
                 if at < 0:
                     return lacks(uri, key, name, exts)
             return None
@@ -239,7 +239,9 @@ class WebDatasetSource(Source):
             return self._cut_image_and_label(located.key[i], spans, data)
         uri = spans.shard_uri
         record: dict[str, object] = {}
-        for (name, exts), at, size, k in zip(self.select, spans.offsets, spans.sizes, spans.choices):
+        for (name, exts), at, size, k in zip(
+            self.select, spans.offsets, spans.sizes, spans.choices, strict=True
+        ):
             if at < 0:
                 raise lacks(uri, located.key[i], name, exts)
             try:

@@ -167,7 +167,7 @@ class _Scan:
         base = folder if folder.endswith(os.sep) else folder + os.sep  # os.path.join(folder, name)
         every = "\0".join(names) + "\0"  # no name holds a NUL: one string to look at them all in C
         if not base.startswith(self.prefix) or "\\" in base or "\\" in every:
-            for name, size in zip(names, sizes):  # keys made otherwise: the general path
+            for name, size in zip(names, sizes, strict=True):  # keys made otherwise: the general path
                 self.add(ObjectInfo(base + name, size))
             return
         rel = base[len(self.prefix) :].lstrip("/")
@@ -183,7 +183,9 @@ class _Scan:
         self.plain = self.plain and head == self.head
         if self.ordered:
             first = rel + names[0]
-            self.ordered = not first < self.last and all(a <= b for a, b in zip(names, names[1:]))
+            self.ordered = not first < self.last and all(
+                a <= b for a, b in zip(names, names[1:], strict=False)
+            )
         self.last = rel + names[-1]
         top, sep, _ = rel.partition("/")
         if sep:

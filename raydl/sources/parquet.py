@@ -253,7 +253,7 @@ def list_parquet(
     with ThreadPoolExecutor(max(1, min(_LISTING_THREADS, len(files) - 1))) as pool:
         rest = list(pool.map(lambda f: _index_file(storage, f, guess, lambda *_: chosen[0]), files[1:]))
     indexed = [head, *rest]
-    for info, fi in zip(files[1:], rest):
+    for info, fi in zip(files[1:], rest, strict=True):
         if fi.stored_as != head.stored_as:
             raise ValueError(
                 f"{info.uri} stores the selected columns as {_describe(fi.stored_as)}, but {files[0].uri} "
@@ -288,6 +288,7 @@ def read_column(catalog: Catalog, name: str) -> np.ndarray:
         StringColumn(catalog.shards.column("uri")),
         int_column(catalog.shards.column("size")),
         StringColumn(catalog.shards.column("etag")),
+        strict=True,
     ):
         info = ObjectInfo(uri, int(size), etag)
         md = parse_footer(read_footer(storage, info))

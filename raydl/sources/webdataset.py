@@ -246,7 +246,7 @@ def _catalog(
 ) -> Catalog:
     """The catalog of the shards that hold samples (a shard with none is no part: parts hold samples)."""
     keep = counts > 0
-    kept = [s for s, k in zip(shards, keep) if k]
+    kept = [s for s, k in zip(shards, keep, strict=True) if k]
     return make_catalog(
         root=_root(infos),
         storage=storage,
@@ -302,7 +302,7 @@ def _build_all(storage: Storage, todo: list[Shard]) -> None:
         f"raydl: indexing {len(infos)} shards",
         ray_fn=lambda items, bar: _build_on_ray(storage, items, bar),
     )
-    for s, key, got in zip(todo, keys, results):
+    for s, key, got in zip(todo, keys, results, strict=True):
         if isinstance(got, Exception):
             raise got
         if _wds_index.cache_get(s.info, header_only=True) is None:
@@ -322,7 +322,7 @@ def _read_dali_all(storage: Storage, todo: list[Shard], explicit: bool) -> list[
         return block
 
     failed = []
-    for s, got in zip(todo, _run(read, todo, f"raydl: reading {len(todo)} shard indexes")):
+    for s, got in zip(todo, _run(read, todo, f"raydl: reading {len(todo)} shard indexes"), strict=True):
         if isinstance(got, DataSourceError) and not explicit:
             logger.warning("raydl: %s; indexing %s itself", got, s.info.uri)
             s.kind, s.index_uri = BUILD, ""
@@ -397,7 +397,7 @@ def _build_on_ray(storage: Storage, infos: list[ObjectInfo], bar) -> list:
             done += len(results[r])
             bar.update(done)
     out = []
-    for r, chunk in zip(refs, chunks):
-        for info, got in zip(chunk, results[r]):
+    for r, chunk in zip(refs, chunks, strict=True):
+        for info, got in zip(chunk, results[r], strict=True):
             out.append(got if isinstance(got, Exception) else _wds_index.decode_block(got, info, info.uri))
     return out

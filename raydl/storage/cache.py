@@ -164,12 +164,12 @@ class CachedStorage(BaseStorage):
             if len(got) == 1:
                 return got[0]
             block = bytearray(length)  # the gaps between the pieces (tar headers) are never cut from
-            for (o, n), g in zip(pieces, got):
+            for (o, n), g in zip(pieces, got, strict=True):
                 block[o - offset : o - offset + n] = g
             return bytes(block)
         evicted = self.cache.forget_other_etags(uri, etag, store=store)
         data = self.inner.read_range(uri, offset, length, etag=etag)
-        for (o, n), g in zip(pieces, got):
+        for (o, n), g in zip(pieces, got, strict=True):
             if g is None:
                 piece = data if n == length else data[o - offset : o - offset + n]
                 if self._behind is not None:  # fsyncs (about 1 ms an entry) off the batch's critical path

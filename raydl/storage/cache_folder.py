@@ -89,7 +89,8 @@ class CacheFolder:
         try:
             parent = os.path.dirname(self.path)
             try:
-                os.makedirs(parent, exist_ok=True)  # above the cache: made as any folder is (the umask's mode)
+                # above the cache: made as any folder is (the umask's mode)
+                os.makedirs(parent, exist_ok=True)
             except FileExistsError as exc:  # PARENT itself is there, and is not a folder
                 raise NotADirectoryError(errno.ENOTDIR, "is not a folder", parent) from exc
             self.root = self._open_dir(None, self.path, self.path)

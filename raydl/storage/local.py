@@ -93,7 +93,7 @@ class LocalStorage(BaseStorage):
             yield self.stat(prefix)
             return
         for folder, names, sizes in self.list_folders(prefix):
-            for name, size in zip(names, sizes):
+            for name, size in zip(names, sizes, strict=True):
                 yield ObjectInfo(os.path.join(folder, name), size)
 
     def list_folders(self, prefix: str) -> Iterator[tuple[str, list[str], list[int]]]:

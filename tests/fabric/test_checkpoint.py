@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import ray
 from ray.cluster_utils import Cluster
@@ -218,8 +219,8 @@ def test_publisher_death_is_an_error_naming_it_within_5s(cluster, tmp_path):
     pub = Publisher.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
         _other_node(cluster), soft=False)).remote()
     ref = ray.get(pub.publish.remote(6))
-    pub.die.remote()
-    time.sleep(1.0)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(pub.die.remote(), timeout=60)  # fails once its process is gone
     t0 = time.monotonic()
     with pytest.raises(CheckpointError, match=r"127\.0\.0\.1.*dead|dead.*127\.0\.0\.1"):
         checkpoint.fetch(ref, into=tmp_path / "x.safetensors")
@@ -242,7 +243,7 @@ def test_a_node_without_fabric_fetches_through_the_object_store(cluster):
     pub = Publisher.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
         _other_node(cluster), soft=False)).remote()
     refs = [checkpoint.publish(_state(11)), ray.get(pub.publish.remote(11))]
-    for ref, transport in zip(refs, ("auto", "object_store")):
+    for ref, transport in zip(refs, ("auto", "object_store"), strict=True):
         assert ref.transports == ("fabric", "object_store")
         assert ray.get(_fetch_without_fabric.remote(ref, transport)) == ("object_store", expected)
     checkpoint.unpublish(refs[0])
@@ -319,7 +320,7 @@ def test_broadcast_pipelines_under_a_link_limit(cluster):
         link_s = ref.size / (0.1e9 / 8)  # 1.3 s: far longer than a hop's set-up
         for r in results:  # the limit holds: the link, not the CPU, sets the pace (16 windows, the first free)
             assert r["last_window_at"] - r["first_window_at"] > 0.8 * link_s * 15 / 16, r
-        for up, down in zip(results, results[1:]):  # a chain that waited for whole copies would not overlap
+        for up, down in zip(results, results[1:], strict=False):  # a chain that waited for whole copies would not overlap
             assert down["first_window_at"] < up["last_window_at"], (up, down)
         expected = {"w": ("torch.float32", (16 << 18,), float(_big_state(16)["w"].double().sum()))}
         assert ray.get(peers[3].summary.remote(ref.key)) == expected
@@ -341,9 +342,10 @@ def test_broadcast_falls_back_to_the_publisher_under_a_link_limit(cluster):
         # 16 MiB at 0.1 Gbit/s is 1.3 s a hop: peer 0 cannot be done when it is killed 0.5 s in
         # (at 0.5 Gbit/s it could be, and then nobody needs to fall back).
         calls = [p.pull.remote(src, timeout=30, window_bytes=1 << 20, link_gbps=0.1)
-                 for p, src in zip(peers, chain_sources(ref, refs))]
-        time.sleep(0.5)  # peer 0 holds part of it now
+                 for p, src in zip(peers, chain_sources(ref, refs), strict=True)]
+        held = _wait_for_chunks(refs[0], 1)  # peer 0 holds part of it now
         ray.kill(peers[0])
+        assert held < 16  # killed mid-transfer: 16 chunks of 1 MiB
         second, third = ray.get(calls[1:], timeout=60)
         assert second["retried"] == 1 and second["source"] == ref.holder
         assert third["source"] == refs[1].holder
@@ -354,6 +356,20 @@ def test_broadcast_falls_back_to_the_publisher_under_a_link_limit(cluster):
             ray.get(p.close.remote())
             ray.kill(p)
         checkpoint.unpublish(ref)
+
+
+def _wait_for_chunks(ref, at_least: int, timeout_s: float = 30.0) -> int:
+    """Wait until the peer holding `ref` (its prepared copy) has verified `at_least` chunks; returns how many.
+    Its progress word sits after the bytes in the region it serves, which any client may read."""
+    word = np.zeros(1, np.int64)
+    deadline = time.monotonic() + timeout_s
+    with pyfi.connect(ref.fabric) as conn:
+        while True:
+            conn.read_into(word, offset=ref.progress_at, timeout=10)
+            if word[0] >= at_least:
+                return int(word[0])
+            assert time.monotonic() < deadline, f"the peer holds {word[0]} chunks after {timeout_s} s"
+            time.sleep(0.005)
 
 
 @ray.remote(num_cpus=0)

@@ -113,7 +113,7 @@ def test_regions_come_and_go_beside_the_serving_thread_on_a_domain_that_is_not_t
         regions = [_bytes(1 << 16, seed) for seed in range(4)]
         servers = [endpoint.serve(r) for r in regions]      # each waits for a gap between serving slices
         with pyfi.connect(servers[0].address) as conn0:
-            for server, want in zip(servers, regions):
+            for server, want in zip(servers, regions, strict=True):
                 with pyfi.connect(server.address) as conn:
                     got = np.zeros_like(want)
                     conn.read_into(got)

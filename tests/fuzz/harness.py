@@ -4,7 +4,12 @@ A target is a module (tests/fuzz/targets/NAME.py) with:
 - ``seeds() -> list[bytes]``: the seed corpus, built in code so the target runs anywhere;
 - ``run_one(data: bytes) -> None``: exercises one parser or decoder on one input;
 - ``ALLOWED`` (optional): the exception types ``run_one`` may raise, by default
-  ``(raydl.errors.RaydlError,)``.
+  ``(raydl.errors.RaydlError,)``;
+- ``MIN_INPUTS`` and ``MIN_ACCEPTED``: the floor of a run. It goes on past ``--seconds`` (up to
+  ``--max-seconds``) until it has run MIN_INPUTS inputs and MIN_ACCEPTED of them went through
+  ``run_one`` without an allowed error (past every check, so past the first); a run that ends below
+  its floor fails. A target that refuses every input, or one slowed to a crawl, is then a failure,
+  not "no finding".
 
 Inputs are seeds changed by mutations (bit flips, bytes, interesting integers and strings,
 inserts, deletes, repeats, splices, truncation), plus raw bytes, all derived from integers that
@@ -22,7 +27,8 @@ tests/fuzz/test_fuzz.py runs every target through this script for ``RAYDL_FUZZ_S
 
     .venv/bin/python tests/fuzz/harness.py tests/fuzz/targets/tar_index.py --seconds 3600 --seed random
 
-The run is reproducible for a given ``--seed`` (default 0, what CI uses).
+The run is reproducible for a given ``--seed`` (default 0; scripts/test.sh draws a fresh one each run
+and prints it, and the harness prints the seed it used).
 """
 
 from __future__ import annotations
@@ -152,7 +158,16 @@ class Runner:
         self.per_input_s = per_input_s
         self.count = 0
         self.rejected = 0
+        self.min_inputs = int(module.MIN_INPUTS)
+        self.min_accepted = int(module.MIN_ACCEPTED)
         self.failed = False  # once set, inputs run past the time budget so Hypothesis can shrink
+
+    @property
+    def accepted(self) -> int:
+        return self.count - self.rejected
+
+    def floor_reached(self) -> bool:
+        return self.count >= self.min_inputs and self.accepted >= self.min_accepted
 
     def __call__(self, data: bytes) -> None:
         self.current.write_bytes(data)
@@ -169,19 +184,26 @@ class Runner:
             self.count += 1
 
 
-def fuzz(runner: Runner, corpus: list[bytes], seconds: float, base_seed: int) -> int:
-    """Hypothesis rounds of ROUND_EXAMPLES inputs each, until ``seconds`` have passed; returns rounds run."""
-    end = time.monotonic() + seconds
+def fuzz(runner: Runner, corpus: list[bytes], seconds: float, base_seed: int, max_seconds: float) -> int:
+    """Hypothesis rounds of ROUND_EXAMPLES inputs each, until ``seconds`` have passed and the target's floor is
+    reached, or ``max_seconds`` have passed; returns rounds run."""
+    start = time.monotonic()
+    end, last = start + seconds, start + max(seconds, max_seconds)
+
+    def going() -> bool:
+        now = time.monotonic()
+        return now < last and (now < end or not runner.floor_reached())
+
     rounds = 0
     strategy = st.integers(0, 2**64 - 1)
-    while time.monotonic() < end:
+    while going():
 
         @settings(max_examples=ROUND_EXAMPLES, deadline=None, database=None, derandomize=False,
                   suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
         @hypothesis_seed(base_seed + rounds)
         @given(strategy)
         def one_round(example: int) -> None:
-            if runner.failed or time.monotonic() < end:
+            if runner.failed or going():
                 for data in mutants(example, corpus):
                     runner(data)
 
@@ -194,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", type=Path)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="how long a run below its floor goes on (default 3 x --seconds)")
     parser.add_argument("--seed", default="0", help="an integer, or 'random'")
     parser.add_argument("--memory-mb", type=int, default=1536, help="address space allowed above the baseline")
     parser.add_argument("--per-input-s", type=float, default=5.0)
@@ -204,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(all_threads=True)
 
     module = load_target(args.target)
+    if not all(hasattr(module, name) for name in ("MIN_INPUTS", "MIN_ACCEPTED")):
+        print(f"fuzz: {args.target}: declare MIN_INPUTS and MIN_ACCEPTED, the floor of a run", file=sys.stderr)
+        return 2
     corpus = list(module.seeds())
     if not corpus:
         print(f"fuzz: {args.target}: seeds() gave no seeds", file=sys.stderr)
@@ -211,20 +238,27 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(module, args.out, args.per_input_s)
     for data in corpus:  # warms the target's imports and caches before the limit is set
         runner(data)
+    runner.count = runner.rejected = 0  # the floor counts mutated inputs, not the seeds
     limit = _address_space() + args.memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     started = time.monotonic()
     try:
-        rounds = fuzz(runner, corpus, args.seconds, base_seed)
+        rounds = fuzz(runner, corpus, args.seconds, base_seed, 3 * args.seconds if args.max_seconds is None
+                      else args.max_seconds)
     except Exception:
         traceback.print_exc()
         print(f"fuzz: {args.target.stem}: FINDING after {runner.count} inputs (seed {base_seed}); "
               f"the last input is in {runner.current}", file=sys.stderr)
         return 1
     took = time.monotonic() - started
-    print(f"fuzz: {args.target.stem}: {runner.count} inputs ({runner.rejected} rejected with an allowed error) "
-          f"in {rounds} rounds, {took:.1f} s, seed {base_seed}, no finding")
+    counts = (f"{runner.count} inputs ({runner.rejected} rejected with an allowed error, {runner.accepted} "
+              f"accepted; floor {runner.min_inputs} and {runner.min_accepted}) in {rounds} rounds, {took:.1f} s, "
+              f"seed {base_seed}")
+    if not runner.floor_reached():
+        print(f"fuzz: {args.target.stem}: BELOW ITS FLOOR: {counts}", file=sys.stderr)
+        return 3
+    print(f"fuzz: {args.target.stem}: {counts}, no finding")
     runner.current.unlink(missing_ok=True)
     return 0
 

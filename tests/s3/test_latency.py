@@ -37,8 +37,10 @@ def _rate(endpoint: str, bucket: str, concurrency: int, n: int = N) -> float:
 
 
 def test_one_worker_hides_per_request_latency(moto_server, bucket):
-    """With 50 ms added to every request, one worker fetches at >= half of min(max_concurrency / 0.05, the server's
-    own ceiling), and at >= 2x the rate of one request at a time (at most 20 req/s), all measured in this test."""
+    """With 50 ms added to every request, one worker keeps max_concurrency GETs waiting out their latency at
+    once (seen at the proxy), and one at a time when max_concurrency is 1, so 50 ms per request costs about
+    1/max_concurrency of it. How fast that reads is a timing claim, measured by `raydl bench storage`
+    against min(concurrency / delay, the server's ceiling); a shared machine's clock only prints it here."""
     blobs = {}
     for i in range(N):
         b = io.BytesIO()
@@ -46,18 +48,14 @@ def test_one_worker_hides_per_request_latency(moto_server, bucket):
         blobs[f"tiny/c{i % 2}/{i:03d}.png"] = b.getvalue()
     put_many(bucket, blobs)
     host, port = moto_server.removeprefix("http://").split(":")
-    with LatencyProxy(host, int(port), delay_s=0.0) as direct:
-        ceiling = _rate(direct.url, bucket, CONCURRENCY)
-    ideal = min(CONCURRENCY / DELAY_S, ceiling)
     with LatencyProxy(host, int(port), delay_s=DELAY_S) as slow:
         serial = _rate(slow.url, bucket, 1, n=16)
+        serial_peak = slow.peak_waiting
+        slow.reset_peak()
         delayed = _rate(slow.url, bucket, CONCURRENCY)
-        for _ in range(2):  # a shared 2-core machine can halve one measurement (48.5 of 50.3 once): best of 3
-            if delayed >= 0.5 * ideal:
-                break
-            delayed = max(delayed, _rate(slow.url, bucket, CONCURRENCY))
-    print(f"ceiling {ceiling:.0f} req/s; with {DELAY_S * 1000:.0f} ms: {delayed:.0f} req/s "
-          f"({delayed / ideal:.2f} of min({CONCURRENCY / DELAY_S:.0f}, ceiling)), one at a time {serial:.1f} req/s")
-    assert serial <= 1 / DELAY_S  # the proxy does add the latency
-    assert delayed >= 0.5 * ideal
-    assert delayed >= 2 * serial
+        peak = slow.peak_waiting
+    print(f"with {DELAY_S * 1000:.0f} ms: {delayed:.0f} req/s at most {peak} in flight, one at a time "
+          f"{serial:.1f} req/s")
+    assert serial <= 1 / DELAY_S  # the proxy does add the latency (a lower bound on time: no clock flakes it)
+    assert serial_peak == 1  # max_concurrency=1: one request at a time
+    assert peak == CONCURRENCY  # every IO thread's request waits out its latency beside the others'

@@ -28,7 +28,7 @@ def _epochs(ds, n, cache, **kw):
 
 def _same(a, b):
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["image"], y["image"])
 

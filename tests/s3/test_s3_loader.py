@@ -27,7 +27,7 @@ def test_same_ids_labels_and_pixels_from_s3_as_from_disk(ray_s3, moto_server, bu
     with _pipeline(remote).loader(batch_size=16, seed=5) as a, _pipeline(local).loader(batch_size=16, seed=5) as b:
         ea, eb = list(a.iterator(0).iter_batches()), list(b.iterator(0).iter_batches())
     assert len(ea) == len(eb) == 4
-    for x, y in zip(ea, eb):
+    for x, y in zip(ea, eb, strict=True):
         np.testing.assert_array_equal(x["id"], y["id"])
         np.testing.assert_array_equal(x["label"], y["label"])
         np.testing.assert_array_equal(x["image"], y["image"])
@@ -60,7 +60,7 @@ def _folder_as_shards(root, out_dir, per_shard=20):
     out_dir.mkdir()
     for s in range(0, len(keys), per_shard):
         with tarfile.open(out_dir / f"shard-{s // per_shard:03d}.tar", "w") as tar:
-            for key, label in zip(keys[s:s + per_shard], labels[s:s + per_shard]):
+            for key, label in zip(keys[s:s + per_shard], labels[s:s + per_shard], strict=True):
                 stem = key.rsplit(".", 1)[0]
                 for name, data in ((key, (root / key).read_bytes()), (stem + ".cls", str(label).encode()),
                                    (stem + ".txt", f"caption of {key}".encode())):
@@ -94,8 +94,9 @@ def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_serv
         k.rsplit(".", 1)[0] for k in folder.catalog.samples().key]
 
     ref = _epoch(folder, shuffle=False, seed=2)
+    assert len(ref) == 4 and sum(len(b["id"]) for b in ref) == 61  # 61 samples in batches of 16
     for ds in (local, table):
-        for x, y in zip(_epoch(ds, shuffle=False, seed=2), ref):
+        for x, y in zip(_epoch(ds, shuffle=False, seed=2), ref, strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
             np.testing.assert_array_equal(x["label"], y["label"])
             np.testing.assert_array_equal(x["image"], y["image"])
@@ -103,7 +104,9 @@ def test_webdataset_and_parquet_give_the_image_folders_samples(ray_s3, moto_serv
                                       s3=s3)
     local_fields = raydl.read_webdataset(str(tmp_path / "wds" / pattern), fields=fields)
     for a, b in ((remote, local_fields), (remote_table, table)):  # shuffled: same order from S3 as from disk
-        for x, y in zip(_epoch(a, seed=9), _epoch(b, seed=9), strict=True):
+        got, want = _epoch(a, seed=9), _epoch(b, seed=9)
+        assert len(want) == 4
+        for x, y in zip(got, want, strict=True):
             np.testing.assert_array_equal(x["id"], y["id"])
             np.testing.assert_array_equal(x["label"], y["label"])
             np.testing.assert_array_equal(x["image"], y["image"])

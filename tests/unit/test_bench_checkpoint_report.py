@@ -8,7 +8,7 @@ METHODS = ["raydl_fabric", "raydl_object_store", "ray_get", "pyfi_raw"]
 
 def _runs() -> list[dict]:
     runs = [{"step": m, "ok": True, "gbps": g, "seconds": 0.064 / g}
-            for m, g in zip(METHODS, [0.12, 0.34, 0.37, 2.19])]
+            for m, g in zip(METHODS, [0.12, 0.34, 0.37, 2.19], strict=True)]
     return runs + [{"step": "broadcast", "ok": True, "peers": p, "seconds": 0.6 + 0.1 * p,
                     "slowest_peer_seconds": 0.5 + 0.1 * p, "peer_cpu_seconds": [0.1] * p,
                     "fill_seconds": 0.05 * p} for p in (1, 4, 8)]

@@ -353,7 +353,7 @@ def test_token_parquet_holds_rows_of_2048_int32_tokens(tmp_path):
         assert 0 <= tokens.min() and tokens.max() < VOCAB
         np.testing.assert_array_equal(_to_numpy(column.combine_chunks().slice(1, 2)), tokens[1:3])
     again = write_token_parquet(str(tmp_path / "again"), rows=10, files=3, row_group=2)
-    for a, b in zip(paths, again):
+    for a, b in zip(paths, again, strict=True):
         assert pq.read_table(a).equals(pq.read_table(b))
 
 

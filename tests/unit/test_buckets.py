@@ -53,7 +53,7 @@ def test_nearest_assignment_matches_brute_force():
     widths = rng.integers(1, 5000, 3000)
     heights = rng.integers(1, 5000, 3000)
     got = assign_buckets(buckets, widths, heights)
-    for w, h, g in zip(widths, heights, got):
+    for w, h, g in zip(widths, heights, got, strict=True):
         d = np.abs(ratios - w / h)
         best = np.flatnonzero(d == d.min())
         assert g == best.max(), (w, h, g, best)

@@ -56,7 +56,7 @@ def test_sample_ids_are_rows_and_uris_name_files(tree):
     """Sample id i is row i; the catalog maps it back to its file under root, which the storage reads."""
     ds = read_images(tree)  # a Path works as well as a str
     keys, _, sizes = columns(ds)
-    for i, (key, size) in enumerate(zip(keys, sizes)):
+    for i, (key, size) in enumerate(zip(keys, sizes, strict=True)):
         assert ds.catalog.uri(i) == os.path.join(str(tree), key)
         assert os.path.getsize(ds.catalog.uri(i)) == size
     assert ds.catalog.storage.read_range(ds.catalog.uri(4), 0, 5) == b"12345"
@@ -146,7 +146,7 @@ def test_etags_enter_the_fingerprint_but_not_the_shuffle_seed(tree):
     args = dict(root=cat.root, storage=cat.storage, source=cat.source,
                 parts={"shard": range(n), "count": [1] * n, "label": cat.samples().label},
                 classes=cat.classes)
-    infos = [ObjectInfo(u, s) for u, s in zip(cat.shards.column("uri").to_pylist(), cat.shards.column("size").to_pylist())]
+    infos = [ObjectInfo(u, s) for u, s in zip(cat.shards.column("uri").to_pylist(), cat.shards.column("size").to_pylist(), strict=True)]
     same = make_catalog(shards=infos, **args)
     tagged = make_catalog(shards=[dataclasses.replace(o, etag=f"e{i}") for i, o in enumerate(infos)], **args)
     assert same.fingerprint == cat.fingerprint

@@ -148,16 +148,37 @@ def test_a_background_prefault_is_taken_over_and_a_live_buffer_never_reused(monk
 
 def test_an_unclaimed_background_prefault_is_dropped_after_its_ttl():
     """A process that never fetches does not keep the buffer: it is free once faulted, gone after ttl_s."""
+    import threading
     import time
 
     pool = BufferPool()
+    free, looked = threading.Event(), threading.Event()
+    settles: list[threading.Thread] = []
+    waits: list[tuple[float, bool]] = []
+
+    class TtlWait(threading.Event):
+        """The pool's ttl wait, which begins once the buffer is free: it says so, and starts the ttl only once
+        the test has looked (a loaded machine could otherwise let the whole ttl pass between two looks)."""
+
+        def wait(self, timeout=None):
+            settles.append(threading.current_thread())
+            free.set()
+            looked.wait(30)
+            t0 = time.monotonic()
+            ended = super().wait(timeout)
+            waits.append((time.monotonic() - t0, ended))
+            return ended
+
+    pool._expire = TtlWait()
     assert pool.prefault_ahead(4 << 20, ttl_s=0.5)
-    deadline = time.monotonic() + 10
-    while not pool.free_bytes() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert free.wait(30)
     assert pool.free_bytes() >= 4 << 20
-    while pool.free_bytes() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    looked.set()
+    (settle,) = settles
+    settle.join(30)  # the pool's thread: the ttl, then the drop
+    assert not settle.is_alive()
+    ((waited, ended),) = waits
+    assert not ended and waited >= 0.49  # it waited out the ttl (0.5 s, less a clock tick); nothing cut it short
     assert pool.free_bytes() == 0
 
 

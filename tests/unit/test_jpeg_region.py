@@ -63,7 +63,13 @@ def test_dct_scaled_region_is_close_to_full_decode():
     native.crop_resize_into(decode.decode_rgb(data), box, ref, flip=False, scale=scale, bias=bias)
     for denom in (2, 4):
         assert native.jpeg_crop_resize_into(data, box, out, flip=False, scale=scale, bias=bias, scale_denom=denom)
-        assert np.abs(out - ref).mean() < 0.05  # in normalized units: about 3 grey levels
+        diff = np.abs(out - ref)
+        # Measured (normalized units; a grey level is about 0.017): mean 0.0031 at 1/2, 0.0039 at 1/4; the
+        # worst row's or column's mean 0.0054; the largest difference 0.028. A zeroed edge row alone
+        # makes the mean 0.016 and that row's mean 0.8.
+        assert diff.mean() < 0.008, (denom, diff.mean())  # about half a grey level
+        assert diff.mean(axis=(0, 2)).max() < 0.012 and diff.mean(axis=(0, 1)).max() < 0.012, denom
+        assert diff.max() < 0.06, (denom, diff.max())
 
 
 def test_bad_scale_denom_is_refused():

@@ -134,7 +134,7 @@ def test_avx2_and_portable_paths_give_the_same_bytes():
                             for s, b, oh, ow, f in cases])
         finally:
             native.simd(True)
-    for (u8_a, f32_a), (u8_b, f32_b) in zip(*results):
+    for (u8_a, f32_a), (u8_b, f32_b) in zip(*results, strict=True):
         np.testing.assert_array_equal(u8_a, u8_b)
         np.testing.assert_array_equal(f32_a, f32_b)
 
@@ -391,7 +391,7 @@ def test_fallback_returns_pillow_resize_and_warns_once(fallback):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second warning would raise here
         fb_f32 = [kernel_f32(src, box, oh, ow, flip=flip) for src, box, oh, ow, flip in cases]
-    for (src, box, oh, ow, flip), got_u8, got_f32 in zip(cases, fb_u8, fb_f32):
+    for (src, box, oh, ow, flip), got_u8, got_f32 in zip(cases, fb_u8, fb_f32, strict=True):
         ref = pillow_ref(src, box, oh, ow)
         ref = ref[:, ::-1] if flip else ref
         np.testing.assert_array_equal(got_u8, ref)
@@ -420,7 +420,7 @@ def test_fallback_agrees_with_kernel(monkeypatch):
         native._load.cache_clear()
         native._warn_fallback.cache_clear()
     assert native.native_available()
-    for (fu8, ff32), (su8, sf32) in zip(fast, slow):
+    for (fu8, ff32), (su8, sf32) in zip(fast, slow, strict=True):
         assert max_diff(fu8, su8) <= 1
         assert_within_grey_levels(ff32, sf32, 1.5)
 

@@ -51,7 +51,7 @@ def _rows(cat, storage):
     assert not loc.errors, loc.errors
     t = loc.to_pydict()
     sh = cat.shards.to_pydict()
-    ranges = list(zip(t["shard"], t["offset"], t["length"]))
+    ranges = list(zip(t["shard"], t["offset"], t["length"], strict=True))
     out = [None] * len(ranges)
     for b in coalesce(ranges, max_gap=0):  # no merging across row groups: count chunk fetches
         info = ObjectInfo(sh["uri"][b.shard], sh["size"][b.shard], sh["etag"][b.shard])
@@ -118,7 +118,7 @@ def test_listing_reads_each_footer_once_in_parallel_and_no_column_chunk(files, m
     for path in paths[:2]:  # one at a time: listing's guess grows to the largest footer it has met
         storage = CountingStorage()
         cat = list_parquet(path, storage=storage, image_column="img", label_column="y")
-        chunks = list(zip(cat.column("offset").tolist(), cat.column("length").tolist()))  # the chunks' spans
+        chunks = list(zip(cat.column("offset").tolist(), cat.column("length").tolist(), strict=True))  # the chunks' spans
         assert len(storage.reads) == 2  # 16 bytes, then the footer
         for _, off, n in storage.reads:
             assert not any(off < o + m and o < off + n for o, m in chunks), (path, off, n)
@@ -149,7 +149,7 @@ def test_labels_arrive_in_batches_read_by_the_worker(files):
     footers = [(u, o) for u, o, n in storage.reads if o + n == os.path.getsize(u)]
     assert len(footers) == 2 and len(storage.reads) <= 2 + 6  # row groups closer than 64 KiB coalesce
     uris = ds.catalog.shards.column("uri").to_pylist()
-    for s, off, size in zip(*(ds.catalog.column(c).tolist() for c in ("shard", "offset", "length"))):
+    for s, off, size in zip(*(ds.catalog.column(c).tolist() for c in ("shard", "offset", "length")), strict=True):
         assert any(u == uris[s] and o <= off and off + size <= o + n
                    for u, o, n in storage.reads), (s, off)  # image and label chunk: one request
     before = len(storage.reads)

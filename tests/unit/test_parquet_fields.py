@@ -73,7 +73,7 @@ def records(cat, storage=None) -> list[dict]:
     assert not loc.errors, loc.errors
     t, sh = loc.to_pydict(), cat.shards.to_pydict()
     out = [None] * len(loc)
-    for b in coalesce(list(zip(t["shard"], t["offset"], t["length"])), max_gap=0):
+    for b in coalesce(list(zip(t["shard"], t["offset"], t["length"], strict=True)), max_gap=0):
         data = cat.source.read_block(storage, ObjectInfo(sh["uri"][b.shard], sh["size"][b.shard],
                                                         sh["etag"][b.shard]), b.offset, b.length)
         for i in b.members:

@@ -145,5 +145,5 @@ def test_a_replaced_sample_brings_its_own_fields_through_the_users_map(tmp_path)
     batch = _run(ds, range(len(ds)), on_error="replace")
     assert len(batch["id"]) == len(ds) and batch["caption"].dtype == object
     assert len(set(batch["id"].tolist())) < len(ds)  # the corrupt one's slot holds a substitute
-    for label, caption in zip(batch["label"], batch["caption"]):
+    for label, caption in zip(batch["label"], batch["caption"], strict=True):
         assert caption.startswith(f"class {label} #")

@@ -59,7 +59,7 @@ def test_sizes_keep_their_rows_across_many_reads_per_task():
         files[f"{i}.png"] = b"broken" if i % 37 == 5 else _encode(Image.new("RGB", (w, h)), "PNG")
         expect[i] = (-1, -1) if i % 37 == 5 else (w, h)
     sizes = header_sizes(_read_from(files), list(files), threads=4)
-    assert [(int(w), int(h)) for w, h in zip(sizes.widths, sizes.heights)] == [expect[i] for i in range(300)]
+    assert [(int(w), int(h)) for w, h in zip(sizes.widths, sizes.heights, strict=True)] == [expect[i] for i in range(300)]
     assert set(sizes.errors) == {i for i in range(300) if i % 37 == 5}
 
 

@@ -288,7 +288,7 @@ def test_dataset_repr_lists_every_stage(tmp_path):
     assert str(tmp_path) in lines[0] and "samples=2" in lines[0] and "classes=2" in lines[0]
     assert len(lines) == 1 + len(ds.stages) == 7
     for line, name in zip(lines[1:], ["Decode", "RandomResizedCrop", "RandomHFlip", "Resize", "CenterCrop",
-                                      "Normalize"]):
+                                      "Normalize"], strict=True):
         assert line.lstrip().startswith(f"-> {name}("), line
     assert "p=0.25" in lines[3] and "size=(224, 224)" in lines[2]
 
@@ -345,7 +345,7 @@ def test_run_without_dct_equals_full_decode_then_kernel(stages):
 @pytest.mark.parametrize("stages", [TRAIN, EVAL, (Decode(), RandomResizedCrop(224, scale=(0.5, 1.0)))],
                          ids=["train", "eval", "rrc-0.5"])
 def test_dct_scaling_matches_full_decode(stages):
-    """On a 2000x1500 JPEG decode(fast=True)'s DCT-downscaled decode (factor > 1) stays within 6 grey levels
+    """On a 2000x1500 JPEG decode(fast=True)'s DCT-downscaled decode (factor > 1) stays within 1.6 grey levels
     (mean) of a full decode."""
     h, w = 1500, 2000
     data = jpeg_bytes(smooth_image(h, w))
@@ -355,7 +355,9 @@ def test_dct_scaling_matches_full_decode(stages):
         box, _ = fast.geometry(h, w, seed)
         factors.append(decode.dct_factor(h, w, box[3] - box[1], box[2] - box[0], *fast.out_size, fast=True))
         diff = np.abs(grey_levels(run(fast, data, seed), fast) - grey_levels(run(full, data, seed), full))
-        assert diff.mean() < 6, (seed, diff.mean())
+        # Measured: 0.47-0.80 grey levels (mean) over these seeds and stages, the largest 6.7; the output
+        # one pixel off (a box rounded the wrong way) is 5-11 grey levels away on this image.
+        assert diff.mean() < 1.6, (seed, diff.mean())
     assert max(factors) > 1  # the DCT path really ran
 
 

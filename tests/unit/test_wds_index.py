@@ -108,7 +108,7 @@ def test_dali_wds2idx_files_give_the_shards_own_members(tmp_path):
 
 
 def _dali_text(block: wi.MemberBlock) -> bytes:
-    lines = [f"{n.split('.', 1)[1]} {o} {s} {n}" for n, o, s in zip(block.names, block.offsets, block.sizes)]
+    lines = [f"{n.split('.', 1)[1]} {o} {s} {n}" for n, o, s in zip(block.names, block.offsets, block.sizes, strict=True)]
     return (f"v1.2 {len(lines)}\n" + "\n".join(lines) + "\n").encode()
 
 
@@ -141,12 +141,12 @@ def test_raydl_index_files_round_trip_and_crafted_ones_are_refused(tmp_path):
     paths = [tarwriter_shard(tmp_path / f"s{i}.tar", 10 + i, start=100 * i) for i in range(3)]
     blocks = [reference_block(p) for p in paths]
     out = str(tmp_path / "index.rwi")
-    wi.write_index(out, [(Path(p).name, info_of(p), 0, b) for p, b in zip(paths, blocks)])
+    wi.write_index(out, [(Path(p).name, info_of(p), 0, b) for p, b in zip(paths, blocks, strict=True)])
     data = Path(out).read_bytes()
     entries = wi.read_header(lambda o, n: data[o:o + n], len(data), out)
     assert [e.path for e in entries] == ["s0.tar", "s1.tar", "s2.tar"]
     assert entries[1].sigs == {"cls,jpg": 11}
-    for e, p, b in zip(entries, paths, blocks):
+    for e, p, b in zip(entries, paths, blocks, strict=True):
         assert same(wi.decode_block(data[e.offset:e.offset + e.length], info_of(p), out), b)
     head_end = data.index(b"\n", data.index(b"\n") + 1) + 1
     bad_headers = [data[:30], b"NOT-AN-INDEX\n" + data, data.replace(b'"size":', b'"size":-', 1),

@@ -36,6 +36,9 @@ _CLIENT_SLEEP_US = 20
 # socket buffers hold far more than a millisecond of such a link), so a chain of paced peers leaves
 # the cores to the copies.
 _PACED_SLEEP_US = 1000
+# How long a failed transfer waits for its other reads to end before closing the endpoint under them
+# (reads on a connection its peer closed fail within milliseconds)
+_REAP_S = 1.0
 _MAX_EAGAIN = 100_000  # consecutive -FI_EAGAIN posts before giving up (time bounds it too)
 
 
@@ -318,6 +321,8 @@ class Connection(Closeable):
                         sleep_us=_CLIENT_SLEEP_US if pacer is None else _PACED_SLEEP_US,
                     )
                 if errors:
+                    for err in errors:
+                        inflight.pop((err.context - slot_base) // slot_size, None)
                     raise self._completion_error(call, errors[0], len(errors))
                 for ctx in finished:
                     slot = (ctx - slot_base) // slot_size
@@ -349,8 +354,11 @@ class Connection(Closeable):
                 for pos, length in landed:
                     on_chunk(pos, length)
         except BaseException:
-            # Operations may still be in flight into caller memory: close the
-            # endpoint (cancelling them) before that memory is deregistered.
+            # Let the reads still in flight end first (bounded): libfabric 1.17's rxm crashed (SIGSEGV
+            # in fi_close) closing an endpoint with reads outstanding on a connection whose peer had
+            # just closed. Those that do not end are cancelled by the close, before their memory is
+            # deregistered.
+            self._reap(stack, inflight, slot_base, slot_size)
             try:
                 self._client.close()
                 self.close()
@@ -361,6 +369,18 @@ class Connection(Closeable):
             if owned:
                 local.close()
         return done
+
+    @staticmethod
+    def _reap(stack: Stack, inflight: dict[int, tuple[int, int]], slot_base: int, slot_size: int) -> None:
+        """Poll until no operation is in flight, or for at most _REAP_S."""
+        deadline = time.monotonic() + _REAP_S
+        while inflight and time.monotonic() < deadline:
+            try:
+                finished, errors = stack.cq.poll(timeout_s=0.01, spin=0, sleep_us=_CLIENT_SLEEP_US)
+            except FabricError:  # the queue failed, or the process exits: the close cancels the rest
+                return
+            for ctx in finished + [err.context for err in errors]:
+                inflight.pop((ctx - slot_base) // slot_size, None)
 
     def _post(
         self,
@@ -487,6 +507,9 @@ class Client(Closeable):
             stack, self._stack = self._stack, None
             self._peers = {}
         if stack is not None:
+            # The endpoint first: closing it cancels operations still in flight, which must not
+            # outlive the registration of the memory they land in.
+            stack.ep.close()
             self.registrations.close()
             stack.close()
 

@@ -37,6 +37,10 @@ from raydl.native.pyfi._stack import FabricAddress, Stack, describe_peer, parse_
 logger = logging.getLogger(__name__)
 
 _SERVE_SLICE_S = 0.05  # how often the serving thread checks for close()
+# How long close() waits for the serving thread to leave libfabric. Past it, close() returns and the
+# thread closes the stack on its way out: closing the completion queue under a thread still inside
+# fi_cq_sread would run it on freed provider state.
+_JOIN_S = 10.0
 
 
 class ServerEndpoint(Closeable):
@@ -58,8 +62,9 @@ class ServerEndpoint(Closeable):
             self._stack.close()
             raise
         self._stop = threading.Event()
-        # The thread gets only what it polls, not the endpoint, so one nobody closed can still be
-        # collected (and __del__ closes it).
+        # The thread gets only what it polls and the stack's owner, not the endpoint, so one nobody
+        # closed can still be collected (and __del__ closes it).
+        self._owner = _StackOwner(self._stack)
         self.peer = describe_peer(self._stack.provider, self.raw)
         # A region is registered (and revoked) while the thread serves others: on a domain that is
         # not FI_THREAD_SAFE the two take turns (a registration waits at most one serving slice).
@@ -68,7 +73,7 @@ class ServerEndpoint(Closeable):
             target=_serve_loop,
             name=f"pyfi-serve {self.peer}",
             daemon=True,
-            args=(self._stack.cq, self._stop, self.peer, self._domain_turn),
+            args=(self._stack.cq, self._stop, self.peer, self._domain_turn, self._owner),
         )
         self._thread.start()
         self._closed = False
@@ -106,7 +111,10 @@ class ServerEndpoint(Closeable):
             self._servers.discard(server)
 
     def close(self) -> None:
-        """Stop serving every region, then the thread, then the endpoint (idempotent)."""
+        """Stop serving every region, then the thread, then the endpoint (idempotent).
+
+        The endpoint is closed only once the serving thread is out of libfabric for good: here, when
+        the thread stops within _JOIN_S, else by the thread itself as it leaves."""
         with self._lock:
             if self._closed:
                 return
@@ -117,8 +125,15 @@ class ServerEndpoint(Closeable):
             server.close()
         self._stop.set()
         self._stack.cq.signal()  # the serving thread sees the stop now, not at the end of its slice
-        self._thread.join(timeout=10)
-        self._stack.close()
+        if threading.current_thread() is not self._thread:  # a collection may run close() on it
+            self._thread.join(timeout=_JOIN_S)
+        if not self._owner.release():
+            logger.warning(
+                "pyfi server %s: the serving thread did not stop within %g s; it closes the endpoint "
+                "when it does",
+                self.peer,
+                _JOIN_S,
+            )
 
     @property
     def idle(self) -> bool:
@@ -225,17 +240,53 @@ class _Turn:
         return self
 
 
-def _serve_loop(cq: CompletionQueue, stop: threading.Event, peer: str, turn: _Turn | None = None) -> None:
-    while not stop.is_set() and not GATE.closed:
-        try:
-            with turn.serving_slice() if turn is not None else contextlib.nullcontext():
-                _, errors = cq.wait(_SERVE_SLICE_S)
-        except FabricError as exc:  # the queue itself failed, or the process exits: stop serving
-            if not GATE.closed:
-                logger.error("pyfi server %s stopped: %s", peer, exc)
-            return
-        for err in errors:
-            logger.warning("pyfi server %s: completion error %s", peer, err.text)
+class _StackOwner:
+    """Decides who closes a serving stack: whichever of close() and the serving thread's exit comes
+    second. So the stack is closed once, and never while the thread may still be inside libfabric."""
+
+    def __init__(self, stack: Stack) -> None:
+        self._stack = stack
+        self._lock = threading.Lock()
+        self._released = False  # close() is done with the stack
+        self._thread_out = False  # the serving thread will not enter libfabric again
+
+    def release(self) -> bool:
+        """close()'s side: True when the stack was closed now, False when the serving thread will close it."""
+        with self._lock:
+            self._released = True
+            last = self._thread_out
+        if last:
+            self._stack.close()
+        return last
+
+    def thread_out(self, peer: str) -> None:
+        """The serving thread's last act: close the stack when close() already let go of it."""
+        with self._lock:
+            self._thread_out = True
+            last = self._released
+        if last:
+            try:
+                self._stack.close()
+            except FabricError as exc:  # nobody left to raise it to
+                logger.warning("pyfi server %s: closing the endpoint failed: %s", peer, exc)
+
+
+def _serve_loop(
+    cq: CompletionQueue, stop: threading.Event, peer: str, turn: _Turn | None, owner: _StackOwner
+) -> None:
+    try:
+        while not stop.is_set() and not GATE.closed:
+            try:
+                with turn.serving_slice() if turn is not None else contextlib.nullcontext():
+                    _, errors = cq.wait(_SERVE_SLICE_S)
+            except FabricError as exc:  # the queue itself failed, or the process exits: stop serving
+                if not GATE.closed:
+                    logger.error("pyfi server %s stopped: %s", peer, exc)
+                return
+            for err in errors:
+                logger.warning("pyfi server %s: completion error %s", peer, err.text)
+    finally:
+        owner.thread_out(peer)
 
 
 def serve(
