@@ -125,8 +125,11 @@ class CachedStorage(BaseStorage):
             self.counts.add(evictions=evicted)
 
     def take_cache_counts(self) -> dict[str, int]:
-        """This scope's counters (every name in COUNTERS) since the last take; they start again from 0."""
-        return self.counts.take()
+        """This scope's counters (every name in COUNTERS) since the last take; they start again from 0.
+        Evictions include those of passes that ran on their own thread since any scope last took them."""
+        counts = self.counts.take()
+        counts["evictions"] += self.cache.take_evicted_behind()
+        return counts
 
     def _put(self, uri: str, etag: str, offset: int, length: int, data) -> int | None:
         return self.cache.put(uri, etag, offset, length, data, store=self.inner.identity)

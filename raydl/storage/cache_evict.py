@@ -31,7 +31,8 @@ ends short (the estimate came out low); a new sample and walk follow only if tha
 ROUNDS). When the sample is the whole folder (at most SAMPLE entries) it is the exact least-recently-used
 order, removed as such. Held in memory: the sample, the reserve and one shard's listing (N/4,096 entries:
 2,400 at ten million). The pass reads the folder about once, as one pass under the lock did, but outside
-it, in the evicting writer's thread; `raydl bench cache --eviction` measures both.
+it: on a thread of its own after a write past the high-water mark, or in the thread of a write that
+does not fit (raydl/storage/node_cache.py); `raydl bench cache --eviction` measures both.
 
 The ledger stays right. A writer adds to the ledger before its rename and a remover subtracts after its
 unlink, so a process killed between the two leaves the total above the folder's bytes, never below (the

@@ -21,10 +21,13 @@ second finds it there and drops its copy, so the accounting counts it once.
 
 Size: the entries' total (the ledger, PATH/state) stays <= max_bytes. A write that takes it past
 HIGH_WATER of max_bytes starts an eviction pass down to LOW_WATER (raydl/storage/cache_evict.py: the
-least recently used entries, removed in short steps under the lock), in the writing thread after its
-entry is in; other writers write on meanwhile in the room between. A write that does not fit under
-max_bytes makes room first: it runs the pass itself, or, when another process runs one, waits up to
-ROOM_WAIT_S for room and is otherwise left out (its bytes are handed on as they are). A hit touches its
+least recently used entries, removed in short steps under the lock) on a thread of its own, once its
+entry is in: the write returns at once, so a batch never waits for a pass it started (one pass reads
+the whole folder, seconds at a million entries), and this process's and other processes' writers write
+on meanwhile in the room between. What such a pass evicts is counted by the next `take_evicted_behind`.
+A write that does not fit under max_bytes makes room first: it runs the pass itself, or, when another
+process or thread runs one, waits up to ROOM_WAIT_S for room and is otherwise left out (its bytes are
+handed on as they are). A hit touches its
 entry's mtime, which is what "recently used" means across processes.
 
 Faults: any OSError while writing (a full disk, a read-only folder, a link where a folder should be)
@@ -108,6 +111,9 @@ class NodeCache:
             threading.Lock()
         )  # this process's threads at the ledger; the fcntl lock is between processes
         self._evicting = threading.Lock()  # this process's threads at the eviction claim
+        self._behind: threading.Thread | None = None  # the pass a write past HIGH_WATER started
+        self._behind_lock = threading.Lock()
+        self._evicted_behind = 0  # entries that pass removed, not yet counted by take_evicted_behind
         self._seen: set[tuple[str, str, str]] = set()  # (store, uri, etag) whose other-etag entries are gone
         self._warned = False
         self._warned_refused = False
@@ -412,7 +418,7 @@ class NodeCache:
             time.sleep(0.005)  # another process's pass frees room a step at a time
         os.fsync(shard_fd)
         if high:
-            evicted += self._evict(LOW_WATER * self.max_bytes) or 0
+            self._evict_behind(LOW_WATER * self.max_bytes)
         return evicted
 
     def _abandon(self, tmp: tuple[int, str]) -> None:
@@ -453,6 +459,43 @@ class NodeCache:
             removed = cache_evict.evict(folder, self._locked, target)
         folder.clean_tmp(self._ns)
         return removed
+
+    def _evict_behind(self, target: float) -> None:
+        """A pass down to `target` on a thread of its own, unless this process runs one already."""
+        with self._behind_lock:
+            if self._behind is not None and self._behind.is_alive():
+                return
+            self._behind = threading.Thread(
+                target=self._run_behind, args=(target,), name="raydl-cache-evict", daemon=True
+            )
+            self._behind.start()
+
+    def _run_behind(self, target: float) -> None:
+        try:
+            removed = self._evict(target) or 0
+        except OSError as exc:  # the folder went away or turned read-only: writes will say so too
+            self._write_failed("(an eviction pass)", exc)
+            return
+        except Exception:
+            logger.exception("raydl: an eviction pass of the node cache %s failed", self.path)
+            return
+        with self._behind_lock:
+            self._evicted_behind += removed
+
+    def take_evicted_behind(self) -> int:
+        """The entries passes on their own thread removed since the last call."""
+        with self._behind_lock:
+            n, self._evicted_behind = self._evicted_behind, 0
+        return n
+
+    def wait_for_eviction(self, timeout: float | None = None) -> bool:
+        """Wait for the pass a write started on its own thread (if any) to end: whether none runs now."""
+        with self._behind_lock:
+            thread = self._behind
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     def scan(self) -> list[tuple[int, int, str]]:
         """Every entry as (mtime_ns, size, path) (a tool's view: the whole folder in memory)."""

@@ -5,6 +5,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -163,6 +164,44 @@ def test_eviction_keeps_the_total_under_max_bytes_least_recently_used_first(tmp_
     assert cache.info()["bytes"] <= cache.max_bytes
     too_big = NodeCache(str(tmp_path / "small"), 1000)
     assert too_big.put(objects[0], "e1", 0, 10_000, b"x" * 10_000) is None and too_big.info()["entries"] == 0
+
+
+def test_a_write_past_the_high_water_mark_returns_while_its_pass_runs_on_its_own_thread(
+    tmp_path, objects, monkeypatch
+):
+    """The write that takes the total past HIGH_WATER is in and returns before the pass it starts ends (the
+    pass reads the whole folder: a batch waiting for its cache writes would wait for it); the pass then
+    frees down to LOW_WATER, and its evictions are counted by the next take."""
+    from raydl.storage import cache_evict
+    from raydl.storage.node_cache import HIGH_WATER, LOW_WATER
+
+    probe = NodeCache(str(tmp_path / "probe"), 1 << 20)
+    probe.put(objects[0], "e1", 0, 10_000, b"x" * 10_000)
+    size = probe.info()["bytes"]
+    inner, storage = _cached(tmp_path, max_bytes=int(size * 8 / (HIGH_WATER + 0.01)))  # the 8th passes it
+    started, release = threading.Event(), threading.Event()
+    real = cache_evict.evict
+
+    def held(*args, **kwargs):
+        started.set()
+        assert release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache_evict, "evict", held)
+    for i in range(7):
+        storage.read_range(objects[i], 0, 10_000, etag="e1")
+        time.sleep(0.02)  # distinct mtimes on any file system
+    assert not started.is_set()
+    storage.read_range(objects[7], 0, 10_000, etag="e1")  # returns with the pass held in evict()
+    assert started.wait(30) and storage.cache.info()["entries"] == 8
+    assert storage.cache.wait_for_eviction(timeout=0.01) is False  # the pass is still running
+    release.set()
+    assert storage.cache.wait_for_eviction(timeout=30)
+    info = storage.cache.info()
+    assert info["bytes"] <= LOW_WATER * storage.cache.max_bytes and info["entries"] < 8
+    assert storage.take_cache_counts()["evictions"] == 8 - info["entries"]
+    assert storage.cache.get(objects[7], "e1", 0, 10_000) is not None  # the newest stays
+    assert storage.take_cache_counts()["evictions"] == 0  # counted once
 
 
 def test_a_new_etag_never_gets_the_old_bytes_and_removes_them(tmp_path, objects):
