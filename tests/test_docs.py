@@ -464,7 +464,7 @@ def _hostile_shard_triggers(tmp: Path) -> dict[str, list]:
         "a gzip bomb, or a shard to store uncompressed": [read("bomb.tar.gz")],
         "DataSourceError: …: corrupt gzip stream…": [read("damaged.tar.gz")],
         "DataSourceError: …: truncated gzip stream: …": [read("cut.tar.gz")],
-        "DataSourceError: …: sample … has a …-byte … member at offset …, not an integer label (at most … bytes)": [
+        "SampleDecodeError: …: sample … has a …-byte … member at offset …, not an integer label (at most … bytes)": [
             lambda: located_error("label.tar")],
     }
 

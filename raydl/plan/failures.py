@@ -70,10 +70,13 @@ class Failure:
     @classmethod
     def source_failed(cls, sample_id: int, shard_uri: str, sample_uri: str, exc: DataSourceError) -> Failure:
         """A sample its source could not give: one that lacks a selected field (a MissingFieldError: the
-        sample's own defect, named by `sample_uri`), else one whose bytes could not be read (`read_failed`,
-        named by the error's URI, else by `shard_uri`)."""
+        sample's own defect, named by `sample_uri`), one whose field cannot decode, known before it is read (a
+        SampleDecodeError, such as a label member too large to be one: also its own defect), else one whose
+        bytes could not be read (`read_failed`, named by the error's URI, else by `shard_uri`)."""
         if isinstance(exc, MissingFieldError):
             return cls(sample_id, sample_uri, str(exc), step="field", error=MissingFieldError)
+        if isinstance(exc, SampleDecodeError):
+            return cls(sample_id, sample_uri, str(exc), step="decode", error=SampleDecodeError)
         return cls.read_failed(sample_id, shard_uri, exc)
 
     @classmethod

@@ -24,7 +24,13 @@ import numpy as np
 
 from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
-from raydl.errors import DataSourceError, DecodeError, MissingFieldError, ObjectChangedError
+from raydl.errors import (
+    DataSourceError,
+    DecodeError,
+    MissingFieldError,
+    ObjectChangedError,
+    SampleDecodeError,
+)
 from raydl.sources import _wds_index
 from raydl.sources._inflate import inflated
 from raydl.sources._values import decode_value
@@ -208,8 +214,8 @@ class WebDatasetSource(Source):
                 if at < 0:
                     return lacks(uri, key, name, exts)
             return None
-        if len(sizes) > 1 and sizes[1] > MAX_LABEL_BYTES:
-            return DataSourceError(
+        if len(sizes) > 1 and sizes[1] > MAX_LABEL_BYTES:  # the sample's own defect, as a label that does
+            return SampleDecodeError(  # not decode is: on_error settles it
                 f"{uri}: sample {key!r} has a {sizes[1]}-byte {self.label_field!r} member at offset "
                 f"{start + where[1]}, not an integer label (at most {MAX_LABEL_BYTES} bytes)",
                 uri=uri,

@@ -159,3 +159,23 @@ def test_a_label_member_that_is_not_an_integer_is_the_samples_defect(tmp_path):
     with pytest.raises(SampleDecodeError, match=r"cannot decode sample 2 .*'cls' member b'cat' that is not an "
                                                 r"integer label"):
         _settle(_batch(raydl.read_webdataset(path), range(4), "raise"), "raise")
+
+
+def test_a_label_member_too_large_to_be_one_is_the_samples_defect(tmp_path):
+    """read_webdataset's image and label: a .cls member past MAX_LABEL_BYTES (found from the index, before any
+    read) is left out under "skip" and counted, as a label that does not decode is (it was raised as a failed
+    read), replaced under "replace", and raised naming the sample and its size under "raise"."""
+    from raydl.sources._wds_source import MAX_LABEL_BYTES
+
+    big = b"7" * (MAX_LABEL_BYTES + 1)
+    samples = [(f"k{i}", {"jpg": b"jpeg-%d" % i, "cls": b"%d" % i if i != 1 else big}) for i in range(4)]
+    path = _tar(tmp_path / "big-label.tar", samples)
+    result = _batch(raydl.read_webdataset(path), range(4), "skip")
+    assert result.batch["key"] == ["k0", "k2", "k3"] and result.batch["label"].tolist() == [0, 2, 3]
+    stats = _settle(result, "skip")
+    assert stats.samples_skipped == 1 and stats.skipped_uris == [f"{path}#k1"]
+    replaced = _batch(raydl.read_webdataset(path), range(4), "replace")
+    assert len(replaced.batch["key"]) == 4 and "k1" not in replaced.batch["key"]
+    with pytest.raises(SampleDecodeError, match=rf"sample 'k1' has a {MAX_LABEL_BYTES + 1}-byte 'cls' member at "
+                                                r"offset \d+, not an integer label"):
+        _settle(_batch(raydl.read_webdataset(path), range(4), "raise"), "raise")
