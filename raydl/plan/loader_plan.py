@@ -91,24 +91,25 @@ class LoaderPlan:
                 f"the data makes {units} full batch{'' if units == 1 else 'es'} of batch_size {c.batch_size} "
                 f"({self.order.fixed_batch_size})"
             )
-            need = f"each of the world_size {c.world_size} ranks needs a full batch"
-            fix = "lower batch_size or world_size"
-        else:
-            have = f"the data has {units} sample{'' if units == 1 else 's'}"
-            need = (
-                f"a round of batches needs batch_size {c.batch_size} x world_size {c.world_size} = "
-                f"{c.batch_size * c.world_size}"
+            if not c.drop_last or units == 0:
+                raise ValueError(f"an epoch of this loader would deliver no batch: {have}")
+            raise ValueError(
+                f"an epoch of this loader would deliver no batch: with drop_last=True each of the "
+                f"world_size {c.world_size} ranks needs a full batch, and {have}; lower batch_size or "
+                "world_size, or set drop_last=False"
             )
-            fix = (
-                f"lower batch_size to at most {units // c.world_size}"
-                if units >= c.world_size
-                else f"use at most {units} ranks"
-            )
+        samples = f"{units} sample{'' if units == 1 else 's'}"
         if not c.drop_last or units == 0:
-            raise ValueError(f"an epoch of this loader would deliver no batch: {have}")
+            raise ValueError(f"an epoch of this loader would deliver no batch: the data has {samples}")
+        fix = (
+            f"lower batch_size to at most {units // c.world_size}"
+            if units >= c.world_size
+            else f"use at most {units} ranks"
+        )
         raise ValueError(
-            f"an epoch of this loader would deliver no batch: with drop_last=True {need}, and {have}; "
-            f"{fix}, or set drop_last=False"
+            f"an epoch of this loader would deliver no batch: with drop_last=True a round of batches needs "
+            f"batch_size {c.batch_size} x world_size {c.world_size} = {c.batch_size * c.world_size}, and the "
+            f"data has {samples}; {fix}, or set drop_last=False"
         )
 
     def epoch_order(self, epoch: int):
