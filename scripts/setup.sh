@@ -42,14 +42,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
-# torch: users bring their own build; tests pin the CPU wheel that this machine serves locally.
+# torch: raydl does not pin it (users bring the build their hardware needs); with "test", torch==2.13.0,
+# a CPU build, is pinned, so the tests need no GPU and run against one known torch.
 pins=()
 [[ "$extras" == *test* ]] && pins+=("torch==2.13.0")
 echo "setup: pip install -e $spec ${pins[*]:-}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec" "${pins[@]}"
 if [[ "$extras" == *test* ]]; then
     # DALI's wds2idx (pure Python over tar) writes the .idx files the WebDataset index tests read; the rest of
-    # the wheel (CUDA) is never imported, so --no-deps. Best effort: without it those tests skip and say why.
+    # the wheel (CUDA) is never imported, so --no-deps. Best effort: without it those tests skip, which a
+    # strict run (scripts/test.sh: RAYDL_TEST_STRICT_SKIPS=1, tests/conftest.py) counts as a failure.
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps nvidia-dali-cuda120==2.4.0 \
         || echo "setup: WARNING: nvidia-dali-cuda120 not installable here; the wds2idx tests will be skipped"
 fi

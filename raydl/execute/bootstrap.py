@@ -69,7 +69,8 @@ class Bootstrap:
         if not first:
             # The second batch starts once the caller has the first in hand: its set-up (planning the
             # reads, queueing them) holds the GIL that the hand-over waits for, 40-60 ms of it measured
-            # on 2 cores (docs/benchmarks.md, start-up); bounded, should the caller never take it.
+            # on 2 cores (docs/benchmarks.md, "Start-up, first batch and short epochs"); bounded, should the
+            # caller never take it.
             self._taken.wait(_HAND_OVER_WAIT_S)
         started = time.perf_counter()
         try:

@@ -122,8 +122,8 @@ _SIMD_NAMES = {SIMD_PORTABLE: "portable C", SIMD_AVX2: "AVX2", SIMD_AVX512: "AVX
 def simd_level(level: int | None = None) -> int:
     """The resampler's path: SIMD_PORTABLE (0), SIMD_AVX2 (1, the default where the CPU has it) or
     SIMD_AVX512 (2: the vertical pass 64 bytes at a time, where the CPU has AVX-512 BW and VNNI; opt-in,
-    also by RAYDL_SIMD=avx512, as it measured no faster overall, docs/benchmarks.md); `level` asks for at
-    most that one.
+    also by RAYDL_SIMD=avx512, as it measured no faster overall: docs/benchmarks.md, "The worker's CPU per
+    image"); `level` asks for at most that one.
 
     All three give the same bytes (tests/unit/test_kernels.py); -1 without the kernels.
     """

@@ -79,7 +79,7 @@ static int simd_best(void) {
 
 /* mode 0: portable; mode > 0: at most that level; mode < 0: the current one, AVX2 (or less) when not
  * chosen yet. AVX-512 is opt-in (mode 2): its vertical pass is a third faster, yet the whole program
- * measured 1-2 % more CPU with it on the development VM (docs/benchmarks.md, 2026-12-02). */
+ * measured 1-7 % more CPU with it on a 2-core VM (docs/benchmarks.md, "The worker's CPU per image"). */
 int raydl_simd(int mode) {
     if (mode == 0) simd_state = 0;
     else if (mode > 0) {

@@ -31,7 +31,7 @@ The order is a keyed bijection of [0, n) (a Feistel network with cycle
 walking), evaluated only at the positions asked for: a rank computes the ids
 of its own batches in O(batch_size) and never the whole permutation, so the
 plan's cost per batch does not grow with world size or dataset size
-(docs/benchmarks.md, control plane).
+(docs/benchmarks.md, "The control plane at scale").
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A listing of 1.28 M files (ImageNet) is kept compactly as it streams in: each
 URI and etag as UTF-8 bytes appended to one buffer with its end offset, sizes
 and class numbers in typed arrays, so the driver holds about 100 bytes per
-file while listing (the catalog's own columns and little else) where a Python
-list of (key, ObjectInfo) held about 700 (docs/benchmarks.md, listing).
+file while listing (the catalog's own columns and little else), where a Python
+list of (key, ObjectInfo) would hold about 700 (docs/benchmarks.md, "Listing at scale").
 """
 
 from __future__ import annotations

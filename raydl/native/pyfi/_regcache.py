@@ -14,7 +14,7 @@ the registration when the object goes, and a new object never matches an old
 entry (an entry is found by identity and checked alive), so reused virtual
 addresses cannot hit a stale registration. Objects that cannot be watched
 (bytes-likes without weakrefs, torch tensors, whose storage views share) are
-registered per read, as before.
+registered per read.
 """
 
 from __future__ import annotations
