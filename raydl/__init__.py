@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from raydl import errors
     from raydl.consume.iterator import DataIterator, IteratorStats
-    from raydl.dataset import Dataset, mix, read_images, read_parquet, read_webdataset
+    from raydl.dataset import Dataset, mix, read_images, read_parquet, read_tokens, read_webdataset
     from raydl.execute.loader import Loader
     from raydl.options import Cache, S3Options
 
@@ -36,6 +36,7 @@ __all__ = [
     "mix",
     "read_images",
     "read_parquet",
+    "read_tokens",
     "read_webdataset",
 ]
 
@@ -50,6 +51,7 @@ _HOME = {
     "mix": "raydl.dataset",
     "read_images": "raydl.dataset",
     "read_parquet": "raydl.dataset",
+    "read_tokens": "raydl.dataset",
     "read_webdataset": "raydl.dataset",
 }
 

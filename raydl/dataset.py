@@ -32,7 +32,7 @@ from raydl.options import LoaderConfig, S3Options, keyword_signature, loader_con
 from raydl.sources.images import list_image_folder
 from raydl.storage import resolve, split_scheme, storage_for
 
-__all__ = ["Dataset", "mix", "read_images", "read_parquet", "read_webdataset"]
+__all__ = ["Dataset", "mix", "read_images", "read_parquet", "read_tokens", "read_webdataset"]
 
 
 def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | None = None) -> Dataset:
@@ -181,6 +181,60 @@ def read_parquet(
     patterns = [p[len("file://") :] if p.startswith("file://") else p for p in patterns]
     catalog = list_parquet(
         patterns, storage=storage, columns=columns, image_column=image_column, label_column=label_column
+    )
+    return Dataset(catalog)
+
+
+def read_tokens(
+    paths: str | list[str],
+    *,
+    seq_len: int,
+    column: str = "input_ids",
+    eod: int | None = None,
+    dtype: str = "int64",
+    s3: S3Options | None = None,
+) -> Dataset:
+    """A token corpus cut into windows of `seq_len` + 1 tokens: Megatron-LM indexed datasets and Parquet
+    tables of token lists, local or s3://.
+
+    `paths`: one path, a pattern or a list of them. A path whose PATH.bin and PATH.idx exist is a
+    Megatron-LM indexed dataset named by its prefix (a pattern may match the .bin files); a .parquet file
+    is a table whose `column` is a list of integers, one document a row. Their documents, in the order
+    given, are one token stream, with `eod` after every document where it is set. Window i is the stream's
+    tokens [i*seq_len, i*seq_len + seq_len + 1), and the dataset has (tokens - 1) // seq_len of them.
+
+    A batch holds input_ids (B, seq_len), a window's first seq_len tokens, labels (B, seq_len), its last
+    seq_len, and position_ids (B, seq_len), each token's position in its document (from the index, never
+    from looking for `eod`), all as `dtype` ("int64" or "int32"), with "id" and "key".
+
+    Listing reads the .idx files and Parquet footers only. A bad index, a .bin shorter than its index, a
+    column that is not a list of integers or fewer than seq_len + 1 tokens is an error naming the file
+    (docs/data.md).
+    """
+    from raydl.sources.tokens import list_tokens
+
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ValueError(f"read_tokens: seq_len must be an integer >= 1, got {seq_len!r}")
+    if eod is not None and (isinstance(eod, bool) or not isinstance(eod, (int, np.integer)) or eod < 0):
+        raise ValueError(f"read_tokens: eod must be None or a token id (an integer >= 0), got {eod!r}")
+    if dtype not in ("int64", "int32"):
+        raise ValueError(f"read_tokens: dtype must be 'int64' or 'int32', got {dtype!r}")
+    if not isinstance(column, str) or not column:
+        raise ValueError(f"read_tokens: column must be a column name, got {column!r}")
+    patterns = [paths] if isinstance(paths, str) else [str(p) for p in paths]
+    if not patterns:
+        raise ValueError("read_tokens: paths must name at least one token corpus")
+    schemes = {split_scheme(p)[0] for p in patterns}
+    if len(schemes) > 1:
+        raise ValueError(f"all token corpus paths must use one scheme, got {sorted(schemes)} in {paths!r}")
+    storage = storage_for(patterns[0], s3)
+    catalog = list_tokens(
+        patterns,
+        storage=storage,
+        seq_len=int(seq_len),
+        column=column,
+        eod=None if eod is None else int(eod),
+        dtype=dtype,
     )
     return Dataset(catalog)
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from raydl.batch.collate import collate, infer_field
 from raydl.batch.member import MemberReader
+from raydl.batch.whole import WholeBatchRun
 from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, DecodeError, LoaderError
 from raydl.plan.failures import Failure, Replaced
@@ -42,7 +43,12 @@ def run_together(jobs: list[tuple[MemberReader, BatchTask, dict[str, np.ndarray]
     every one's reads start before any is waited for. On a failure, raise once none of their tasks still
     runs."""
     rows = sum(len(task.ids) for _w, task, _i in jobs) or 1
-    runs = [BatchRun(member, task, images, len(task.ids) / rows) for member, task, images in jobs]
+    runs = [
+        WholeBatchRun(member, task)
+        if member.source.reads_batches
+        else BatchRun(member, task, images, len(task.ids) / rows)
+        for member, task, images in jobs
+    ]
     try:
         for run in runs:
             run._start_fetches()

@@ -23,7 +23,8 @@ Every source (raydl/sources) subclasses `Source`: the worker asks it where a
 batch's samples are (`locate`, a `Located` of byte ranges), reads the blocks
 it fetches through it (`read_block`) and has it cut each sample's fields out
 of its range (`cut`). A source's optional capabilities are attributes of
-`Source` with defaults (`cut_views`, `reads_labels`): read them directly.
+`Source` with defaults (`cut_views`, `reads_labels`, `reads_batches`, `shuffle_window`): read them
+directly. A source that `reads_batches` (token windows) makes a whole batch in one `read_batch` call.
 
 Two fingerprints (hashed by raydl/describe/fingerprint.py):
 - `samples_fingerprint` covers every parts column but the sizes and the
@@ -124,6 +125,19 @@ class Source(abc.ABC):
     """The samples carry a label (batch["label"]): an image folder's class, a WebDataset label member, a
     Parquet label column. Where the driver does not hold the labels (`Catalog.labels()` is None), they
     are read with the samples."""
+
+    reads_batches: bool = False
+    """The source makes a whole batch at once (`read_batch`), with no per-sample ranges, cuts or decodes: a
+    token corpus, whose samples are windows of one token stream, cut out of it in a few numpy calls."""
+
+    shuffle_window: int | None = None
+    """The source's default for LoaderConfig.shuffle_window (parts shuffled together; 0: all). None: 0 where
+    `range_is_sample`, else a few parts (raydl/plan/build.py)."""
+
+    def read_batch(self, catalog: Catalog, storage: Storage, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch of samples `ids` as arrays by field (with "key"), where `reads_batches`. A
+        DataSourceError when its bytes cannot be had or are not as listed: it fails the batch."""
+        raise NotImplementedError(f"the {self.name} source reads its samples one at a time")
 
     @abc.abstractmethod
     def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:

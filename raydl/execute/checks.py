@@ -31,6 +31,11 @@ def _check_pipeline(catalog: Catalog, pipeline: Pipeline) -> list[tuple[str, boo
             f".decode() has no image field to decode: the {catalog.source.name} source's fields are "
             f"{[f.name for f in fields]}, none of them an image; drop .decode() and the image stages"
         )
+    if catalog.source.reads_batches and pipeline.sample_stages:
+        raise ValueError(
+            f"the {catalog.source.name} source makes whole batches: per-sample stages (.map, .pad) do not "
+            "apply to it; use .map_batches"
+        )
     if decoded:
         program.slot_shapes()  # a ValueError when batches cannot have one image shape
     from ray import cloudpickle

@@ -61,6 +61,8 @@ def part_window(catalog: Catalog, config: LoaderConfig) -> int:
     """The parts shuffled together (LoaderConfig.shuffle_window, or its source's default); 0: all."""
     window = config.shuffle_window
     if window is None:
+        window = catalog.source.shuffle_window
+    if window is None:
         window = 0 if catalog.source.range_is_sample else DEFAULT_PART_WINDOW
     return window if catalog.num_parts < len(catalog) else 0  # one sample a part: global
 

@@ -1,0 +1,368 @@
+"""The token source as a loader worker runs it: a batch of windows cut out of the token stream at once.
+
+The stream is the catalog's *units* in order (a Megatron `.bin`, a Parquet row group), each the documents
+it holds, with the end-of-document token after each where `eod` is set. Window i is the stream's tokens
+[i·L, i·L + L + 1). A batch's tokens are found in a few numpy calls: each token's part (a binary search
+over the parts' token starts), its unit and its offset in the unit's stream; then, per unit, its document
+(a binary search over the unit's document starts), its offset in the document (its position) and its
+value, gathered from the unit's tokens: a memory-mapped local `.bin`, ranged reads of a remote one (one
+per window, neighbours merged), or a decoded Parquet row group.
+
+What a unit needs is loaded once per process and kept: a Megatron index is memory-mapped (local) or
+fetched once (remote, through the node cache where the loader has one) and checked again as at listing;
+its document starts (one int64 per document) are made once. Parquet row groups are decoded by pyarrow and
+kept by an LRU bounded by bytes (the default shuffle window is sized to fit in it).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from raydl.describe.catalog import Catalog, Located, Source
+from raydl.describe.fields import Field
+from raydl.errors import DataSourceError, LoaderError, ObjectChangedError
+from raydl.sources._megatron import map_file, parse_index
+from raydl.sources._parquet_file import open_pieces, parse_footer
+from raydl.sources._parquet_source import BoundedLRU
+from raydl.sources._version import mtime_ns
+from raydl.storage import ObjectInfo, Storage, split_scheme
+from raydl.util.arrow import StringColumn, int_column
+
+__all__ = ["ROW_GROUP_CACHE_BYTES", "TOKEN_PARTS", "TokenSource", "clear_token_caches", "parquet_token_leaf"]
+
+TOKEN_PARTS = ("shard", "count", "tokens", "first", "index", "rg")
+ROW_GROUP_CACHE_BYTES = 512 << 20  # decoded Parquet row groups a process keeps
+_READ_THREADS = 16  # ranged reads of remote .bin files at once
+
+_units = BoundedLRU(1 << 12, 1 << 40, size=lambda u: u.nbytes)  # Megatron units: their document starts
+_row_groups = BoundedLRU(1 << 12, ROW_GROUP_CACHE_BYTES, size=lambda u: u.nbytes)
+_footers = BoundedLRU(1 << 12, 64 << 20, size=lambda f: f[1])
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def clear_token_caches() -> None:
+    """Forget every index, footer and row group this process keeps (tests rewrite files)."""
+    for cache in (_units, _row_groups, _footers):
+        cache.clear()
+
+
+def _reads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="raydl-tokens")
+        return _pool
+
+
+def parquet_token_leaf(md, column: str, uri: str) -> int:
+    """The leaf column of `column` in a Parquet file's metadata, which must be a list (large, fixed-size)
+    of integers: a ValueError naming the file otherwise."""
+    schema = md.schema.to_arrow_schema()
+    if column not in schema.names:
+        raise ValueError(f"{uri} has no column {column!r}; its columns are {schema.names}")
+    kind = schema.field(column).type
+    listy = pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    if not (listy and pa.types.is_integer(kind.value_type)):
+        raise ValueError(f"{uri}: column {column!r} is {kind}, not a list of integers (one document a row)")
+    leaves = [i for i in range(md.num_columns) if md.schema.column(i).path.split(".")[0] == column]
+    if len(leaves) != 1:
+        raise ValueError(f"{uri}: column {column!r} has {len(leaves)} leaf columns, not one")
+    return leaves[0]
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One unit's tokens as a window reads them: document starts in its stream (`starts`, D + 1 of them),
+    lengths, and its values (an array, or None where they are read in ranges from `uri`)."""
+
+    uri: str
+    starts: np.ndarray
+    lengths: np.ndarray
+    values: np.ndarray | None
+    itemsize: int
+    dtype: np.dtype
+    etag: str
+    nbytes: int = field(default=0)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenSource(Source):
+    """A sample is a window of `seq_len` + 1 tokens of the stream (see the module docstring)."""
+
+    seq_len: int
+    eod: int | None
+    dtype: str
+    column: str
+    shuffle_window: int | None = 0
+    name: str = "tokens"
+    range_is_sample: bool = False
+    reads_batches: bool = True
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        return (Field("input_ids", "array"), Field("labels", "array"), Field("position_ids", "array"))
+
+    # -- the batch -------------------------------------------------------------------------------
+    def read_batch(self, catalog: Catalog, storage: Storage, ids: np.ndarray) -> dict[str, np.ndarray]:
+        ids = np.asarray(ids, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(catalog)):
+            raise LoaderError(f"window ids must be in [0, {len(catalog)})")
+        layout = _layout(catalog)
+        L = self.seq_len
+        t = ids[:, None] * L + np.arange(L + 1, dtype=np.int64)  # every window's stream tokens
+        part = np.searchsorted(layout.starts, t, side="right") - 1
+        local = t - layout.starts[part] + layout.first[part]  # offset in its unit's stream
+        unit = layout.unit[part]
+        tokens = np.empty(t.shape, np.int64)
+        pos = np.empty(t.shape, np.int64)
+        whole = unit[:, 0] == unit[:, -1]  # most windows lie in one unit: read row by row
+        for u in np.unique(unit[whole, 0]).tolist():
+            rows = np.flatnonzero(whole & (unit[:, 0] == u))
+            tokens[rows], pos[rows] = self._read(catalog, storage, layout, u, local[rows])
+        for r in np.flatnonzero(~whole).tolist():  # across units: one piece of the row per unit
+            for u in np.unique(unit[r]).tolist():
+                cols = np.flatnonzero(unit[r] == u)
+                got, at = self._read(catalog, storage, layout, u, local[r, cols][None, :])
+                tokens[r, cols], pos[r, cols] = got[0], at[0]
+        out = np.dtype(self.dtype)
+        return {
+            "input_ids": tokens[:, :-1].astype(out),
+            "labels": tokens[:, 1:].astype(out),
+            "position_ids": pos[:, :-1].astype(out),
+            "key": [str(i) for i in ids.tolist()],
+        }
+
+    def _read(self, catalog, storage, layout, u: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and positions of the stream offsets `local` (rows of contiguous offsets) of unit u."""
+        unit = self._unit(catalog, storage, layout, u)
+        doc = np.searchsorted(unit.starts, local, side="right") - 1
+        pos = local - unit.starts[doc]
+        at = local - doc if self.eod is not None else local  # the eod tokens are not stored
+        n = int(unit.starts[-1] - (len(unit.lengths) if self.eod is not None else 0))
+        np.minimum(at, max(n - 1, 0), out=at)  # an eod's place is clipped to a stored one, then replaced
+        if unit.values is not None:
+            tokens = unit.values[at].astype(np.int64)
+        else:
+            tokens = self._remote(storage, unit, at)
+        if self.eod is not None:
+            tokens[pos >= unit.lengths[doc]] = self.eod
+        return tokens, pos
+
+    def _remote(self, storage: Storage, unit: _Unit, at: np.ndarray) -> np.ndarray:
+        """The tokens at indices `at` (rows of ascending indices) of a remote .bin: one ranged read per run
+        of overlapping or adjacent rows."""
+        lo, hi = at.min(axis=1), at.max(axis=1) + 1
+        order = np.argsort(lo, kind="stable")
+        runs: list[list[int]] = []
+        for r in order.tolist():
+            if runs and lo[r] <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], int(hi[r]))
+                runs[-1][2].append(r)
+            else:
+                runs.append([int(lo[r]), int(hi[r]), [r]])
+        isz, etag = unit.itemsize, unit.etag or None
+
+        def fetch(run):
+            a, b, _rows = run
+            data = storage.read_range(unit.uri, a * isz, (b - a) * isz, etag=etag)
+            if len(data) != (b - a) * isz:
+                raise DataSourceError(
+                    f"{unit.uri}: read {len(data)} bytes at {a * isz}, not {(b - a) * isz}", uri=unit.uri
+                )
+            return np.frombuffer(data, unit.dtype)
+
+        pieces = list(_reads().map(fetch, runs)) if len(runs) > 1 else [fetch(runs[0])]
+        out = np.empty(at.shape, np.int64)
+        for (a, _b, rows), piece in zip(runs, pieces, strict=True):
+            out[rows] = piece[at[rows] - a]
+        return out
+
+    def _unit(self, catalog: Catalog, storage: Storage, layout: _Layout, u: int) -> _Unit:
+        p = int(layout.unit_part[u])
+        shard, index, rg = int(layout.shard[p]), int(layout.index[p]), int(layout.rg[p])
+        info = layout.info(catalog, shard)
+        stamp = mtime_ns(info)
+        if index >= 0:
+            idx = layout.info(catalog, index)
+            key = (info.uri, info.etag, info.size, stamp, idx.uri, idx.etag, idx.size, self.eod is not None)
+            unit = _units.get(key, lambda: self._megatron(storage, info, idx))
+        else:
+            key = (info.uri, info.etag, info.size, stamp, rg, self.column, self.eod is not None)
+            unit = _row_groups.get(key, lambda: self._row_group(storage, info, rg))
+        if int(unit.starts[-1]) != int(layout.unit_tokens[u]):
+            where = info.uri if index >= 0 else f"{info.uri} row group {rg}"
+            raise ObjectChangedError(
+                f"{where} holds {int(unit.starts[-1])} tokens, not the {int(layout.unit_tokens[u])} it held "
+                "when it was listed (it changed, or holds null tokens)",
+                uri=info.uri,
+            )
+        return unit
+
+    def _megatron(self, storage: Storage, bin_info: ObjectInfo, idx_info: ObjectInfo) -> _Unit:
+        local = split_scheme(idx_info.uri)[0] == "file"
+        try:
+            data = map_file(idx_info.uri) if local else storage.read(idx_info.uri)
+        except OSError as exc:
+            raise DataSourceError(f"cannot read {idx_info.uri}: {exc}", uri=idx_info.uri) from exc
+        index = parse_index(idx_info.uri, data, bin_info.uri, bin_info.size)
+        e = 1 if self.eod is not None else 0
+        starts = np.zeros(index.sequences + 1, np.int64)
+        np.cumsum(index.lengths + e if e else index.lengths, dtype=np.int64, out=starts[1:])
+        values = None
+        if local and index.tokens:
+            values = np.memmap(bin_info.uri, index.dtype, mode="r", shape=(index.tokens,))
+        return _Unit(
+            bin_info.uri,
+            starts,
+            index.lengths,
+            values,
+            index.dtype.itemsize,
+            index.dtype,
+            bin_info.etag,
+            nbytes=starts.nbytes + (0 if local else len(data)),
+        )
+
+    def _row_group(self, storage: Storage, info: ObjectInfo, rg: int) -> _Unit:
+        md, _n = _footers.get(
+            (info.uri, info.etag, info.size, mtime_ns(info)), lambda: _footer(storage, info)
+        )
+        if rg >= md.num_row_groups:
+            raise ObjectChangedError(f"{info.uri} has no row group {rg} now", uri=info.uri)
+        try:
+            leaf = parquet_token_leaf(md, self.column, info.uri)
+        except ValueError as exc:
+            raise ObjectChangedError(f"{info.uri} changed after it was listed: {exc}", uri=info.uri) from None
+        chunk = md.row_group(rg).column(leaf)
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
+            start = min(start, chunk.dictionary_page_offset)
+        data = storage.read_range(info.uri, start, chunk.total_compressed_size, etag=info.etag or None)
+        try:
+            table = open_pieces(info.uri, info.size, md, {start: data}).read_row_group(
+                rg, columns=[self.column]
+            )
+            column = table.column(self.column).combine_chunks()
+            lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
+            values = column.flatten()
+        except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
+            raise DataSourceError(
+                f"{info.uri}: cannot decode column {self.column!r} of row group {rg}: {exc}", uri=info.uri
+            ) from exc
+        if values.null_count or len(values) != int(lengths.sum()):
+            raise DataSourceError(
+                f"{info.uri}: row group {rg} of column {self.column!r} holds null tokens", uri=info.uri
+            )
+        e = 1 if self.eod is not None else 0
+        starts = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths + e, out=starts[1:])
+        array = values.to_numpy(zero_copy_only=False)
+        return _Unit(
+            info.uri,
+            starts,
+            lengths,
+            array,
+            array.itemsize,
+            array.dtype,
+            info.etag,
+            nbytes=starts.nbytes + lengths.nbytes + array.nbytes,
+        )
+
+    # -- the per-sample contract: for tools (where a window starts); a worker reads whole batches --------
+    def locate(self, catalog: Catalog, ids: np.ndarray) -> Located:
+        ids = np.asarray(ids, np.int64)
+        part, _ = catalog.locate(ids)
+        shard = catalog.column("shard")[part].astype(np.int64)
+        zeros = np.zeros(len(ids), np.int64)
+        return Located(
+            shard=shard,
+            offset=zeros,
+            length=zeros.copy(),
+            row=ids * self.seq_len,
+            key=[str(i) for i in ids.tolist()],
+            label=np.full(len(ids), -1, np.int64),
+        )
+
+    def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
+        return storage.read_range(shard.uri, offset, length, etag=shard.etag or None) if length else b""
+
+    def cut(self, located: Located, i: int, data: bytes) -> dict[str, object]:
+        raise LoaderError("token windows are read a batch at a time (TokenSource.read_batch), not cut")
+
+    def sample_uri(self, shard_uri: str, key: str) -> str:
+        return f"{shard_uri}#window{key}"
+
+
+def _footer(storage: Storage, info: ObjectInfo):
+    from raydl.sources.parquet import read_footer
+
+    tail = read_footer(storage, info)
+    try:
+        return parse_footer(tail), len(tail)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataSourceError(f"{info.uri}: corrupt Parquet footer ({exc})", uri=info.uri) from exc
+
+
+@dataclass
+class _Layout:
+    """A catalog's parts as a batch maps tokens to them: each part's first stream token, its unit (a .bin or
+    a row group: parts of one unit are neighbours), the unit's tokens; made once per catalog and process."""
+
+    starts: np.ndarray
+    first: np.ndarray
+    unit: np.ndarray
+    unit_part: np.ndarray
+    unit_tokens: np.ndarray
+    shard: np.ndarray
+    index: np.ndarray
+    rg: np.ndarray
+    uris: StringColumn
+    etags: StringColumn
+    sizes: np.ndarray
+
+    def info(self, catalog: Catalog, shard: int) -> ObjectInfo:
+        return ObjectInfo(self.uris[shard], int(self.sizes[shard]), self.etags[shard])
+
+
+_layouts: dict[str, _Layout] = {}
+_layouts_lock = threading.Lock()
+
+
+def _layout(catalog: Catalog) -> _Layout:
+    with _layouts_lock:
+        got = _layouts.get(catalog.fingerprint)
+        if got is not None:
+            return got
+    tokens = catalog.column("tokens")
+    starts = np.zeros(len(tokens) + 1, np.int64)
+    np.cumsum(tokens, out=starts[1:])
+    shard, rg, first = catalog.column("shard"), catalog.column("rg"), catalog.column("first")
+    new = np.ones(len(tokens), bool)
+    new[1:] = (shard[1:] != shard[:-1]) | (rg[1:] != rg[:-1]) | (first[1:] == 0)
+    unit = np.cumsum(new) - 1
+    unit_part = np.flatnonzero(new)
+    unit_tokens = np.add.reduceat(tokens, unit_part) if len(tokens) else np.zeros(0, np.int64)
+    layout = _Layout(
+        starts=starts,
+        first=first,
+        unit=unit,
+        unit_part=unit_part,
+        unit_tokens=unit_tokens,
+        shard=shard,
+        index=catalog.column("index"),
+        rg=rg,
+        uris=StringColumn(catalog.shards.column("uri")),
+        etags=StringColumn(catalog.shards.column("etag")),
+        sizes=int_column(catalog.shards.column("size")),
+    )
+    with _layouts_lock:
+        if len(_layouts) > 64:
+            _layouts.clear()
+        _layouts[catalog.fingerprint] = layout
+    return layout
