@@ -113,7 +113,7 @@ def parse_index(idx_uri: str, data, bin_uri: str, bin_size: int) -> MegatronInde
             where = 0 if k == 0 else int(ends[k - 1])
             raise DataSourceError(
                 f"{idx_uri}: sequence {k} starts at byte {int(pointers[k])} of {bin_uri}, not at {where} "
-                "where the one before it ends; raydl reads sequences laid end to end, as Megatron writes them",
+                "where the one before it ends; raydl reads sequences laid end to end (as Megatron writes)",
                 uri=idx_uri,
             )
     total = int(ends[-1]) if seqs else 0

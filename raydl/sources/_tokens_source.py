@@ -16,6 +16,7 @@ kept by an LRU bounded by bytes (the default shuffle window is sized to fit in i
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ def clear_token_caches() -> None:
     """Forget every index, footer and row group this process keeps (tests rewrite files)."""
     for cache in (_units, _row_groups, _footers):
         cache.clear()
+    with _layouts_lock:
+        _layouts.clear()
 
 
 def _reads() -> ThreadPoolExecutor:
@@ -208,7 +211,19 @@ class TokenSource(Source):
     def _megatron(self, storage: Storage, bin_info: ObjectInfo, idx_info: ObjectInfo) -> _Unit:
         local = split_scheme(idx_info.uri)[0] == "file"
         try:
-            data = map_file(idx_info.uri) if local else storage.read(idx_info.uri)
+            if local:
+                for info in (bin_info, idx_info):
+                    now = os.path.getsize(info.uri)
+                    if now != info.size:
+                        raise ObjectChangedError(
+                            f"{info.uri} changed after it was listed: it is {now} bytes, not {info.size}",
+                            uri=info.uri,
+                        )
+            data = (
+                map_file(idx_info.uri)
+                if local
+                else storage.read_range(idx_info.uri, 0, idx_info.size, etag=idx_info.etag or None)
+            )
         except OSError as exc:
             raise DataSourceError(f"cannot read {idx_info.uri}: {exc}", uri=idx_info.uri) from exc
         index = parse_index(idx_info.uri, data, bin_info.uri, bin_info.size)
@@ -330,13 +345,14 @@ class _Layout:
         return ObjectInfo(self.uris[shard], int(self.sizes[shard]), self.etags[shard])
 
 
-_layouts: dict[str, _Layout] = {}
+_layouts: dict[tuple[str, str], _Layout] = {}
 _layouts_lock = threading.Lock()
 
 
 def _layout(catalog: Catalog) -> _Layout:
+    key = (catalog.fingerprint, catalog.root)  # the same files elsewhere have the fingerprint, not the root
     with _layouts_lock:
-        got = _layouts.get(catalog.fingerprint)
+        got = _layouts.get(key)
         if got is not None:
             return got
     tokens = catalog.column("tokens")
@@ -364,5 +380,5 @@ def _layout(catalog: Catalog) -> _Layout:
     with _layouts_lock:
         if len(_layouts) > 64:
             _layouts.clear()
-        _layouts[catalog.fingerprint] = layout
+        _layouts[key] = layout
     return layout

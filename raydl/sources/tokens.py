@@ -157,7 +157,11 @@ def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple
         _kind, bin_info, idx_info = unit
         local = split_scheme(idx_info.uri)[0] == "file"
         try:
-            data = map_file(idx_info.uri) if local else storage.read(idx_info.uri)
+            data = (
+                map_file(idx_info.uri)
+                if local
+                else storage.read_range(idx_info.uri, 0, idx_info.size, etag=idx_info.etag or None)
+            )
         except OSError as exc:
             raise DataSourceError(f"cannot read {idx_info.uri}: {exc}", uri=idx_info.uri) from exc
         index = parse_index(idx_info.uri, data, bin_info.uri, bin_info.size)
