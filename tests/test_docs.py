@@ -391,6 +391,7 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         **_cache_triggers(tmp),
         **_batch_format_triggers(),
         **_mix_triggers(tmp),
+        **_tokens_triggers(tmp),
         "DataSourceError: … is not a Parquet file (…)": [
             lambda: raydl.read_parquet(str(tmp / "junk.parquet"), image_column="img")],
         "DataSourceError: …: corrupt Parquet footer (…)": [
@@ -562,6 +563,62 @@ def _record_triggers(tmp: Path) -> dict[str, list]:
         "LoaderError: field '…' has shape … in … and … in …, in one batch: a batch needs one shape per field; make "
         "one with .pad('…', length) or a map": [
             lambda: collate(Field("emb", "array"), [np.zeros(2), np.zeros(3)], lambda r: f"s{r}")],
+    }
+
+
+def _tokens_triggers(tmp: Path) -> dict[str, list]:
+    """read_tokens' listing errors: bad Megatron indexes and .bin files, bad columns, bad arguments."""
+    import struct
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import raydl
+
+    def megatron(name, *, magic=b"MMIDIDX\x00\x00", version=1, code=4, count=2, pointers=(0, 40), cut=0,
+                 lengths=(10, 6)):
+        (tmp / f"{name}.bin").write_bytes(bytes(64 - cut))
+        (tmp / f"{name}.idx").write_bytes(struct.pack("<9sQBQQ", magic, version, code, count, 3)
+                                          + np.array(lengths, np.int32).tobytes()
+                                          + np.array(pointers, np.int64).tobytes() + np.arange(3).tobytes())
+        return lambda: raydl.read_tokens(str(tmp / name), seq_len=2)
+
+    megatron("ok")
+    pq.write_table(pa.table({"t": pa.array([["a"]]), "n": [1]}), tmp / "strings.parquet")
+    (tmp / "notes.txt").write_text("x")
+    (tmp / "lone.bin").write_bytes(b"")
+    tokens = lambda **kw: lambda: raydl.read_tokens(str(tmp / "ok.bin"), **kw)  # noqa: E731
+    return {
+        "DataSourceError: … is not a Megatron-LM index: no MMIDIDX magic at its start": [
+            megatron("magic", magic=b"NOTANIDX\x00")],
+        "DataSourceError: …: Megatron-LM index version …; raydl reads version 1": [megatron("v2", version=2)],
+        "DataSourceError: …: token dtype code … is not an integer token type (1 uint8, 2 int8, 3 int16, 4 int32, "
+        "5 int64, 8 uint16)": [megatron("float", code=7)],
+        "DataSourceError: …: the index says … sequences and … documents, which need … bytes, but it has …": [
+            megatron("count", count=1 << 60)],
+        "DataSourceError: …: sequence … has length …": [megatron("negative", lengths=(10, -6))],
+        "DataSourceError: …: sequence …'s pointer … is past the end of … (… bytes)": [
+            megatron("past", pointers=(0, 1 << 40))],
+        "DataSourceError: …: sequence … starts at byte … of …, not at … where the one before it ends; raydl reads "
+        "sequences laid end to end (as Megatron writes)": [megatron("gap", pointers=(0, 8))],
+        "DataSourceError: … is … bytes, shorter than the … bytes its index … gives its … sequences": [
+            megatron("short", cut=4)],
+        "ValueError: …: column '…' is …, not a list of integers (one document a row)": [
+            lambda: raydl.read_tokens(str(tmp / "strings.parquet"), seq_len=1, column="t")],
+        "DataSourceError: … holds … tokens in all, fewer than a window of seq_len + 1 = …": [
+            lambda: raydl.read_tokens(str(tmp / "ok"), seq_len=16)],
+        "ValueError: read_tokens: seq_len must be an integer >= 1, got …": [tokens(seq_len=0)],
+        "ValueError: read_tokens: eod must be None or a token id (an integer >= 0), got …": [tokens(seq_len=1, eod=-1)],
+        "ValueError: read_tokens: dtype must be 'int64' or 'int32', got …": [tokens(seq_len=1, dtype="float32")],
+        "DataSourceError: '…' does not exist (nor do both '…' and '…')": [
+            lambda: raydl.read_tokens(str(tmp / "nothing"), seq_len=1)],
+        "DataSourceError: … has no … beside it (…); a Megatron dataset is PREFIX.bin and PREFIX.idx": [
+            lambda: raydl.read_tokens(str(tmp / "lone*.bin"), seq_len=1)],
+        "ValueError: … is neither a Megatron dataset (name it by its prefix: PREFIX.bin and PREFIX.idx) nor a "
+        ".parquet file": [lambda: raydl.read_tokens(str(tmp / "notes.txt"), seq_len=1)],
+        "ValueError: the … source makes whole batches: per-sample stages (.map, .pad) do not apply to it; use "
+        ".map_batches": [lambda: raydl.read_tokens(str(tmp / "ok"), seq_len=2).map(dict).loader(batch_size=2)],
     }
 
 
