@@ -38,7 +38,7 @@ BLOCKS = {
     "README.md": {"python": 6, "bash": 2, "bash run": 1},
     "docs/benchmarks.md": {"bash": 18},
     "docs/configs.md": {"python": 1, "bash": 1, "bash run": 1, "yaml": 2},
-    "docs/data.md": {"python": 3, "bash": 1},
+    "docs/data.md": {"python": 4, "bash": 1},
     "docs/errors.md": {"python": 1},
 }
 
