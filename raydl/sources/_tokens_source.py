@@ -118,45 +118,79 @@ class TokenSource(Source):
         if ids.size and (ids.min() < 0 or ids.max() >= len(catalog)):
             raise LoaderError(f"window ids must be in [0, {len(catalog)})")
         layout = _layout(catalog)
-        L = self.seq_len
-        t = ids[:, None] * L + np.arange(L + 1, dtype=np.int64)  # every window's stream tokens
-        part = np.searchsorted(layout.starts, t, side="right") - 1
-        local = t - layout.starts[part] + layout.first[part]  # offset in its unit's stream
-        unit = layout.unit[part]
-        tokens = np.empty(t.shape, np.int64)
-        pos = np.empty(t.shape, np.int64)
-        whole = unit[:, 0] == unit[:, -1]  # most windows lie in one unit: read row by row
-        for u in np.unique(unit[whole, 0]).tolist():
-            rows = np.flatnonzero(whole & (unit[:, 0] == u))
-            tokens[rows], pos[rows] = self._read(catalog, storage, layout, u, local[rows])
-        for r in np.flatnonzero(~whole).tolist():  # across units: one piece of the row per unit
-            for u in np.unique(unit[r]).tolist():
-                cols = np.flatnonzero(unit[r] == u)
-                got, at = self._read(catalog, storage, layout, u, local[r, cols][None, :])
-                tokens[r, cols], pos[r, cols] = got[0], at[0]
+        n, width = len(ids), self.seq_len + 1
+        start = ids * self.seq_len  # each window's first stream token
+        first = np.searchsorted(layout.starts, start, side="right") - 1
+        last = np.searchsorted(layout.starts, start + width - 1, side="right") - 1
+        unit = layout.unit[first]
+        local = start - layout.starts[first] + layout.first[first]  # offset in its unit's stream
         out = np.dtype(self.dtype)
-        return {
-            "input_ids": tokens[:, :-1].astype(out),
-            "labels": tokens[:, 1:].astype(out),
-            "position_ids": pos[:, :-1].astype(out),
-            "key": [str(i) for i in ids.tolist()],
-        }
+        batch = {k: np.empty((n, self.seq_len), out) for k in ("input_ids", "labels", "position_ids")}
+        whole = unit == layout.unit[last]  # most windows lie in one unit
+        for u in sorted(set(unit[whole].tolist())):  # a few units a batch (np.unique costs ms here)
+            rows = np.flatnonzero(whole & (unit == u))
+            into = slice(None) if len(rows) == n else rows
+            tokens, pos = self._read(catalog, storage, layout, u, local[rows], width)
+            batch["input_ids"][into] = tokens[:, :-1]
+            batch["labels"][into] = tokens[:, 1:]
+            batch["position_ids"][into] = pos
+        for r in np.flatnonzero(~whole).tolist():  # across units: a piece of the row from each
+            t = start[r] + np.arange(width, dtype=np.int64)
+            part = np.searchsorted(layout.starts, t, side="right") - 1
+            units = layout.unit[part]
+            cuts = np.flatnonzero(np.diff(units)) + 1
+            row_tokens, row_pos = np.empty(width, np.int64), np.empty(width, np.int64)
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), width], strict=True):
+                p = part[a]
+                at = np.array([t[a] - layout.starts[p] + layout.first[p]])
+                piece = (catalog, storage, layout, int(units[a]), at, b - a)
+                got, where = self._read(*piece, all_positions=True)
+                row_tokens[a:b], row_pos[a:b] = got[0], where[0]
+            batch["input_ids"][r], batch["labels"][r] = row_tokens[:-1], row_tokens[1:]
+            batch["position_ids"][r] = row_pos[:-1]
+        batch["key"] = [str(i) for i in ids.tolist()]
+        return batch
 
-    def _read(self, catalog, storage, layout, u: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens and positions of the stream offsets `local` (rows of contiguous offsets) of unit u."""
+    def _read(
+        self, catalog, storage, layout, u: int, local: np.ndarray, width: int, *, all_positions: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of `width` stream tokens of unit u from each offset in `local`, and their positions (of all
+        but the last, unless `all_positions`). The documents a row crosses are found from its two ends (two
+        binary searches a row), not token by token."""
         unit = self._unit(catalog, storage, layout, u)
-        doc = np.searchsorted(unit.starts, local, side="right") - 1
-        pos = local - unit.starts[doc]
-        at = local - doc if self.eod is not None else local  # the eod tokens are not stored
-        n = int(unit.starts[-1] - (len(unit.lengths) if self.eod is not None else 0))
-        np.minimum(at, max(n - 1, 0), out=at)  # an eod's place is clipped to a stored one, then replaced
-        if unit.values is not None:
-            tokens = unit.values[at].astype(np.int64)
-        else:
-            tokens = self._remote(storage, unit, at)
-        if self.eod is not None:
-            tokens[pos >= unit.lengths[doc]] = self.eod
-        return tokens, pos
+        starts, eod = unit.starts, self.eod
+        rows = len(local)
+        d0 = np.searchsorted(starts, local, side="right") - 1  # the document of each row's first token
+        d1 = np.searchsorted(starts, local + width, side="right") - 1  # ... of the token after its last
+        count = d1 - d0  # document starts in (local, local + width]: each row's boundaries
+        row = np.repeat(np.arange(rows), count)
+        nth = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        rel = starts[d0[row] + 1 + nth] - local[row]  # in [1, width]
+        # a token's position: its offset from the latest document start at or before it
+        span = width if all_positions else width - 1
+        inside = rel < span
+        begin = np.full((rows, span), np.iinfo(np.int64).min, np.int64)
+        begin[:, 0] = starts[d0] - local
+        begin[row[inside], rel[inside]] = rel[inside]
+        np.maximum.accumulate(begin, axis=1, out=begin)
+        np.subtract(np.arange(span, dtype=np.int64), begin, out=begin)
+        at = local[:, None] + np.arange(width, dtype=np.int64)
+        if eod is not None:  # the eod tokens are not stored: a token's value index skips the eods before it
+            inside = rel < width
+            seen = np.zeros((rows, width), np.int64)
+            seen[row[inside], rel[inside]] = 1
+            np.cumsum(seen, axis=1, out=seen)
+            seen += d0[:, None]
+            at -= seen
+            stored = int(starts[-1]) - len(unit.lengths)
+            np.minimum(at, max(stored - 1, 0), out=at)  # an eod's place: clipped to a stored one, then set
+        tokens = unit.values[at] if unit.values is not None else self._remote(storage, unit, at)
+        if eod is not None:
+            info = np.iinfo(tokens.dtype)
+            if not info.min <= eod <= info.max:
+                tokens = tokens.astype(np.int64)
+            tokens[row, rel - 1] = eod  # each document's last stream token is its eod
+        return tokens, begin
 
     def _remote(self, storage: Storage, unit: _Unit, at: np.ndarray) -> np.ndarray:
         """The tokens at indices `at` (rows of ascending indices) of a remote .bin: one ranged read per run
@@ -182,7 +216,7 @@ class TokenSource(Source):
             return np.frombuffer(data, unit.dtype)
 
         pieces = list(_reads().map(fetch, runs)) if len(runs) > 1 else [fetch(runs[0])]
-        out = np.empty(at.shape, np.int64)
+        out = np.empty(at.shape, unit.dtype)
         for (a, _b, rows), piece in zip(runs, pieces, strict=True):
             out[rows] = piece[at[rows] - a]
         return out
