@@ -118,3 +118,25 @@ def test_a_weighted_mix_of_two_token_corpora(ray_local, corpora):
             np.testing.assert_array_equal(b["input_ids"][row], ref[src][sid, :-1])
             sources[src] += 1
     assert sources["meg"] == 48 and sources["par"] == 16
+
+
+def test_a_killed_worker_is_replaced_and_the_epoch_is_the_same(ray_local, corpora):
+    """Killing the loader worker mid-epoch of a Megatron corpus: its batches run again on a replacement, and
+    the epoch's windows are those of an undisturbed one (a worker keeps nothing but its caches)."""
+    import ray
+
+    root, docs, _p = corpora
+    ds = raydl.read_tokens([str(root / "a"), str(root / "b")], seq_len=SEQ)
+    windows, _pos = naive_windows(docs, SEQ, None)
+    with ds.loader(batch_size=8, seed=5, num_workers=1) as loader:
+        expected = np.concatenate([b["id"] for b in _epoch(loader.iterator(0))])
+        loader.refresh()  # the worker is up
+        it = loader.iterator(0)
+        got = []
+        for i, b in enumerate(it.iter_batches()):
+            got.append(b["id"])
+            np.testing.assert_array_equal(b["input_ids"], windows[b["id"], :-1])
+            if i == 1:
+                ray.kill(loader.workers()[0].handle, no_restart=True)
+        assert it.stats().retries >= 1
+    np.testing.assert_array_equal(np.concatenate(got), expected)
