@@ -23,8 +23,9 @@ Every source (raydl/sources) subclasses `Source`: the worker asks it where a
 batch's samples are (`locate`, a `Located` of byte ranges), reads the blocks
 it fetches through it (`read_block`) and has it cut each sample's fields out
 of its range (`cut`). A source's optional capabilities are attributes of
-`Source` with defaults (`cut_views`, `reads_labels`, `reads_batches`, `shuffle_window`): read them
-directly. A source that `reads_batches` (token windows) makes a whole batch in one `read_batch` call.
+`Source` with defaults (`cut_views`, `reads_labels`, `reads_batches`,
+`shuffle_window`, `sample_bytes`): read them directly. A source that
+`reads_batches` (token windows) makes a whole batch in one `read_batch` call.
 
 Two fingerprints (hashed by raydl/describe/fingerprint.py):
 - `samples_fingerprint` covers every parts column but the sizes and the
@@ -133,6 +134,10 @@ class Source(abc.ABC):
     shuffle_window: int | None = None
     """The source's default for LoaderConfig.shuffle_window (parts shuffled together; 0: all). None: 0 where
     `range_is_sample`, else a few parts (raydl/plan/build.py)."""
+
+    sample_bytes: int | None = None
+    """Bytes one sample takes in a batch, where the source knows them without reading (token windows); None:
+    the plan estimates them (raydl/plan/build.py)."""
 
     def read_batch(self, catalog: Catalog, storage: Storage, ids: np.ndarray) -> dict[str, np.ndarray]:
         """The batch of samples `ids` as arrays by field (with "key"), where `reads_batches`. A

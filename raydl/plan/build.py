@@ -183,6 +183,8 @@ def _unsized(catalog: Catalog, bucket_of: np.ndarray) -> tuple[Failure, ...]:
 def _sample_bytes(catalog: Catalog, program: SampleProgram | None) -> int:
     """About what one sample takes in a batch: its decoded image fields at their largest shape, else (no
     decoded image) its bytes as stored, on average."""
+    if catalog.source.sample_bytes:
+        return catalog.source.sample_bytes
     decoded = decoded_fields(program, catalog.source.fields)
     if not decoded:
         stored = int(int_column(catalog.shards.column("size")).sum())

@@ -112,6 +112,11 @@ class TokenSource(Source):
     def fields(self) -> tuple[Field, ...]:
         return (Field("input_ids", "array"), Field("labels", "array"), Field("position_ids", "array"))
 
+    @property
+    def sample_bytes(self) -> int:
+        """A window's three rows in the batch (the object-store budget counts them)."""
+        return 3 * self.seq_len * np.dtype(self.dtype).itemsize
+
     # -- the batch -------------------------------------------------------------------------------
     def read_batch(self, catalog: Catalog, storage: Storage, ids: np.ndarray) -> dict[str, np.ndarray]:
         ids = np.asarray(ids, np.int64)

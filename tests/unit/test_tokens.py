@@ -269,3 +269,14 @@ def test_a_file_changed_after_listing_fails_the_batch_naming_it(tmp_path):
     cat = dataclasses.replace(ds.catalog, shards=ds.catalog.shards)  # as listed
     with pytest.raises(DataSourceError, match=r"ch\.bin"):
         cat.source.read_batch(cat, cat.storage, np.arange(3))
+
+
+def test_the_plan_counts_a_windows_batch_bytes(tmp_path):
+    """The plan's batch size in bytes (the object-store budget) is the three (B, seq_len) arrays of `dtype`."""
+    from raydl.options import LoaderConfig
+    from raydl.plan.build import build_plan
+
+    write_megatron(str(tmp_path / "pb"), random_docs(50, "uint8", 9), "uint8")
+    ds = raydl.read_tokens(str(tmp_path / "pb"), seq_len=16, dtype="int32")
+    plan = build_plan(ds.mixture(), LoaderConfig(batch_size=4))
+    assert plan.batch_bytes == 4 * 3 * 16 * 4
