@@ -27,14 +27,15 @@ from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
 from raydl.sources._expand import expand_urls, is_plain
 from raydl.sources._megatron import map_file, parse_index
-from raydl.sources._parquet_file import parse_footer
+from raydl.sources._parquet_file import footer_of, parse_footer
 from raydl.sources._tokens_source import ROW_GROUP_CACHE_BYTES, TokenSource, parquet_token_leaf
 from raydl.sources.parquet import read_footer
 from raydl.storage import ObjectInfo, Storage, split_scheme
 
-__all__ = ["CHUNK_TOKENS", "list_tokens"]
+__all__ = ["CHUNK_TOKENS", "MAX_UNIT_TOKENS", "list_tokens"]
 
 CHUNK_TOKENS = 1 << 22  # a .bin's parts: stretches of its stream this long
+MAX_UNIT_TOKENS = 1 << 40  # a row group's footer claiming more is crafted: sums of such counts could overflow
 _MAX_WINDOW = 16  # Parquet row groups shuffled together, at most (fewer where they would not fit the cache)
 _LISTING_THREADS = 16
 
@@ -168,6 +169,7 @@ def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple
         return [(index.tokens + e * index.sequences, -1, index.dtype.itemsize)]
     info = unit[1]
     tail = read_footer(storage, info)
+    footer_of(info.uri, info.size, tail)  # raydl's own checks of the footer against the file first
     try:
         md = parse_footer(tail)
     except (OSError, pa.ArrowException, ValueError) as exc:
@@ -180,5 +182,12 @@ def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple
         chunk = rg.column(leaf)
         stats = chunk.statistics
         nulls = stats.null_count if stats is not None and stats.has_null_count else 0
-        out.append((max(0, chunk.num_values - nulls) + e * rg.num_rows, g, width))
+        tokens = max(0, chunk.num_values - nulls) + e * rg.num_rows
+        if tokens > MAX_UNIT_TOKENS:
+            raise DataSourceError(
+                f"{info.uri}: row group {g} says it holds {tokens} tokens, more than raydl reads in one "
+                f"({MAX_UNIT_TOKENS})",
+                uri=info.uri,
+            )
+        out.append((tokens, g, width))
     return out
