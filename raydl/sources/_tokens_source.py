@@ -179,6 +179,11 @@ class TokenSource(Source):
         begin[row[inside], rel[inside]] = rel[inside]
         np.maximum.accumulate(begin, axis=1, out=begin)
         np.subtract(np.arange(span, dtype=np.int64), begin, out=begin)
+        if eod is None and unit.values is not None:  # each row is one slice of the values: copy it
+            tokens = np.empty((rows, width), unit.values.dtype)
+            for r, a in enumerate(local.tolist()):
+                tokens[r] = unit.values[a : a + width]
+            return tokens, begin
         at = local[:, None] + np.arange(width, dtype=np.int64)
         if eod is not None:  # the eod tokens are not stored: a token's value index skips the eods before it
             inside = rel < width
