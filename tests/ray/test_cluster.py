@@ -499,3 +499,31 @@ def test_an_unwritable_cache_folder_fails_loader_naming_the_path_and_the_node(cl
         _loader(image_folder, batch_size=8, node_resource="loader", cache=raydl.Cache(bad, max_bytes=1 << 20))
     assert bad in str(info.value) and any(n in str(info.value) for n in labelled)
     assert "NotADirectoryError" in str(info.value)
+
+
+def test_a_token_corpus_epoch_survives_a_removed_node(cluster, tmp_path):
+    """A Megatron token corpus (batches of > 100 KiB, kept in the making node's store): killing a node mid-epoch,
+    its batches rerun elsewhere and every rank gets the windows planned, each equal to its slice of the stream."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from tokens_util import naive_windows, write_megatron
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 60000, rng.integers(1, 3000)).astype(np.uint16) for _ in range(180)]
+    write_megatron(str(tmp_path / "corpus"), docs, "uint16")
+    ds = raydl.read_tokens(str(tmp_path / "corpus"), seq_len=4096, eod=65535)
+    windows, pos = naive_windows(docs, 4096, 65535)
+    with ds.loader(batch_size=4, seed=8, world_size=2, node_resource="loader", cpus_per_worker=0.25) as loader:
+        expected = [_ids(list(loader.iterator(r).iter_batches())) for r in range(2)]
+        its = [loader.iterator(r) for r in range(2)]
+        got, _victim = _epoch_losing_a_node(cluster, its)
+        for r in range(2):
+            np.testing.assert_array_equal(got[r], expected[r])
+        assert sum(it.stats().retries for it in its) >= 1
+        for b in its[0].iter_batches():  # the next epoch, on the nodes left
+            np.testing.assert_array_equal(b["input_ids"], windows[b["id"], :-1])
+            np.testing.assert_array_equal(b["position_ids"], pos[b["id"], :-1])
+    cluster.add_node(num_cpus=1, resources={"loader": 1})  # the module's cluster keeps two labelled nodes
+    cluster.wait_for_nodes()
