@@ -184,6 +184,8 @@ class TokenSource(Source):
             for r, a in enumerate(local.tolist()):
                 tokens[r] = unit.values[a : a + width]
             return tokens, begin
+        if unit.values is not None and len(rel) <= 8 * rows + 64:  # few documents: copy the runs between eods
+            return self._runs_with_eod(unit.values, local - d0, rel, count, width), begin
         at = local[:, None] + np.arange(width, dtype=np.int64)
         if eod is not None:  # the eod tokens are not stored: a token's value index skips the eods before it
             inside = rel < width
@@ -201,6 +203,25 @@ class TokenSource(Source):
                 tokens = tokens.astype(np.int64)
             tokens[row, rel - 1] = eod  # each document's last stream token is its eod
         return tokens, begin
+
+    def _runs_with_eod(self, values, first, rel, count, width: int) -> np.ndarray:
+        """Rows of `width` stream tokens, row r's stored tokens starting at value `first[r]`, with an eod
+        before each of its document starts `rel` (relative to the row): a slice copy per run between eods."""
+        eod = self.eod
+        info = np.iinfo(values.dtype)
+        tokens = np.empty((len(first), width), values.dtype if info.min <= eod <= info.max else np.int64)
+        rel, at = rel.tolist(), (np.cumsum(count) - count).tolist()
+        for r, (v, n) in enumerate(zip(first.tolist(), count.tolist(), strict=True)):
+            s = 0
+            for e in rel[at[r] : at[r] + n]:  # the eod of the document before this start is at e - 1
+                if e - 1 > s:
+                    tokens[r, s : e - 1] = values[v : v + e - 1 - s]
+                    v += e - 1 - s
+                tokens[r, e - 1] = eod
+                s = e
+            if s < width:
+                tokens[r, s:] = values[v : v + width - s]
+        return tokens
 
     def _remote(self, storage: Storage, unit: _Unit, at: np.ndarray) -> np.ndarray:
         """The tokens at indices `at` (rows of ascending indices) of a remote .bin: one ranged read per run

@@ -280,3 +280,19 @@ def test_the_plan_counts_a_windows_batch_bytes(tmp_path):
     ds = raydl.read_tokens(str(tmp_path / "pb"), seq_len=16, dtype="int32")
     plan = build_plan(ds.mixture(), LoaderConfig(batch_size=4))
     assert plan.batch_bytes == 4 * 3 * 16 * 4
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_many_short_documents_and_remote_reads_with_eod(tmp_path, monkeypatch, remote):
+    """Documents of 0 to 2 tokens (dozens in a window: the vectorized path) and long ones (a few: runs copied
+    between eods), local or read in ranges as a remote .bin, with eod: every window equals the naive one."""
+    if remote:
+        monkeypatch.setattr(tokens_source, "split_scheme", lambda uri: ("s3", uri))
+    short, long = random_docs(400, "int16", 11, max_len=2), random_docs(20, "int16", 12, max_len=300)
+    write_megatron(str(tmp_path / "short"), short, "int16")
+    write_megatron(str(tmp_path / "long"), long, "int16")
+    for seq_len in (3, 64):
+        ds = raydl.read_tokens(
+            [str(tmp_path / "short"), str(tmp_path / "long")], seq_len=seq_len, eod=-1 + 40000
+        )
+        _check(ds, short + long, seq_len, 39999, np.random.default_rng(seq_len).permutation(len(ds)))
