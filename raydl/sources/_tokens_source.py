@@ -32,6 +32,7 @@ from raydl.sources._megatron import map_file, parse_index
 from raydl.sources._parquet_file import open_pieces, parse_footer
 from raydl.sources._parquet_source import BoundedLRU
 from raydl.sources._version import mtime_ns
+from raydl.sources.parquet import read_footer
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import StringColumn, int_column
 
@@ -380,8 +381,6 @@ class TokenSource(Source):
 
 
 def _footer(storage: Storage, info: ObjectInfo):
-    from raydl.sources.parquet import read_footer
-
     tail = read_footer(storage, info)
     try:
         return parse_footer(tail), len(tail)
