@@ -27,8 +27,8 @@ the whole folder, seconds at a million entries), and this process's and other pr
 on meanwhile in the room between. What such a pass evicts is counted by the next `take_evicted_behind`.
 A write that does not fit under max_bytes makes room first: it runs the pass itself, or, when another
 process or thread runs one, waits up to ROOM_WAIT_S for room and is otherwise left out (its bytes are
-handed on as they are). A hit touches its
-entry's mtime, which is what "recently used" means across processes.
+handed on as they are). A hit touches its entry's mtime, which is what "recently used" means across
+processes.
 
 Faults: any OSError while writing (a full disk, a read-only folder, a link where a folder should be)
 abandons the entry, and the first such failure in a process is warned about; the caller hands on the
