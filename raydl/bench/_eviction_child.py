@@ -1,7 +1,7 @@
 """One process of `raydl bench cache --eviction`: fills a node cache folder, evicts from it, or writes beside
 the eviction, and prints one JSON line.
 
-Run by path with PYTHONPATH naming the checkout to measure (this one, or an older raydl's): it uses only what
+Run by path with PYTHONPATH naming the checkout to measure (this one, or another): it uses only what
 every raydl's node cache has, `NodeCache(path, max_bytes).put(uri, etag, offset, length, data)`, and reports
 which `node_cache.py` it imported.
 

@@ -201,7 +201,7 @@ _MAX_COUNT = 2**31 - 1  # world sizes and batch sizes
 
 def _state_fields(state: object) -> dict[str, Any]:
     """A state's fields, each checked for its type and range alone (what fits this plan is checked after):
-    a ValueError naming the field. Fields a state of an older raydl may lack get their meaning then:
+    a ValueError naming the field. Fields a state may lack get their meaning then:
     shuffle_window 0 (the whole epoch shuffled together), buckets and mix None, rank unchecked."""
     if not isinstance(state, Mapping):
         raise ValueError(

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from raydl.errors import DataSourceError
+from raydl.storage import ObjectInfo, Storage, split_scheme
 
-__all__ = ["MAGIC", "TOKEN_DTYPES", "MegatronIndex", "map_file", "parse_index", "write_index"]
+__all__ = ["MAGIC", "TOKEN_DTYPES", "MegatronIndex", "map_file", "parse_index", "read_index", "write_index"]
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, documents: 34 bytes
@@ -60,6 +61,17 @@ def map_file(path: str) -> memoryview | bytes:
         if size == 0:
             return b""
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def read_index(storage: Storage, idx_info: ObjectInfo) -> memoryview | bytes:
+    """A .idx's bytes: memory-mapped where local, else fetched whole (it was listed at this size and etag);
+    a DataSourceError naming it when it cannot be read."""
+    try:
+        if split_scheme(idx_info.uri)[0] == "file":
+            return map_file(idx_info.uri)
+        return storage.read_range(idx_info.uri, 0, idx_info.size, etag=idx_info.etag or None)
+    except OSError as exc:
+        raise DataSourceError(f"cannot read {idx_info.uri}: {exc}", uri=idx_info.uri) from exc
 
 
 def parse_index(idx_uri: str, data, bin_uri: str, bin_size: int) -> MegatronIndex:

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, LoaderError, ObjectChangedError
-from raydl.sources._megatron import map_file, parse_index
+from raydl.sources._megatron import parse_index, read_index
 from raydl.sources._parquet_file import open_pieces, parse_footer
 from raydl.sources._parquet_source import BoundedLRU
 from raydl.sources._version import mtime_ns
@@ -285,13 +285,9 @@ class TokenSource(Source):
                             f"{info.uri} changed after it was listed: it is {now} bytes, not {info.size}",
                             uri=info.uri,
                         )
-            data = (
-                map_file(idx_info.uri)
-                if local
-                else storage.read_range(idx_info.uri, 0, idx_info.size, etag=idx_info.etag or None)
-            )
         except OSError as exc:
             raise DataSourceError(f"cannot read {idx_info.uri}: {exc}", uri=idx_info.uri) from exc
+        data = read_index(storage, idx_info)
         index = parse_index(idx_info.uri, data, bin_info.uri, bin_info.size)
         e = 1 if self.eod is not None else 0
         starts = np.zeros(index.sequences + 1, np.int64)

@@ -26,7 +26,7 @@ import pyarrow as pa
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
 from raydl.sources._expand import expand_urls, is_plain
-from raydl.sources._megatron import map_file, parse_index
+from raydl.sources._megatron import parse_index, read_index
 from raydl.sources._parquet_file import footer_of, parse_footer
 from raydl.sources._tokens_source import ROW_GROUP_CACHE_BYTES, TokenSource, parquet_token_leaf
 from raydl.sources.parquet import read_footer
@@ -156,16 +156,7 @@ def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple
     dataset is one, a Parquet file one per row group."""
     if unit[0] == "megatron":
         _kind, bin_info, idx_info = unit
-        local = split_scheme(idx_info.uri)[0] == "file"
-        try:
-            data = (
-                map_file(idx_info.uri)
-                if local
-                else storage.read_range(idx_info.uri, 0, idx_info.size, etag=idx_info.etag or None)
-            )
-        except OSError as exc:
-            raise DataSourceError(f"cannot read {idx_info.uri}: {exc}", uri=idx_info.uri) from exc
-        index = parse_index(idx_info.uri, data, bin_info.uri, bin_info.size)
+        index = parse_index(idx_info.uri, read_index(storage, idx_info), bin_info.uri, bin_info.size)
         return [(index.tokens + e * index.sequences, -1, index.dtype.itemsize)]
     info = unit[1]
     tail = read_footer(storage, info)
