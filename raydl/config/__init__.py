@@ -6,7 +6,7 @@ stages and the loader's options (raydl.options.LoaderConfig, which is what
 imports it where a config is turned into a Dataset. A file under configs/
 holds these sections (see docs/configs.md):
 
-    source:   where the samples are  -> raydl.read_images / read_webdataset / read_parquet
+    source:   where the samples are  -> raydl.read_images / read_webdataset / read_parquet / read_tokens
     pipeline: the Dataset stage methods, in order (decode, random_resized_crop, ...)
     loader:   LoaderConfig fields
     val:      optional validation data: its own source, pipeline and loader fields
@@ -42,6 +42,7 @@ from raydl.config.schema import (
     ParquetSource,
     PipelineConfig,
     StageSpec,
+    TokensSource,
     ValConfig,
     WebDatasetSource,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "PipelineConfig",
     "S3Options",
     "StageSpec",
+    "TokensSource",
     "ValConfig",
     "WebDatasetSource",
     "load_config",

@@ -1,6 +1,6 @@
 """The schema of a YAML config file: one frozen dataclass per section, validated on construction.
 
-    source:   ImagesSource, WebDatasetSource or ParquetSource (SOURCES, by `kind`): read() lists it
+    source:   ImagesSource, WebDatasetSource, ParquetSource or TokensSource (SOURCES, by `kind`): read() lists it
     pipeline: PipelineConfig, a tuple of StageSpec (a Dataset stage method and its arguments)
     loader:   raydl.options.LoaderConfig
     val:      ValConfig (its own source, pipeline and loader)
@@ -27,6 +27,7 @@ __all__ = [
     "ParquetSource",
     "PipelineConfig",
     "StageSpec",
+    "TokensSource",
     "ValConfig",
     "WebDatasetSource",
 ]
@@ -111,6 +112,39 @@ class ParquetSource:
         )
 
 
+@dataclass(frozen=True)
+class TokensSource:
+    """`source: {kind: tokens, paths: ..., seq_len: N}` -> raydl.read_tokens(...): Megatron-LM indexed
+    datasets (named by prefix) and Parquet token tables, local or s3://, cut into windows of seq_len + 1."""
+
+    kind: ClassVar[str] = "tokens"
+    paths: str | tuple[str, ...]
+    seq_len: int
+    column: str = "input_ids"
+    eod: int | None = None
+    dtype: str = "int64"
+    s3: S3Options | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, str) and not self.paths:
+            raise ValueError("source.paths must be a non-empty string or list, got ''")
+        positive_int("source.seq_len", self.seq_len)
+        if self.eod is not None:
+            check_number("source.eod", self.eod, integer=True, at_least=0)
+        if self.dtype not in ("int64", "int32"):
+            raise ValueError(f"source.dtype must be 'int64' or 'int32', got {self.dtype!r}")
+        if not isinstance(self.column, str) or not self.column:
+            raise ValueError(f"source.column must be a non-empty string, got {self.column!r}")
+
+    def read(self):
+        from raydl.dataset import read_tokens
+
+        paths = self.paths if isinstance(self.paths, str) else list(self.paths)
+        return read_tokens(
+            paths, seq_len=self.seq_len, column=self.column, eod=self.eod, dtype=self.dtype, s3=self.s3
+        )
+
+
 def _generate_images(path: str, n: int, seed: int) -> None:
     """Demo images written to a sibling folder and renamed into place, so concurrent readers never see
     half."""
@@ -130,7 +164,12 @@ def _generate_images(path: str, n: int, seed: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-SOURCES: dict[str, type] = {"images": ImagesSource, "parquet": ParquetSource, "webdataset": WebDatasetSource}
+SOURCES: dict[str, type] = {
+    "images": ImagesSource,
+    "parquet": ParquetSource,
+    "tokens": TokensSource,
+    "webdataset": WebDatasetSource,
+}
 
 
 @dataclass(frozen=True)
