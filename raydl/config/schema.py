@@ -1,6 +1,6 @@
 """The schema of a YAML config file: one frozen dataclass per section, validated on construction.
 
-    source:   ImagesSource, WebDatasetSource, ParquetSource or TokensSource (SOURCES, by `kind`): read() lists it
+    source:   ImagesSource, WebDatasetSource, ParquetSource, TokensSource (SOURCES, by `kind`); read() lists
     pipeline: PipelineConfig, a tuple of StageSpec (a Dataset stage method and its arguments)
     loader:   raydl.options.LoaderConfig
     val:      ValConfig (its own source, pipeline and loader)
