@@ -230,6 +230,45 @@ def test_bad_megatron_files_are_named_at_listing(tmp_path, kw, match):
         raydl.read_tokens(prefix, seq_len=2)
 
 
+@pytest.mark.parametrize(
+    "defect,match",
+    [
+        ("negative", r"big\.idx: sequence 9 has length -3"),
+        ("pointer", r"big\.idx: sequence 10 starts at byte 44 of .*big\.bin, not at 40"),
+        ("short", r"big\.bin is 46 bytes, shorter than the 48 bytes its index"),
+        ("long", r"big\.idx: sequence 8 starts at byte 32 of .*big\.bin, not at 68"),
+    ],
+)
+def test_an_index_is_checked_in_chunks_with_the_same_errors(tmp_path, monkeypatch, defect, match):
+    """The index is checked a chunk of sequences at a time (here 4): a defect in a later chunk names the
+    right sequence and byte, and where the sequences before it end carries across chunks."""
+    import raydl.sources._megatron as megatron
+
+    monkeypatch.setattr(megatron, "_CHECK_CHUNK", 4)
+    docs = [np.arange(1, dtype=np.int32) for _ in range(12)]  # 12 sequences of 1 int32 token: 48 bytes
+    lengths = [1] * 12
+    pointers = [4 * i for i in range(12)]
+    if defect == "negative":
+        lengths[9] = -3
+    if defect == "pointer":
+        pointers[10] = 44
+    if defect == "long":  # sequence 7 says 10 tokens: its chunk ends past the .bin before the next is read
+        lengths[7] = 10
+    write_megatron(
+        str(tmp_path / "big"), docs, "int32", pointers=pointers, bin_cut=2 if defect == "short" else 0
+    )
+    if defect in ("negative", "long"):  # lengths the documents written do not have
+        idx = tmp_path / "big.idx"
+        raw = bytearray(idx.read_bytes())
+        raw[34 : 34 + 48] = np.asarray(lengths, np.int32).tobytes()
+        idx.write_bytes(bytes(raw))
+    with pytest.raises(DataSourceError, match=match):
+        raydl.read_tokens(str(tmp_path / "big"), seq_len=2)
+    monkeypatch.setattr(megatron, "_CHECK_CHUNK", 1 << 20)
+    with pytest.raises(DataSourceError, match=match):  # the same error in one chunk
+        raydl.read_tokens(str(tmp_path / "big"), seq_len=2)
+
+
 def test_bad_arguments_columns_and_sizes(tmp_path):
     """seq_len < 1, a bad dtype, a column that is not a list of integers, a missing column, too few tokens and
     a path that is neither kind are clear errors naming the argument or the file."""
