@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, LoaderError, ObjectChangedError
-from raydl.sources._megatron import parse_index, read_index
+from raydl.sources._megatron import map_file, parse_index, read_index
 from raydl.sources._parquet_file import open_pieces, parse_footer
 from raydl.sources._parquet_source import BoundedLRU
 from raydl.sources._version import mtime_ns
@@ -79,6 +79,29 @@ def parquet_token_leaf(md, column: str, uri: str) -> int:
     if len(leaves) != 1:
         raise ValueError(f"{uri}: column {column!r} has {len(leaves)} leaf columns, not one")
     return leaves[0]
+
+
+def _positions(starts: np.ndarray, local: np.ndarray, width: int, all_positions: bool):
+    """Each row's token positions in their documents, for rows of `width` stream tokens from each offset in
+    `local` of a unit whose documents start at `starts` (of all but the last token, unless
+    `all_positions`); with each row's first document `d0` and its document starts inside it (`row`, `rel`:
+    relative to the row, in [1, width]; `count` a row). Two binary searches a row, not one a token."""
+    rows = len(local)
+    d0 = np.searchsorted(starts, local, side="right") - 1  # the document of each row's first token
+    d1 = np.searchsorted(starts, local + width, side="right") - 1  # ... of the token after its last
+    count = d1 - d0  # document starts in (local, local + width]: each row's boundaries
+    row = np.repeat(np.arange(rows), count)
+    nth = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    rel = starts[d0[row] + 1 + nth] - local[row]  # in [1, width]
+    # a token's position: its offset from the latest document start at or before it
+    span = width if all_positions else width - 1
+    inside = rel < span
+    begin = np.full((rows, span), np.iinfo(np.int64).min, np.int64)
+    begin[:, 0] = starts[d0] - local
+    begin[row[inside], rel[inside]] = rel[inside]
+    np.maximum.accumulate(begin, axis=1, out=begin)
+    np.subtract(np.arange(span, dtype=np.int64), begin, out=begin)
+    return begin, d0, row, rel, count
 
 
 @dataclass(frozen=True)
@@ -136,7 +159,16 @@ class TokenSource(Source):
         for u in sorted(set(unit[whole].tolist())):  # a few units a batch (np.unique costs ms here)
             rows = np.flatnonzero(whole & (unit == u))
             into = slice(None) if len(rows) == n else rows
-            tokens, pos = self._read(catalog, storage, layout, u, local[rows], width)
+            held = self._unit(catalog, storage, layout, u)
+            if self.eod is None and held.values is not None:  # a mapped .bin: copy straight into the batch
+                at = local[rows]
+                batch["position_ids"][into] = _positions(held.starts, at, width, False)[0]
+                inputs, labels, values, seq = batch["input_ids"], batch["labels"], held.values, self.seq_len
+                for r, a in zip(rows.tolist(), at.tolist(), strict=True):
+                    inputs[r] = values[a : a + seq]
+                    labels[r] = values[a + 1 : a + 1 + seq]
+                continue
+            tokens, pos = self._read(catalog, storage, layout, u, local[rows], width, unit=held)
             batch["input_ids"][into] = tokens[:, :-1]
             batch["labels"][into] = tokens[:, 1:]
             batch["position_ids"][into] = pos
@@ -158,28 +190,23 @@ class TokenSource(Source):
         return batch
 
     def _read(
-        self, catalog, storage, layout, u: int, local: np.ndarray, width: int, *, all_positions: bool = False
+        self,
+        catalog,
+        storage,
+        layout,
+        u: int,
+        local: np.ndarray,
+        width: int,
+        *,
+        all_positions: bool = False,
+        unit: _Unit | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of `width` stream tokens of unit u from each offset in `local`, and their positions (of all
         but the last, unless `all_positions`). The documents a row crosses are found from its two ends (two
         binary searches a row), not token by token."""
-        unit = self._unit(catalog, storage, layout, u)
-        starts, eod = unit.starts, self.eod
-        rows = len(local)
-        d0 = np.searchsorted(starts, local, side="right") - 1  # the document of each row's first token
-        d1 = np.searchsorted(starts, local + width, side="right") - 1  # ... of the token after its last
-        count = d1 - d0  # document starts in (local, local + width]: each row's boundaries
-        row = np.repeat(np.arange(rows), count)
-        nth = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        rel = starts[d0[row] + 1 + nth] - local[row]  # in [1, width]
-        # a token's position: its offset from the latest document start at or before it
-        span = width if all_positions else width - 1
-        inside = rel < span
-        begin = np.full((rows, span), np.iinfo(np.int64).min, np.int64)
-        begin[:, 0] = starts[d0] - local
-        begin[row[inside], rel[inside]] = rel[inside]
-        np.maximum.accumulate(begin, axis=1, out=begin)
-        np.subtract(np.arange(span, dtype=np.int64), begin, out=begin)
+        unit = unit or self._unit(catalog, storage, layout, u)
+        eod, rows = self.eod, len(local)
+        begin, d0, row, rel, count = _positions(unit.starts, local, width, all_positions)
         if eod is None and unit.values is not None:  # each row is one slice of the values: copy it
             tokens = np.empty((rows, width), unit.values.dtype)
             for r, a in enumerate(local.tolist()):
@@ -195,7 +222,7 @@ class TokenSource(Source):
             np.cumsum(seen, axis=1, out=seen)
             seen += d0[:, None]
             at -= seen
-            stored = int(starts[-1]) - len(unit.lengths)
+            stored = int(unit.starts[-1]) - len(unit.lengths)
             np.minimum(at, max(stored - 1, 0), out=at)  # an eod's place: clipped to a stored one, then set
         tokens = unit.values[at] if unit.values is not None else self._remote(storage, unit, at)
         if eod is not None:
@@ -294,7 +321,8 @@ class TokenSource(Source):
         np.cumsum(index.lengths + e if e else index.lengths, dtype=np.int64, out=starts[1:])
         values = None
         if local and index.tokens:
-            values = np.memmap(bin_info.uri, index.dtype, mode="r", shape=(index.tokens,))
+            # a plain array over the mapping: np.memmap's slices cost microseconds each in Python
+            values = np.frombuffer(map_file(bin_info.uri), index.dtype, index.tokens)
         return _Unit(
             bin_info.uri,
             starts,
