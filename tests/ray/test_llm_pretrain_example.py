@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, EVERY, CRASH, WORKERS, BATCH, SEQ = 40, 10, 25, 2, 8, 32
@@ -62,13 +63,20 @@ def _run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(600)
-def test_a_killed_run_resumes_on_the_exact_next_window(ray_local, tmp_path):
+def test_a_killed_run_resumes_on_the_exact_next_window(tmp_path):
     """Killed (SIGKILL of the driver) at step 25 after checkpoints at 10 and 20, then started again with
     the same checkpoint folder: the second run trains steps 21..40, and every step of both runs, on every
     rank, consumed the windows of an uninterrupted run's same step."""
     example = _example()
     corpora = example.write_demo_corpora(str(tmp_path / "run" / "corpora"), 60)  # the example reads these
-    expected = _uninterrupted(example, corpora)
+    # A local Ray of the test's own for the reference, gone before the example starts its own.
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        expected = _uninterrupted(example, corpora)
+    finally:
+        ray.shutdown()
 
     killed = _run(tmp_path, "--crash-at-step", str(CRASH))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
