@@ -38,7 +38,7 @@ BLOCKS = {
     "README.md": {"python": 6, "bash": 2, "bash run": 1},
     "docs/benchmarks.md": {"bash": 18},
     "docs/configs.md": {"python": 1, "bash": 1, "bash run": 1, "yaml": 2},
-    "docs/data.md": {"python": 4, "bash": 1},
+    "docs/data.md": {"python": 6, "bash": 1},
     "docs/errors.md": {"python": 1},
 }
 
@@ -146,6 +146,8 @@ def _example_args(name: str, tmp: Path) -> list[str]:
     if name == "train.py":
         return ["--set", f"source.path={tmp}/train", "--set", f"val.source.path={tmp}/val",
                 "--set", f"job.state_dir={tmp}/state", "--set", "job.epochs=1", "--set", "job.steps_per_epoch=1"]
+    if name == "llm_pretrain.py":  # 300 steps by default: a few minutes on 2 cores
+        return ["--steps", "30", "--checkpoint-every", "10", "--documents", "100", "--checkpoint-dir", f"{tmp}/llm"]
     return []
 
 
