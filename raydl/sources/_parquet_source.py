@@ -179,7 +179,7 @@ _row_groups = BoundedLRU(_CACHE_ROW_GROUPS, CACHE_ROW_GROUP_BYTES, size=lambda v
 _footer_pool: ThreadPoolExecutor | None = None
 _decode_pool: ThreadPoolExecutor | None = None
 _footer_pool_lock = threading.Lock()
-_decodes: collections.Counter = collections.Counter()  # row groups decoded by this process, by cache key
+_decodes: collections.Counter = collections.Counter()  # row groups decoded by this process: (uri, row group)
 
 
 def clear_caches() -> None:
@@ -189,8 +189,8 @@ def clear_caches() -> None:
     _decodes.clear()
 
 
-def decodes() -> dict[str, int]:
-    """How many times this process decoded each row group (by its cache key) since `clear_caches`."""
+def decodes() -> dict[tuple[str, int], int]:
+    """How many times this process decoded each row group ((file, row group)) since `clear_caches`."""
     return dict(_decodes)
 
 
@@ -494,7 +494,7 @@ class ParquetSource(Source):
             rows = read.file.footer.row_groups[read.rg].num_rows
             values = RowGroupValues(self.selection, decoded, rows)
             with _footer_pool_lock:
-                _decodes[read.cache_key] += 1
+                _decodes[(read.uri, read.rg)] += 1
             return values
         except (OSError, pa.ArrowException, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
             what = ", ".join(map(repr, columns))
