@@ -401,7 +401,9 @@ class ParquetSource(Source):
         parts = np.unique(part)
         pool = _decoders()
         reads = [self._row_group(catalog, files, footers, p) for p in parts.tolist()]
-        pending = [pool.submit(self._decoded, read, storage) for read in reads]
+        pending = [
+            _row_groups.peek(read.cache_key) or pool.submit(self._decoded, read, storage) for read in reads
+        ]
         n = len(ids)
         if n and int(ids[-1]) - int(ids[0]) == n - 1 and bool(np.all(np.diff(ids) == 1)):
             last = int(parts[-1])
@@ -409,7 +411,7 @@ class ParquetSource(Source):
                 pool.submit(self._prefetch, catalog, q)
         groups = []
         for read, future, idx in zip(reads, pending, _members(part, parts), strict=True):
-            values = future.result()
+            values = future if isinstance(future, RowGroupValues) else future.result()
             rows = row[idx]
             if len(rows) and int(rows.max()) >= values.rows:
                 raise DataSourceError(
