@@ -14,6 +14,15 @@ runs are read, one request each, when the row group is decoded. pyarrow decodes 
 over just those bytes and the footer, once per process: the decoded row
 groups are kept by an LRU bounded by bytes, and each row is cut out of them
 as numpy views (`_parquet_fields.RowGroupValues`).
+
+Where every selected column is numbers, a label, or an array or list of
+numbers and nothing runs per sample, the worker makes a batch in one
+`read_batch` call instead: its row groups are decoded side by side on a small
+pool of decode threads (with the next ones of an ordered read, ahead of need)
+and its rows gathered out of them per row group and column
+(`_parquet_fields.gather_rows`). The default shuffle window is as many row
+groups as the cache holds (`window_for`), by the footers' estimate of a row
+group decoded, so a shuffled epoch decodes each row group once.
 """
 
 from __future__ import annotations
@@ -231,9 +240,8 @@ class ParquetSource(Source):
     selection: Selection = field(repr=False)
     name: str = "parquet"
     range_is_sample: bool = False
-    row_group_bytes: int = (
-        0  # the largest row group's selected columns decoded, as the footers say (0: unknown)
-    )
+    # the largest row group's selected columns decoded, as the footers say (0: unknown): sizes the window
+    row_group_bytes: int = 0
 
     @property
     def shuffle_window(self) -> int:
