@@ -439,7 +439,9 @@ class ParquetSource(Source):
 
     def _decoded(self, read: _RowGroupRead, storage: Storage) -> RowGroupValues:
         """Row group `read` decoded, from the cache or its bytes (one request per run of chunks)."""
-        return _row_groups.get(read.cache_key, lambda: self._decode(_Part(read, storage), b""))
+        # one pyarrow thread: the decode threads decode row groups side by side, and pyarrow's own threads
+        # for one column of one row group only add start-up and contention
+        return _row_groups.get(read.cache_key, lambda: self._decode(_Part(read, storage), b"", threads=False))
 
     def _prefetch(self, catalog: Catalog, p: int) -> None:
         """Decode part p into the cache ahead of need; whatever fails here is met again, and settled, by the
@@ -482,7 +484,7 @@ class ParquetSource(Source):
                     uri=read.uri,
                 )
 
-    def _decode(self, part: _Part, data: bytes) -> RowGroupValues:
+    def _decode(self, part: _Part, data: bytes, *, threads: bool = True) -> RowGroupValues:
         """The row group's selected columns, decoded by pyarrow in one call over the sample's range `data`
         and the far runs (read here, one request each)."""
         read = part.read
@@ -498,7 +500,7 @@ class ParquetSource(Source):
         columns = [c for c in self.selection.columns if c is not None]
         try:
             table = open_pieces(read.uri, read.size, read.file.meta, pieces).read_row_group(
-                read.rg, columns=self.selection.read_paths
+                read.rg, columns=self.selection.read_paths, use_threads=threads
             )
             decoded = {c: table.column(c).combine_chunks() for c in columns}
             rows = read.file.footer.row_groups[read.rg].num_rows
