@@ -181,3 +181,19 @@ def test_image_columns_and_objects_are_read_sample_by_sample(tmp_path):
     pq.write_table(pa.table({"n": [1, 2], "s": ["a", "b"]}), tmp_path / "s.parquet")
     assert not raydl.read_parquet(str(tmp_path / "s.parquet")).catalog.source.reads_plain_batches
     assert raydl.read_parquet(str(tmp_path / "s.parquet"), columns=["n"]).catalog.source.reads_plain_batches
+
+
+def test_a_loader_worker_decodes_into_jemalloc_or_the_system_allocator(monkeypatch):
+    """arrow_pool_for_decoding moves pyarrow off mimalloc, and leaves a pool named by
+    ARROW_DEFAULT_MEMORY_POOL alone."""
+    from raydl.util.memory import arrow_pool_for_decoding
+
+    before = pa.default_memory_pool()
+    try:
+        assert arrow_pool_for_decoding() in ("jemalloc", "system")
+        assert pa.default_memory_pool().backend_name in ("jemalloc", "system")
+        pa.set_memory_pool(pa.mimalloc_memory_pool())
+        monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
+        assert arrow_pool_for_decoding() == "mimalloc" == pa.default_memory_pool().backend_name
+    finally:
+        pa.set_memory_pool(before)
