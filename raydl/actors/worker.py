@@ -13,6 +13,7 @@ import sys
 from raydl.batch.maker import BatchMaker
 from raydl.batch.spec import MixtureSpec, WorkerSpec
 from raydl.plan.tasks import BatchResult, BatchTask
+from raydl.util.memory import arrow_pool_for_decoding
 
 __all__ = ["BatchResult", "BatchTask", "LoaderWorker", "MixtureSpec", "WorkerSpec"]
 
@@ -21,6 +22,10 @@ class LoaderWorker(BatchMaker):
     """Runs batch tasks for any rank; between tasks it keeps only its threads and its batch buffers."""
 
     _membership = 0  # the coordinator's worker-list version as this worker last heard it
+
+    def __init__(self, *args, **kwargs) -> None:
+        arrow_pool_for_decoding()  # this process is the worker's: its Parquet decodes choose the allocator
+        super().__init__(*args, **kwargs)
 
     def set_membership(self, version: int) -> None:
         """The coordinator's worker list changed (a worker joined, died or was replaced)."""

@@ -46,6 +46,11 @@ class MemberReader:
         self.num_samples = len(catalog)
         self.image_fields = [f for f in self.source.fields if f.kind == "image"]
         self.decoded = decoded_fields(spec.program, self.source.fields)  # (field, is_mask), decoded
+        # a batch is read whole by the source (`read_batch`): always for a source that reads batches; for one
+        # that also can, where nothing runs per sample (no decode, no per-sample stage)
+        self.reads_batches = self.source.reads_batches or (
+            self.source.reads_plain_batches and not self.decoded and not spec.sample_stages
+        )
         self._shard_uris = StringColumn(catalog.shards.column("uri"))
         self._shard_etags = StringColumn(catalog.shards.column("etag"))
         self._shard_sizes = int_column(catalog.shards.column("size"))

@@ -44,8 +44,8 @@ def run_together(jobs: list[tuple[MemberReader, BatchTask, dict[str, np.ndarray]
     runs."""
     rows = sum(len(task.ids) for _w, task, _i in jobs) or 1
     runs = [
-        WholeBatchRun(member, task)
-        if member.source.reads_batches
+        WholeBatchRun(member, task, _per_sample(member, task, images, len(task.ids) / rows))
+        if member.reads_batches
         else BatchRun(member, task, images, len(task.ids) / rows)
         for member, task, images in jobs
     ]
@@ -61,6 +61,14 @@ def run_together(jobs: list[tuple[MemberReader, BatchTask, dict[str, np.ndarray]
             futures_wait(list(run._decode_tasks))
         raise
     return [run._result() for run in runs]
+
+
+def _per_sample(member: MemberReader, task: BatchTask, images: dict[str, np.ndarray], share: float):
+    """How a batch the source reads whole is read sample by sample when its `read_batch` fails: None where
+    the source only reads whole batches."""
+    if member.source.reads_batches:
+        return None
+    return lambda: BatchRun(member, task, images, share)
 
 
 class BatchRun:

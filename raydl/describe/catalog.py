@@ -24,8 +24,10 @@ batch's samples are (`locate`, a `Located` of byte ranges), reads the blocks
 it fetches through it (`read_block`) and has it cut each sample's fields out
 of its range (`cut`). A source's optional capabilities are attributes of
 `Source` with defaults (`cut_views`, `reads_labels`, `reads_batches`,
-`shuffle_window`, `sample_bytes`): read them directly. A source that
-`reads_batches` (token windows) makes a whole batch in one `read_batch` call.
+`reads_plain_batches`, `shuffle_window`, `sample_bytes`): read them directly.
+A source that `reads_batches` (token windows) makes a whole batch in one
+`read_batch` call; one that `reads_plain_batches` (Parquet numbers and arrays)
+does so where no per-sample stage runs, and reads sample by sample otherwise.
 
 Two fingerprints (hashed by raydl/describe/fingerprint.py):
 - `samples_fingerprint` covers every parts column but the sizes and the
@@ -130,6 +132,12 @@ class Source(abc.ABC):
     reads_batches: bool = False
     """The source makes a whole batch at once (`read_batch`), with no per-sample ranges, cuts or decodes: a
     token corpus, whose samples are windows of one token stream, cut out of it in a few numpy calls."""
+
+    reads_plain_batches: bool = False
+    """The source also makes a whole batch at once (`read_batch`) where no per-sample stage runs and no image
+    is decoded (Parquet columns of numbers and arrays): the worker reads batches so, and a batch whose
+    `read_batch` raises a DataSourceError is read again sample by sample (`locate`, `cut`), where on_error
+    settles each sample."""
 
     shuffle_window: int | None = None
     """The source's default for LoaderConfig.shuffle_window (parts shuffled together; 0: all). None: 0 where

@@ -125,6 +125,7 @@ class _Reader:
 class RowGroup:
     num_rows: int
     chunks: tuple[tuple[int, int], ...]  # per leaf column: (offset, length) of its column chunk
+    decoded: tuple[int, ...] = ()  # per leaf column: about the bytes of its values decoded (`decoded_bytes`)
 
 
 _PHYSICAL = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")
@@ -222,6 +223,21 @@ def _leaves(schema: list) -> tuple[tuple[str, ...], tuple[LeafType, ...]]:
     return tuple(leaves), tuple(types)
 
 
+_WIDTH = (1, 4, 8, 12, 4, 8, 4, 0)  # bytes a value of each physical type takes decoded (BYTE_ARRAY: offsets)
+
+
+def decoded_bytes(md: dict, kind: LeafType | None, rows: int) -> int:
+    """About the bytes a column chunk's values take decoded, from its metadata alone: the larger of its
+    pages' uncompressed size and its values at their physical width (dictionary and run-length encoded
+    pages decode to far more than they store), with 8 bytes a row of offsets and validity. The footer's
+    own claims, unverified: what the shuffle window and the row-group cache are sized by."""
+    values, uncompressed = md.get(5), md.get(6)
+    values = values if isinstance(values, int) and values > 0 else 0
+    uncompressed = uncompressed if isinstance(uncompressed, int) and uncompressed > 0 else 0
+    width = _WIDTH[kind.physical] if kind is not None and 0 <= kind.physical < len(_WIDTH) else 0
+    return max(uncompressed, values * width) + 8 * max(0, rows)
+
+
 def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
     """The row groups and leaf columns of the FileMetaData `meta`, the footer of the `file_size`-byte file
     `uri`; a DataSourceError naming the file when anything in it is malformed or out of range."""
@@ -244,7 +260,7 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
                 raise _Corrupt(
                     f"row group {g} has {len(columns)} column chunks for {len(leaves)} leaf columns"
                 )
-            chunks = []
+            chunks, decoded = [], []
             for c, column in enumerate(columns):
                 md = _field(column, 3, dict, f"row group {g} column {c}'s metadata")
                 start = _field(md, 9, int, "data_page_offset")
@@ -267,7 +283,8 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
                         f"after its first data page (at {data_page})"
                     )
                 chunks.append((start, size))
-            groups.append(RowGroup(rows, tuple(chunks)))
+                decoded.append(decoded_bytes(md, types[c] if c < len(types) else None, rows))
+            groups.append(RowGroup(rows, tuple(chunks), tuple(decoded)))
     except _Corrupt as exc:
         raise DataSourceError(f"{uri}: corrupt Parquet footer ({exc})", uri=uri) from None
     return Footer(leaves, tuple(groups), types)

@@ -22,7 +22,15 @@ import pyarrow as pa
 
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
 
-__all__ = ["MISSING", "RowGroupValues", "Selection", "image_and_label_selection", "select"]
+__all__ = [
+    "BATCH_HOWS",
+    "MISSING",
+    "RowGroupValues",
+    "Selection",
+    "gather_rows",
+    "image_and_label_selection",
+    "select",
+]
 
 #: what a cutter gives for a null cell of a field that must have a value (an array): the sample lacks it
 MISSING = object()
@@ -110,6 +118,9 @@ def _how(t: pa.DataType, hf_type: str | None) -> str:
         return "number"
     return "map" if pa.types.is_map(t) else "object"
 
+
+#: the ways of cutting a field whose rows a batch gathers at once, with no Python object per row
+BATCH_HOWS = frozenset({"array", "list", "number", "label"})
 
 _KIND = {"image": "image", "label": "value", "array": "array", "list": "list"}
 
@@ -222,7 +233,7 @@ class _Cells:
     def __init__(self, col: pa.Array, how: str) -> None:
         if pa.types.is_dictionary(col.type):
             col = col.dictionary_decode()
-        self._col, self._valid, self.nbytes = col, None, col.nbytes
+        self.how, self._col, self._valid, self.nbytes = how, col, None, col.nbytes
         if col.null_count:
             self._valid = col.is_valid().to_numpy(zero_copy_only=False)
         self.get = getattr(self, f"_{how}")
@@ -241,7 +252,8 @@ class _Cells:
         elif how == "list":
             if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
                 raise ValueError(f"is {col.type} in this file, not a list")
-            self._offsets = col.offsets.to_numpy().tolist()  # Python ints index a row's slice fastest
+            self.offsets = col.offsets.to_numpy().astype(np.int64)  # .offsets respects the array's slice
+            self._offsets = self.offsets.tolist()  # Python ints index a row's slice fastest
             values = _numpy(col.values)
         elif how == "array":
             if not pa.types.is_fixed_size_list(col.type):
@@ -250,6 +262,9 @@ class _Cells:
         if values is not None:
             self._values, copied = values
             self.nbytes += self._values.nbytes if copied else 0
+
+    def any_null(self, rows: np.ndarray) -> bool:
+        return self._valid is not None and not bool(self._valid[rows].all())
 
     def _null(self, row: int) -> bool:
         return self._valid is not None and not self._valid[row]
@@ -307,9 +322,11 @@ class RowGroupValues:
     def __init__(self, selection: Selection, columns: dict[str, pa.Array], rows: int) -> None:
         """`columns`: each selected column's decoded array, by its name in the file."""
         self.rows, self.nbytes, self._get = rows, 0, []
+        self.cells: list[_Cells | None] = []  # per field (None: the label of a record without a label column)
         for column, how in zip(selection.columns, selection.how, strict=True):
             if column is None:  # the image-and-label record's label, without a label column
                 self._get.append(lambda _row: -1)
+                self.cells.append(None)
                 continue
             col = columns[column]
             if len(col) != rows:
@@ -319,7 +336,67 @@ class RowGroupValues:
             except ValueError as exc:
                 raise ValueError(f"column {column!r} {exc}") from None
             self._get.append(cells.get)
+            self.cells.append(cells)
             self.nbytes += cells.nbytes
 
     def row(self, r: int) -> list:
         return [get(r) for get in self._get]
+
+
+def _runs_of(rows: np.ndarray, slots: np.ndarray) -> bool:
+    """Whether `rows` and `slots` both count up by one (an ordered read's rows: one slice each)."""
+    return len(rows) > 0 and bool(np.all(np.diff(rows) == 1)) and bool(np.all(np.diff(slots) == 1))
+
+
+def gather_rows(
+    selection: Selection, groups: Sequence[tuple[RowGroupValues, np.ndarray, np.ndarray]], n: int
+) -> dict[str, np.ndarray] | None:
+    """A batch's column per field, for a selection whose fields are all cut as `BATCH_HOWS` say: `groups`
+    gives each decoded row group, its rows in the batch and their slots (0 <= slot < n). The columns are
+    what collating the rows one by one would make (raydl/batch/collate.py): lists of one length stacked,
+    of several lengths an object array of views. None where a selected cell of these rows is null: its
+    sample needs the per-sample path, where on_error settles it."""
+    out: dict[str, np.ndarray] = {}
+    for f, (field, how) in enumerate(zip(selection.fields, selection.how, strict=True)):
+        cells = [(values.cells[f], rows, slots) for values, rows, slots in groups]
+        if any(c is None for c, _r, _s in cells) or how not in BATCH_HOWS:
+            return None
+        if how != "label" and any(c.any_null(rows) for c, rows, _s in cells):
+            return None
+        if how == "list":
+            column = _gather_lists(cells, n)
+        else:
+            first = cells[0][0]._values
+            dtype = np.dtype(field.dtype) if field.dtype is not None else first.dtype
+            column = np.empty((n, *first.shape[1:]), dtype)
+            for c, rows, slots in cells:
+                if c._values.shape[1:] != first.shape[1:]:
+                    return None  # arrays of another shape: the per-sample path names both samples
+                column[slots] = c._values[rows]
+        out[field.name] = column
+    return out
+
+
+def _gather_lists(cells: list[tuple[_Cells, np.ndarray, np.ndarray]], n: int) -> np.ndarray:
+    starts = [c.offsets[rows] for c, rows, _s in cells]
+    lengths = [c.offsets[rows + 1] - a for (c, rows, _s), a in zip(cells, starts, strict=True)]
+    dtypes = {c._values.dtype for c, _r, _s in cells}
+    every = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    if len(dtypes) == 1 and len(every) and bool(np.all(every == every[0])):
+        width = int(every[0])
+        column = np.empty((n, width), dtypes.pop())
+        for (c, rows, slots), first in zip(cells, starts, strict=True):
+            if _runs_of(rows, slots):  # consecutive rows: their values are one slice
+                a = int(first[0])
+                column[int(slots[0]) : int(slots[0]) + len(rows)] = c._values[
+                    a : a + len(rows) * width
+                ].reshape(len(rows), width)
+                continue
+            for k, a in zip(slots.tolist(), first.tolist(), strict=True):
+                column[k] = c._values[a : a + width]
+        return column
+    column = np.empty(n, dtype=object)
+    for (c, _rows, slots), first, size in zip(cells, starts, lengths, strict=True):
+        for k, a, m in zip(slots.tolist(), first.tolist(), size.tolist(), strict=True):
+            column[k] = c._values[a : a + m]
+    return column

@@ -14,11 +14,21 @@ runs are read, one request each, when the row group is decoded. pyarrow decodes 
 over just those bytes and the footer, once per process: the decoded row
 groups are kept by an LRU bounded by bytes, and each row is cut out of them
 as numpy views (`_parquet_fields.RowGroupValues`).
+
+Where every selected column is numbers, a label, or an array or list of
+numbers and nothing runs per sample, the worker makes a batch in one
+`read_batch` call instead: its row groups are decoded side by side on a small
+pool of decode threads (with the next ones of an ordered read, ahead of need)
+and its rows gathered out of them per row group and column
+(`_parquet_fields.gather_rows`). The default shuffle window is as many row
+groups as the cache holds (`window_for`), by the footers' estimate of a row
+group decoded, so a shuffled epoch decodes each row group once.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,17 +42,31 @@ from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, MissingFieldError, ObjectChangedError
 from raydl.sources._footer import Footer
-from raydl.sources._parquet_fields import MISSING, RowGroupValues, Selection
+from raydl.sources._parquet_fields import BATCH_HOWS, MISSING, RowGroupValues, Selection, gather_rows
 from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, open_pieces, parse_footer
 from raydl.sources._version import mtime_ns
 from raydl.storage import ObjectInfo, Storage
 from raydl.util.arrow import StringColumn, int_column
 
-__all__ = ["CHUNK_GAP", "PARTS_COLUMNS", "BoundedLRU", "ParquetSource", "clear_caches"]
+__all__ = [
+    "CACHE_ROW_GROUP_BYTES",
+    "CHUNK_GAP",
+    "PARTS_COLUMNS",
+    "PREFETCH_ROW_GROUPS",
+    "BoundedLRU",
+    "ParquetSource",
+    "clear_caches",
+    "decodes",
+    "window_for",
+]
 
 CHUNK_GAP = 64 << 10  # neighbouring column chunks share a read when at most this many bytes lie between
-_CACHE_ROW_GROUPS = 64  # decoded row groups kept per process, at most _CACHE_ROW_GROUP_BYTES of buffers
-_CACHE_ROW_GROUP_BYTES = 256 << 20
+_CACHE_ROW_GROUPS = 64  # decoded row groups kept per process, at most CACHE_ROW_GROUP_BYTES of buffers
+CACHE_ROW_GROUP_BYTES = 256 << 20
+MAX_WINDOW = 16  # the shuffle window's default, in row groups, where that many fit the cache
+PREFETCH_ROW_GROUPS = 2  # row groups decoded ahead of an ordered read; the window leaves room for them
+# Row groups decoded at once by a process's batch reads (pyarrow releases the GIL while it decodes)
+_DECODE_THREADS = max(2, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
 _CACHE_FOOTER_BYTES = 32 << 20  # footers kept per process, by their size as stored (parsed, a few times more)
 _FOOTER_THREADS = 16  # a worker's footer reads at once, when a batch reaches files it has not read yet
 
@@ -160,15 +184,33 @@ class _Files:
 
 
 _footers = BoundedLRU(1 << 16, _CACHE_FOOTER_BYTES, size=lambda f: f.nbytes)
-_row_groups = BoundedLRU(_CACHE_ROW_GROUPS, _CACHE_ROW_GROUP_BYTES, size=lambda v: v.nbytes)
+_row_groups = BoundedLRU(_CACHE_ROW_GROUPS, CACHE_ROW_GROUP_BYTES, size=lambda v: v.nbytes)
 _footer_pool: ThreadPoolExecutor | None = None
+_decode_pool: ThreadPoolExecutor | None = None
 _footer_pool_lock = threading.Lock()
+_decodes: collections.Counter = collections.Counter()  # row groups decoded by this process: (uri, row group)
 
 
 def clear_caches() -> None:
     """Forget every footer and decoded row group this process keeps (tests and fuzzing rewrite one file)."""
     for cache in (_footers, _row_groups):
         cache.clear()
+    _decodes.clear()
+
+
+def decodes() -> dict[tuple[str, int], int]:
+    """How many times this process decoded each row group ((file, row group)) since `clear_caches`."""
+    return dict(_decodes)
+
+
+def window_for(row_group_bytes: int) -> int:
+    """The shuffle window's default, in row groups: as many as the row-group cache holds decoded, with
+    PREFETCH_ROW_GROUPS more beside them, at most MAX_WINDOW, at least 1 (`row_group_bytes`: the largest row
+    group's selected columns decoded, as its footer says; 0: unknown, MAX_WINDOW)."""
+    if row_group_bytes <= 0:
+        return MAX_WINDOW
+    fit = min(_CACHE_ROW_GROUPS, CACHE_ROW_GROUP_BYTES // row_group_bytes) - PREFETCH_ROW_GROUPS
+    return max(1, min(MAX_WINDOW, fit))
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -177,6 +219,14 @@ def _pool() -> ThreadPoolExecutor:
         if _footer_pool is None:
             _footer_pool = ThreadPoolExecutor(_FOOTER_THREADS, thread_name_prefix="raydl-parquet-footer")
         return _footer_pool
+
+
+def _decoders() -> ThreadPoolExecutor:
+    global _decode_pool
+    with _footer_pool_lock:
+        if _decode_pool is None:
+            _decode_pool = ThreadPoolExecutor(_DECODE_THREADS, thread_name_prefix="raydl-parquet-decode")
+        return _decode_pool
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,6 +240,20 @@ class ParquetSource(Source):
     selection: Selection = field(repr=False)
     name: str = "parquet"
     range_is_sample: bool = False
+    # the largest row group's selected columns decoded, as the footers say (0: unknown): sizes the window
+    row_group_bytes: int = 0
+
+    @property
+    def shuffle_window(self) -> int:
+        """Row groups shuffled together by default: as many as a worker's row-group cache holds decoded
+        (`window_for`)."""
+        return window_for(self.row_group_bytes)
+
+    @property
+    def reads_plain_batches(self) -> bool:
+        """Every selected field is numbers, a label, or an array or list of numbers: a batch's rows are
+        gathered from the decoded row groups at once (`read_batch`)."""
+        return None not in self.selection.columns and all(h in BATCH_HOWS for h in self.selection.how)
 
     @property
     def fields(self) -> tuple[Field, ...]:
@@ -330,6 +394,65 @@ class ParquetSource(Source):
         )
         return read
 
+    # -- whole batches (reads_plain_batches) -----------------------------------------------------------
+    def read_batch(self, catalog: Catalog, storage: Storage, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows `ids` gathered from their decoded row groups, a few numpy copies per row group and field.
+        The batch's row groups are decoded at once on the decode threads, and where the rows are consecutive
+        (an ordered read) the next PREFETCH_ROW_GROUPS row groups after them too, ahead of the batches that
+        need them. A DataSourceError (a file changed or unreadable, a null cell) sends the batch down the
+        per-sample path, where on_error settles each of its rows."""
+        ids = np.asarray(ids, dtype=np.int64)
+        part, row = catalog.locate(ids)
+        shard = catalog.column("shard")[part].astype(np.int64)
+        files = _Files(catalog, np.unique(shard))
+        footers = self._footers(catalog, files)
+        parts = np.unique(part)
+        pool = _decoders()
+        reads = [self._row_group(catalog, files, footers, p) for p in parts.tolist()]
+        pending = [
+            _row_groups.peek(read.cache_key) or pool.submit(self._decoded, read, storage) for read in reads
+        ]
+        n = len(ids)
+        if n and int(ids[-1]) - int(ids[0]) == n - 1 and bool(np.all(np.diff(ids) == 1)):
+            last = int(parts[-1])
+            for q in range(last + 1, min(catalog.num_parts, last + 1 + PREFETCH_ROW_GROUPS)):
+                pool.submit(self._prefetch, catalog, q)
+        groups = []
+        for read, future, idx in zip(reads, pending, _members(part, parts), strict=True):
+            values = future if isinstance(future, RowGroupValues) else future.result()
+            rows = row[idx]
+            if len(rows) and int(rows.max()) >= values.rows:
+                raise DataSourceError(
+                    f"{read.uri}: row group {read.rg} holds {values.rows} rows, not row {int(rows.max())}",
+                    uri=read.uri,
+                )
+            groups.append((values, rows, idx))
+        batch = gather_rows(self.selection, groups, n)
+        if batch is None:
+            raise DataSourceError(f"{reads[0].uri}: a selected cell of this batch is null", uri=reads[0].uri)
+        names = {s: info.uri.rsplit("/", 1)[-1] for s, info in files.infos.items()}
+        rgs = catalog.column("rg")[part]
+        batch["key"] = [
+            f"{names[s]}#{g}:{r}" for s, g, r in zip(shard.tolist(), rgs.tolist(), row.tolist(), strict=True)
+        ]
+        return batch
+
+    def _decoded(self, read: _RowGroupRead, storage: Storage) -> RowGroupValues:
+        """Row group `read` decoded, from the cache or its bytes (one request per run of chunks)."""
+        # one pyarrow thread: the decode threads decode row groups side by side, and pyarrow's own threads
+        # for one column of one row group only add start-up and contention
+        return _row_groups.get(read.cache_key, lambda: self._decode(_Part(read, storage), b"", threads=False))
+
+    def _prefetch(self, catalog: Catalog, p: int) -> None:
+        """Decode part p into the cache ahead of need; whatever fails here is met again, and settled, by the
+        batch that needs it."""
+        try:
+            files = _Files(catalog, catalog.column("shard")[p : p + 1].astype(np.int64))
+            read = self._row_group(catalog, files, self._footers(catalog, files), p)
+            self._decoded(read, catalog.storage)
+        except (DataSourceError, OSError, ValueError):
+            pass
+
     # -- read and cut -----------------------------------------------------------------------------------
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
         if length == 0:  # rows of row groups this process holds decoded (locate says so): no request
@@ -361,7 +484,7 @@ class ParquetSource(Source):
                     uri=read.uri,
                 )
 
-    def _decode(self, part: _Part, data: bytes) -> RowGroupValues:
+    def _decode(self, part: _Part, data: bytes, *, threads: bool = True) -> RowGroupValues:
         """The row group's selected columns, decoded by pyarrow in one call over the sample's range `data`
         and the far runs (read here, one request each)."""
         read = part.read
@@ -377,11 +500,14 @@ class ParquetSource(Source):
         columns = [c for c in self.selection.columns if c is not None]
         try:
             table = open_pieces(read.uri, read.size, read.file.meta, pieces).read_row_group(
-                read.rg, columns=self.selection.read_paths
+                read.rg, columns=self.selection.read_paths, use_threads=threads
             )
             decoded = {c: table.column(c).combine_chunks() for c in columns}
             rows = read.file.footer.row_groups[read.rg].num_rows
-            return RowGroupValues(self.selection, decoded, rows)
+            values = RowGroupValues(self.selection, decoded, rows)
+            with _footer_pool_lock:
+                _decodes[(read.uri, read.rg)] += 1
+            return values
         except (OSError, pa.ArrowException, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
             what = ", ".join(map(repr, columns))
             raise DataSourceError(

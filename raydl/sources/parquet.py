@@ -122,6 +122,7 @@ class _FileIndex:
     rows: np.ndarray  # per row group
     span: np.ndarray  # (row groups, 2): offset, length of the selected columns' chunks from first to last
     stored_as: tuple  # the selected leaves' paths and types (_stored_as)
+    decoded: int  # about the bytes of its largest row group's selected columns, decoded
 
 
 def _index_file(
@@ -137,6 +138,7 @@ def _index_file(
         rows=np.array([g.num_rows for g in meta.row_groups], np.int64),
         span=np.array(spans, np.int64).reshape(-1, 2),
         stored_as=_stored_as(meta, leaves),
+        decoded=max((sum(g.decoded[k] for k in leaves) for g in meta.row_groups if g.decoded), default=0),
     )
 
 
@@ -263,7 +265,11 @@ def list_parquet(
         raise DataSourceError(f"no rows in {len(files)} Parquet file(s) of {paths!r}", uri=files[0].uri)
     parts = row_group_parts([fi.rows for fi in indexed], span=[fi.span for fi in indexed])
     source = ParquetSource(
-        image_column, label_column, np.array([fi.footer_length for fi in indexed], np.int64), chosen[0]
+        image_column,
+        label_column,
+        np.array([fi.footer_length for fi in indexed], np.int64),
+        chosen[0],
+        row_group_bytes=max(fi.decoded for fi in indexed),
     )
     return make_catalog(
         root=_root([f.uri for f in files]),

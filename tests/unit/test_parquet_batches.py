@@ -1,0 +1,199 @@
+"""Parquet rows of number, label, array and list columns, gathered a batch at a time from decoded row groups
+(ParquetSource.read_batch): the same rows as pyarrow reads and as the per-sample path makes, each row group
+decoded once an epoch in the shuffled order, the shuffle window sized to the row-group cache, and the next
+row groups of an ordered read decoded ahead. No Ray."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import raydl
+import raydl.sources._parquet_source as ps
+from raydl.actors.worker import BatchTask, LoaderWorker, WorkerSpec
+from raydl.describe.records import compile_pipeline
+from raydl.errors import ObjectChangedError
+from raydl.plan.order import WindowedOrder, augmentation_seeds
+from raydl.sources._parquet_source import BoundedLRU, clear_caches, decodes, window_for
+
+pytestmark = pytest.mark.timeout(60)
+
+WIDTH = 16
+
+
+def _table(start: int, n: int, *, ragged: bool = False) -> pa.Table:
+    ids = np.arange(start, start + n)
+    widths = (ids % 5 + 1) if ragged else np.full(n, WIDTH)
+    offsets = np.concatenate([[0], np.cumsum(widths)]).astype(np.int32)
+    tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.arange(offsets[-1], dtype=np.int32) + start))
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 4).astype(np.float32) / 2), 4)
+    return pa.table({"tokens": tokens, "emb": emb, "n": ids.astype(np.int64), "y": (ids % 7).astype(np.int32)})
+
+
+@pytest.fixture
+def data(tmp_path):
+    """Three files of 130, 70 and 100 rows in row groups of 32 rows (the last of each file shorter)."""
+    start = 0
+    for k, n in enumerate((130, 70, 100)):
+        pq.write_table(_table(start, n), tmp_path / f"part-{k}.parquet", row_group_size=32)
+        start += n
+    clear_caches()
+    yield tmp_path
+    clear_caches()
+
+
+def _run(ds, order, *, batch=25, per_sample=False, on_error="skip"):
+    """Every batch of `order` made by one LoaderWorker in this process, one after the other."""
+    stages = ds.map(lambda r: r).stages if per_sample else ds.stages  # a per-sample stage: the per-sample path
+    pipe = compile_pipeline(stages)
+    spec = WorkerSpec(program=None, threads=2, on_error=on_error, sample_stages=pipe.sample_stages)
+    worker = LoaderWorker(spec, ds.catalog, reuse_buffers=False)
+    out = []
+    for k in range(0, len(order), batch):
+        ids = np.asarray(order[k : k + batch], np.int64)
+        task = BatchTask(rank=0, epoch=0, index=k // batch, ids=ids, seeds=augmentation_seeds(ids, seed=0, epoch=0))
+        out.append(worker.run_batch(task))
+    return out
+
+
+def _shuffled(cat, window=None):
+    return np.asarray(
+        WindowedOrder(cat.column("count"), window or cat.source.shuffle_window, seed=3, epoch=0,
+                      fingerprint=cat.fingerprint)
+    )
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_hold_pyarrows_rows_each_once(data, shuffle):
+    """Ordered and shuffled, every row of the table arrives exactly once an epoch, each field equal to
+    pyarrow's read of that row, and each batch equal to the one the per-sample path makes."""
+    ds = raydl.read_parquet(str(data) + "/", columns=["tokens", "emb", "n"], label_column="y")
+    assert ds.catalog.source.reads_plain_batches
+    table = pa.concat_tables([pq.read_table(data / f"part-{k}.parquet") for k in range(3)])
+    want = {c: table.column(c).to_pylist() for c in table.column_names}
+    order = _shuffled(ds.catalog) if shuffle else np.arange(len(ds.catalog))
+    results = _run(ds, order)
+    seen = np.concatenate([r.batch["id"] for r in results])
+    assert sorted(seen.tolist()) == list(range(300)) and seen.tolist() == order.tolist()
+    for r in results:
+        b = r.batch
+        assert b["tokens"].shape == (len(b["id"]), WIDTH) and b["tokens"].dtype == np.int32
+        assert b["emb"].shape == (len(b["id"]), 4) and b["emb"].dtype == np.float32
+        assert b["n"].dtype == np.int64 and b["label"].dtype == np.int64
+        for k, i in enumerate(b["id"].tolist()):
+            assert b["tokens"][k].tolist() == want["tokens"][i] and b["emb"][k].tolist() == want["emb"][i]
+            assert b["n"][k] == want["n"][i] == i and b["label"][k] == want["y"][i]
+    clear_caches()
+    for fast, slow in zip(results, _run(ds, order, per_sample=True), strict=True):
+        assert fast.batch.keys() == slow.batch.keys() and fast.batch["key"] == slow.batch["key"]
+        for name in ("id", "tokens", "emb", "n", "label"):
+            assert fast.batch[name].dtype == slow.batch[name].dtype
+            np.testing.assert_array_equal(fast.batch[name], slow.batch[name])
+
+
+def test_lists_of_several_lengths_are_views_as_the_per_sample_path_makes_them(tmp_path):
+    """A list column whose rows differ in length is an object array of each row's values."""
+    pq.write_table(_table(0, 40, ragged=True), tmp_path / "r.parquet", row_group_size=16)
+    ds = raydl.read_parquet(str(tmp_path / "r.parquet"), columns=["tokens"])
+    clear_caches()
+    (fast,) = _run(ds, np.arange(40)[::-1], batch=40)
+    (slow,) = _run(ds, np.arange(40)[::-1], batch=40, per_sample=True)
+    want = pq.read_table(tmp_path / "r.parquet").column("tokens").to_pylist()
+    assert fast.batch["tokens"].dtype == object == slow.batch["tokens"].dtype
+    assert [a.tolist() for a in fast.batch["tokens"]] == [want[i] for i in range(40)[::-1]]
+    assert [a.tolist() for a in slow.batch["tokens"]] == [a.tolist() for a in fast.batch["tokens"]]
+
+
+def test_the_shuffle_window_fits_the_row_group_cache(data, monkeypatch):
+    """The default window, in row groups, fits the cache with the prefetched row groups beside it, by the
+    footers' estimate of a row group decoded, which is at least what a decoded row group holds."""
+    cat = raydl.read_parquet(str(data) + "/").catalog
+    source = cat.source
+    assert len(source.read_batch(cat, cat.storage, np.arange(32))["n"]) == 32
+    held = max(v.nbytes for v in ps._row_groups._items.values())
+    assert 0 < held <= source.row_group_bytes
+    for cache in (source.row_group_bytes * k + k for k in (1, 3, 4, 7, 40, 10_000)):
+        monkeypatch.setattr(ps, "CACHE_ROW_GROUP_BYTES", cache)
+        window = window_for(source.row_group_bytes)
+        assert window >= 1 and window <= ps.MAX_WINDOW
+        if window > 1:
+            assert (window + ps.PREFETCH_ROW_GROUPS) * source.row_group_bytes <= cache
+    assert window_for(0) == ps.MAX_WINDOW
+    assert window_for(ps.CACHE_ROW_GROUP_BYTES) == 1  # a row group as large as the cache: one at a time
+
+
+def test_a_shuffled_epoch_decodes_each_row_group_once(data, monkeypatch):
+    """With a cache that holds 4 row groups, the default window (2) decodes each row group once an epoch in
+    the shuffled order; the 16-row-group window that does not fit decodes some again and again."""
+    ds = raydl.read_parquet(str(data) + "/")
+    rg = ds.catalog.source.row_group_bytes
+    monkeypatch.setattr(ps, "CACHE_ROW_GROUP_BYTES", 4 * rg + 1)
+    monkeypatch.setattr(ps, "_row_groups", BoundedLRU(64, 4 * rg + 1, size=lambda v: v.nbytes))
+    assert ds.catalog.source.shuffle_window == 2
+    clear_caches()
+    _run(ds, _shuffled(ds.catalog))
+    counts = decodes()
+    assert len(counts) == ds.catalog.num_parts and max(counts.values()) == 1
+    clear_caches()
+    _run(ds, _shuffled(ds.catalog, window=16))
+    assert max(decodes().values()) > 1
+
+
+def test_an_ordered_read_decodes_the_next_row_groups_ahead(data):
+    """A batch of consecutive rows in row group 0 starts the decode of row groups 1 and 2, which no batch
+    has asked for yet."""
+    cat = raydl.read_parquet(str(data) + "/").catalog
+    cat.source.read_batch(cat, cat.storage, np.arange(10))
+    deadline = time.monotonic() + 20
+    while len(decodes()) < 1 + ps.PREFETCH_ROW_GROUPS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first = str(data / "part-0.parquet")
+    assert decodes() == {(first, 0): 1, (first, 1): 1, (first, 2): 1}  # 1 and 2 ahead of need
+    cat.source.read_batch(cat, cat.storage, np.arange(32, 64))  # row group 1: decoded already
+    assert decodes()[(first, 1)] == 1
+
+
+def test_a_batch_with_a_changed_file_or_a_null_cell_is_settled_sample_by_sample(data, tmp_path):
+    """read_batch fails on a file rewritten after listing and on a null cell; the worker then makes the batch
+    sample by sample, where on_error settles just the rows at fault."""
+    ds = raydl.read_parquet(str(data) + "/")
+    pq.write_table(_table(200, 100), data / "part-2.parquet", row_group_size=10)
+    clear_caches()
+    (result,) = _run(ds, np.arange(180, 220), batch=40)
+    assert result.batch["id"].tolist() == list(range(180, 200))
+    assert len(result.unreadable) == 20 and all(f.error is ObjectChangedError for f in result.unreadable)
+
+    t = _table(0, 8)
+    emb = pa.array([[1.0] * 4 if i != 5 else None for i in range(8)], pa.list_(pa.float32(), 4))
+    pq.write_table(t.set_column(1, "emb", emb), tmp_path / "null.parquet")
+    nulls = raydl.read_parquet(str(tmp_path / "null.parquet"))
+    (result,) = _run(nulls, np.arange(8), batch=8)
+    assert result.batch["id"].tolist() == [0, 1, 2, 3, 4, 6, 7] and result.batch["tokens"].shape == (7, WIDTH)
+    assert [f.sample_id for f in result.unreadable] == [5]
+
+
+def test_image_columns_and_objects_are_read_sample_by_sample(tmp_path):
+    """A selection with a string (or image) column is not gathered whole."""
+    pq.write_table(pa.table({"n": [1, 2], "s": ["a", "b"]}), tmp_path / "s.parquet")
+    assert not raydl.read_parquet(str(tmp_path / "s.parquet")).catalog.source.reads_plain_batches
+    assert raydl.read_parquet(str(tmp_path / "s.parquet"), columns=["n"]).catalog.source.reads_plain_batches
+
+
+def test_a_loader_worker_decodes_into_jemalloc_or_the_system_allocator(monkeypatch):
+    """arrow_pool_for_decoding moves pyarrow off mimalloc, and leaves a pool named by
+    ARROW_DEFAULT_MEMORY_POOL alone."""
+    from raydl.util.memory import arrow_pool_for_decoding
+
+    before = pa.default_memory_pool()
+    try:
+        assert arrow_pool_for_decoding() in ("jemalloc", "system")
+        assert pa.default_memory_pool().backend_name in ("jemalloc", "system")
+        pa.set_memory_pool(pa.mimalloc_memory_pool())
+        monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "mimalloc")
+        assert arrow_pool_for_decoding() == "mimalloc" == pa.default_memory_pool().backend_name
+    finally:
+        pa.set_memory_pool(before)
