@@ -9,8 +9,8 @@
         --endpoint-url http://127.0.0.1:9000 --baseline-data '/data/in1k-wds/shard-{000..009}.tar'
     python -m raydl.bench.shards /data/in1k /data/bench --clip       # LAION-style jpg + txt + json shards
     raydl bench loader --workload clip --data /data/bench/clip --compare torch,raydata,dataio
-    python -m raydl.bench.shards --tokens /data/bench                 # 102,400 rows x 2,048 int32 tokens
-    raydl bench loader --workload tokens --data /data/bench/tokens --compare torch,raydata
+    python -m raydl.bench.shards --tokens /data/bench   # 102,400 rows of 2,048 tokens; 200 M Megatron tokens
+    raydl bench loader --workload tokens --data /data/bench --compare torch,raydata,megatron
 
 Object stores and sharded formats (`--source webdataset|parquet`, `--data s3://...`)
 are read by raydl only (the other peers read local image folders); `--baseline-data`
@@ -22,8 +22,11 @@ float32 NCHW) and "buckets" (decode, crop and resize into the nearest of
 datago's aspect-ratio buckets for size 512, multiple 32, ratios 0.5-2.0, uint8
 NHWC, bucket-pure batches), and two that read other data: "clip" (WebDataset shards
 with a caption and metadata per image, the train pipeline, captions as str;
-raydl/bench/_clip.py) and "tokens" (Parquet rows of 2,048 int32 tokens as (B, 2048)
-int tensors, rate in rows/s and tokens/s; raydl/bench/_tokens.py). Every run is one
+raydl/bench/_clip.py) and "tokens", two tables: Parquet rows of 2,048 int32 tokens as
+(B, 2048) int tensors (raydl/bench/_tokens.py), and shuffled windows of --seq-len
+tokens from a Megatron .bin/.idx corpus (raydl/bench/_windows.py), rates in rows/s or
+windows/s and tokens/s, after the first batch and over the whole epoch from the
+run's process start. Every run is one
 epoch of the workload in a fresh subprocess
 (`python -m raydl.bench._runner`), and the peers take turns, A B C A B C ..., so
 that a noisy neighbour or a warming page cache hits them all alike (Ray's workers
