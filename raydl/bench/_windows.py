@@ -127,14 +127,33 @@ def run_raydl_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
     with raydl_ray(spec):
         clock.extra["ray_init_s"] = time.perf_counter() - t_init
         clock.start()
-        loader = raydl.read_tokens(spec.data, seq_len=spec.seq_len).loader(
+        t0 = time.perf_counter()
+        ds = raydl.read_tokens(spec.data, seq_len=spec.seq_len)
+        t1 = time.perf_counter()
+        loader = ds.loader(
             batch_size=spec.batch_size,
             seed=spec.seed,
             num_workers=1,
             threads_per_worker=spec.cpus,
             shuffle=True,
         )
-        return raydl_epochs(loader, spec, clock, lambda batch: batch["input_ids"], torch=True)
+        t2 = time.perf_counter()
+
+        def timed(batch):
+            if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
+                now = time.perf_counter()
+                phases = {"listing": t1 - t0, "loader()": t2 - t1}
+                task = loader.first_local_batch  # made in the driver while the workers started
+                if task is None:  # made by a worker
+                    phases["batch"] = now - t2
+                else:
+                    phases.update(
+                        {"to task": task[0] - t2, "task": task[1] - task[0], "hand-over": now - task[1]}
+                    )
+                clock.extra["first_batch_phases_s"] = phases
+            return batch["input_ids"]
+
+        return raydl_epochs(loader, spec, clock, timed, torch=True)
 
 
 def run_ceiling_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
