@@ -89,6 +89,8 @@ def _to_numpy(column) -> np.ndarray:
 
 
 def run_raydl_tokens(spec: PeerSpec, clock: EpochClock, *, shuffle: bool = True) -> Measurement:
+    import torch  # noqa: F401 - a training script has it imported before its loader, as the torch peers do
+
     import raydl
 
     with raydl_ray(spec):

@@ -121,6 +121,8 @@ def _bin(prefix: str) -> np.ndarray:
 def run_raydl_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import time
 
+    import torch  # noqa: F401 - a training script has it imported before its loader, as the torch peers do
+
     import raydl
 
     t_init = time.perf_counter()

@@ -841,13 +841,16 @@ def _workload_notes(workload: str, summary: list[dict], *, seq_len: int = 0) -> 
         first = next((r["first_batch_s"] for r in summary if r["peer"] == "raydl"), None)
         if first is not None:
             notes.append(f"raydl first batch after ray.init: {first:.2f} s (goal <= 1 s)")
+        raw = {r["peer"]: r for r in summary if r["images_per_s"]}  # short windows too, said so
         for peer, what, goal in (
             ("torch", "memory-mapped torch DataLoader", 1.0),
             ("ceiling", "one-thread ceiling", 0.3),
         ):
-            if raydl and rate.get(peer):
+            if raydl and peer in raw:
+                short = " (the peer's epoch took under 1 s after its first batch: indicative)"
                 notes.append(
-                    f"raydl / {what}, after the first batch: {raydl / rate[peer]:.2f} (goal >= {goal})"
+                    f"raydl / {what}, after the first batch: {raydl / raw[peer]['images_per_s']:.3f} "
+                    f"(goal >= {goal})" + (short if raw[peer]["short_window"] else "")
                 )
         return notes + _ratio_notes(summary)
     if workload != "tokens":
