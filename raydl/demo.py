@@ -100,7 +100,8 @@ def _read_one_epoch(ds, config) -> tuple[list, float]:
 
 
 def _print_stats(stats: list, wall: float) -> None:
-    """One line per rank and one for all: batches, samples, skipped, time to first batch, images/s."""
+    """One line per rank and one for all: batches, samples, skipped, time to first batch, samples/s in the
+    data's unit (images/s for images)."""
     total = sum(s.samples_delivered for s in stats)
     print()
     head = (
@@ -109,16 +110,16 @@ def _print_stats(stats: list, wall: float) -> None:
         ("samples", 7),
         ("skipped", 7),
         ("first batch", 11),
-        ("images/s", 8),
+        (f"{stats[0].unit}/s" if stats else "samples/s", 9),
     )
     print("  ".join(f"{name:>{width}}" for name, width in head))
     for s in stats:
         print(
             f"{s.rank:>4}  {s.batches:>7}  {s.samples_delivered:>7}  {s.samples_skipped:>7}  "
-            f"{s.time_to_first_batch_s:>9.2f} s  {s.images_per_s:>8.1f}"
+            f"{s.time_to_first_batch_s:>9.2f} s  {s.samples_per_s:>9.1f}"
         )
     print(
         f"{'all':>4}  {sum(s.batches for s in stats):>7}  {total:>7}  "
         f"{sum(s.samples_skipped for s in stats):>7}  "
-        f"{min(s.time_to_first_batch_s for s in stats):>9.2f} s  {total / wall:>8.1f}"
+        f"{min(s.time_to_first_batch_s for s in stats):>9.2f} s  {total / wall:>9.1f}"
     )

@@ -16,7 +16,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["EpochClock", "Measurement", "PeerSpec", "stand_in"]
+__all__ = ["EpochClock", "Measurement", "PeerSpec", "digest", "stand_in"]
+
+
+def digest(rows) -> int:
+    """The sum over the rows of a (B, L) integer batch (numpy or torch) of each row's weighted sum, with
+    weights that depend on the column: the same for the same rows in any order."""
+    import numpy as np
+
+    rows = np.asarray(rows.numpy() if hasattr(rows, "numpy") else rows, np.int64)
+    rows = rows.reshape(len(rows), -1)
+    weights = (np.arange(rows.shape[1], dtype=np.int64) * 2654435761) % 1_000_003 + 1
+    return sum(int(v) for v in rows @ weights)  # each row's sum fits an int64; their sum is Python's
 
 
 def stand_in(n: int, shape: tuple[int, ...], dtype="uint8"):
@@ -45,6 +56,8 @@ class PeerSpec:
     nodes: int = 1  # raydl only: > 1 runs it on a local ray.cluster_utils.Cluster of this many nodes
     epochs: int = 1  # epochs of the same loader; the first is the one measured, the rest are timed apart
     ray_address: str | None = None  # raydl only: connect to this running cluster instead of starting Ray
+    seq_len: int = 0  # the tokens workload's windows: tokens a window's input ids hold
+    checksum: bool = False  # sum a digest of every batch (EpochClock.checksum): slower, for tests
 
 
 @dataclass(frozen=True)
@@ -79,8 +92,12 @@ class EpochClock:
         *,
         epochs: int = 1,
         on_first_epoch: Callable[[], None] | None = None,
+        checksum: bool = False,
     ):
         self._expected = expected
+        # With checksum: the sum over the first epoch of each batch row's digest (`digest`), which every peer
+        # delivering the same rows in any order and batching has in common.
+        self.checksum: int | None = 0 if checksum else None
         self._epochs = epochs
         self._on_start, self._on_finish, self._on_first = on_start, on_finish, on_first
         self._on_first_epoch = on_first_epoch  # called at the first epoch's last batch (epochs > 1)
@@ -108,6 +125,8 @@ class EpochClock:
                 self._on_first()
             self._shape = tuple(int(d) for d in images.shape)
             self._dtype = str(images.dtype).removeprefix("torch.")
+        if self.checksum is not None and self._epoch1 is None:
+            self.checksum += digest(images)
         self._n += n
         self._last = now
         if self._epoch1 is None and self._n >= self._expected:

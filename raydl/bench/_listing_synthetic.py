@@ -44,6 +44,7 @@ __all__ = [
     "measure_memory",
     "parquet_catalog",
     "plan_cost",
+    "token_catalog",
     "watch_opens",
     "webdataset_catalog",
 ]
@@ -181,6 +182,37 @@ def parquet_catalog(
     )
     counts = [[rows] * row_groups for _ in range(files)]
     return catalog_from_row_counts(_objects(table), counts, storage=None, label_column="label")  # type: ignore[arg-type]
+
+
+def token_catalog(
+    tokens: int = 10**12, seq_len: int = 4096, *, root: str = "s3://tokens/megatron"
+) -> Catalog:
+    """The catalog read_tokens makes of one Megatron corpus of `tokens` tokens (a part per CHUNK_TOKENS of its
+    stream, its windows counted as the listing counts them), from the count alone."""
+    from raydl.sources.tokens import CHUNK_TOKENS
+
+    firsts = np.arange(0, tokens, CHUNK_TOKENS, dtype=np.int64)
+    part_tokens = np.minimum(CHUNK_TOKENS, tokens - firsts)
+    windows = (tokens - 1) // seq_len
+    starts = np.concatenate([firsts, [tokens]])
+    first_window = np.minimum(-(-starts // seq_len), windows)
+    n = len(firsts)
+    shards = [ObjectInfo(f"{root}/corpus.bin", 2 * tokens, "b"), ObjectInfo(f"{root}/corpus.idx", 1, "i")]
+    parts = {
+        "shard": np.zeros(n, np.int64),
+        "count": np.diff(first_window),
+        "tokens": part_tokens,
+        "first": firsts,
+        "index": np.ones(n, np.int64),
+        "rg": np.full(n, -1, np.int64),
+    }
+    return make_catalog(
+        root=f"{root}/",
+        storage=None,  # type: ignore[arg-type]  # nothing is read
+        source=CountsOnly("tokens"),
+        shards=shards,
+        parts=parts,
+    )
 
 
 def imagenet_keys(classes: int = 1000, per_class: int = 1280, *, shuffled: bool = False) -> Iterator[str]:

@@ -265,6 +265,8 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "steady_batches": max(0, m.batches - 1),
         # Start-up included: what a short job sees, and what prefetch cannot flatter.
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
+        # The whole epoch from this process's start (imports, Ray, the loader, every batch).
+        "epoch_from_start_per_s": m.images / (m.first_batch_at - psutil.Process().create_time() + m.steady_s),
         "peak_pss_mib": peak / _MIB,
         # The same peak of the loader's own processes alone, and of Ray's services alone (ray_service)
         "own_pss_mib": own / _MIB,
@@ -313,9 +315,17 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
             later_cpu_ms_per_image_by_process=_per_image(epoch1_by_kind, end_by_kind, m.later_images),
         )
     row.update(clock.extra)
+    if clock.checksum is not None:
+        row["checksum"] = clock.checksum
     # A peer that returns the wrong tensors is not doing the workload; say so loudly.
     if peer in ("ceiling", "floor"):
         pass
+    elif spec.workload == "windows":
+        if m.batch_shape[1:] != (spec.seq_len,) or m.batch_dtype != "int64":
+            row.update(
+                ok=False,
+                error=f"batches are {m.batch_dtype} {list(m.batch_shape)}, not int64 [B, {spec.seq_len}]",
+            )
     elif spec.workload == "tokens":
         if m.batch_shape[1:] != (SEQ_LEN,) or m.batch_dtype not in ("int32", "int64"):
             row.update(
@@ -343,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expected", type=int, required=True, help="images in --data")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workload", default="train", choices=["train", "buckets", "clip", "tokens"])
+    p.add_argument("--workload", default="train", choices=["train", "buckets", "clip", "tokens", "windows"])
     p.add_argument("--no-pin", action="store_true", help="do not set CPU affinity")
     p.add_argument("--source", default="images", choices=["images", "webdataset", "parquet"])
     p.add_argument("--endpoint-url")
@@ -351,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label-column", default="label")
     p.add_argument("--nodes", type=int, default=1, help="raydl only: simulated nodes (ray.cluster_utils)")
     p.add_argument("--epochs", type=int, default=1, help="epochs of the same loader (peers in MULTI_EPOCH)")
+    p.add_argument("--seq-len", type=int, default=0, help="windows: tokens of a window's input ids")
+    p.add_argument("--checksum", action="store_true", help="report a digest of every row delivered (slower)")
     p.add_argument("--ray-address", help="raydl only: connect to this running cluster (ray start --head)")
     p.add_argument(
         "--cluster-pid", type=int, help="with --ray-address: the cluster's root process, sampled too"
@@ -378,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         nodes=args.nodes,
         epochs=args.epochs,
         ray_address=args.ray_address,
+        seq_len=args.seq_len,
+        checksum=args.checksum,
     )
     sampler = TreeSampler(also=(args.cluster_pid,) if args.cluster_pid else ())
     clock = EpochClock(
@@ -387,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         on_first=sampler.mark_first_batch,
         epochs=args.epochs,
         on_first_epoch=sampler.mark_first_epoch,
+        checksum=args.checksum,
     )
     t0 = time.perf_counter()
     try:

@@ -1,7 +1,7 @@
 """The "tokens" workload: Parquet files of token sequences, delivered as (B, 2048) int tensors.
 
     python -m raydl.bench.shards --tokens OUT_DIR [--rows 102400] [--files 8]   # OUT_DIR/tokens/*.parquet
-    raydl bench loader --workload tokens --data OUT_DIR/tokens --compare torch,raydata
+    raydl bench loader --workload tokens --data OUT_DIR --compare torch,raydata   # and the windows table
 
 Each row holds one `input_ids` column: a list<int32> of SEQ_LEN = 2,048 tokens
 (what a Hugging Face `Sequence(Value("int32"))` column is), drawn from the seed
@@ -89,6 +89,8 @@ def _to_numpy(column) -> np.ndarray:
 
 
 def run_raydl_tokens(spec: PeerSpec, clock: EpochClock, *, shuffle: bool = True) -> Measurement:
+    import torch  # noqa: F401 - a training script has it imported before its loader, as the torch peers do
+
     import raydl
 
     with raydl_ray(spec):

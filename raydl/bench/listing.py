@@ -2,9 +2,11 @@
 
     raydl bench listing [--shards 1000 --per-shard 100 --delay-ms 50]
         [--samples 100000000 --catalog-shards 100000] [--parquet-files 10000 --row-groups 10 --rows 1000]
-        [--image-classes 1000 --images-per-class 1280] [--only wds,catalog,parquet,images] [--json PATH]
+        [--image-classes 1000 --images-per-class 1280] [--only wds,catalog,parquet,images,tokens]
+        [--corpus-tokens 1000000000 --corpus-documents 10000000 --synthetic-tokens 1000000000000]
+        [--json PATH]
 
-Four sections, each in its own child process (so a memory peak is its own):
+Five sections, each in its own child process (so a memory peak is its own):
 
 * wds: N WebDataset shards of M samples (tiny JPEGs, webdataset's TarWriter)
   on a moto server started on 127.0.0.1, behind a proxy adding --delay-ms to
@@ -24,6 +26,12 @@ Four sections, each in its own child process (so a memory peak is its own):
   Goal: <= 200 MB. Then the same names as empty files in a temporary folder on
   local disk, listed for real (walk and stat): its time, CPU and the files it
   opened (an audit hook). Goals: <= 5 s a million files, none opened.
+* tokens: a Megatron corpus of --corpus-tokens tokens in --corpus-documents documents
+  (its .idx written for real in a temporary folder, its .bin a sparse file of the
+  right size: listing reads the .idx alone), listed by read_tokens(seq_len 4,096):
+  the time, the driver's catalog and the time to plan one batch; then planning on
+  a synthetic token catalog of --synthetic-tokens tokens (from counts). Goals:
+  listing <= 2 s, catalog <= 10 MB, <= 1 ms a batch whatever the corpus size.
 
 Memory is tracemalloc's peak plus what Arrow's pool holds (tracemalloc does not
 see it), and the growth of the child's peak RSS over its start.
@@ -54,9 +62,13 @@ _SECTION_OPTIONS = (
     "images_per_class",
     "batch_size",
     "batches",
+    "corpus_tokens",
+    "corpus_documents",
+    "synthetic_tokens",
+    "seq_len",
 )
 
-SECTIONS = ("wds", "catalog", "parquet", "images")
+SECTIONS = ("wds", "catalog", "parquet", "images", "tokens")
 _MB = 1e6
 _BUCKET = "raydl-bench-listing"
 
@@ -81,6 +93,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=1_000, help="rows per row group")
     p.add_argument("--image-classes", type=int, default=1000)
     p.add_argument("--images-per-class", type=int, default=1280)
+    p.add_argument(
+        "--corpus-tokens", type=int, default=1_000_000_000, help="tokens: the Megatron corpus's tokens"
+    )
+    p.add_argument("--corpus-documents", type=int, default=10_000_000, help="tokens: its documents")
+    p.add_argument(
+        "--synthetic-tokens", type=int, default=10**12, help="tokens: the synthetic token catalog's tokens"
+    )
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens: the window (default 4096)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=100, help="batches to average the planning cost over")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, from {','.join(SECTIONS)}")
@@ -222,6 +242,8 @@ def run_synthetic(name: str, opts: dict) -> dict:
 
     if name == "images-disk":
         return _run_disk(opts)
+    if name == "tokens":
+        return _run_tokens(opts)
     if name in ("images", "images-walk"):
         from raydl.sources.images import list_image_folder
 
@@ -288,6 +310,60 @@ def _run_disk(opts: dict) -> dict:
         shutil.rmtree(top, ignore_errors=True)
 
 
+def _run_tokens(opts: dict) -> dict:
+    """read_tokens of a Megatron corpus of --corpus-tokens tokens in --corpus-documents documents (the .idx
+    written first in a temporary folder, the .bin sparse; removed after): the listing's time and memory,
+    the catalog's size and the planning cost; then the planning cost on a synthetic token catalog."""
+    import raydl
+    from raydl.bench import _listing_synthetic as syn
+    from raydl.bench._windows import write_megatron_corpus
+
+    top = tempfile.mkdtemp(prefix="raydl-bench-listing-tokens-")
+    try:
+        t0 = time.perf_counter()
+        prefix = write_megatron_corpus(
+            os.path.join(top, "corpus"),
+            tokens=opts["corpus_tokens"],
+            documents=opts["corpus_documents"],
+            sparse=True,
+        )
+        made_s = time.perf_counter() - t0
+        idx_bytes = os.path.getsize(prefix + ".idx")
+        warm = write_megatron_corpus(os.path.join(top, "warm"), tokens=10_000, documents=10)
+        raydl.read_tokens(warm, seq_len=opts["seq_len"])  # the listing's imports and first-call costs
+        cat, mem = syn.measure_memory(lambda: raydl.read_tokens(prefix, seq_len=opts["seq_len"]).catalog)
+        documents = (idx_bytes - 34 - 8) // 20
+        runs = [syn.plan_cost(cat, batch_size=opts["batch_size"], batches=opts["batches"]) for _ in range(5)]
+        big = syn.token_catalog(opts["synthetic_tokens"], opts["seq_len"])
+        big_runs = [
+            syn.plan_cost(big, batch_size=opts["batch_size"], batches=opts["batches"]) for _ in range(5)
+        ]
+        return {
+            "samples": len(cat),
+            "parts": cat.num_parts,
+            "shards": cat.shards.num_rows,
+            "tokens": opts["corpus_tokens"],
+            "seq_len": opts["seq_len"],
+            "documents": documents,
+            "idx_bytes": idx_bytes,
+            "nbytes": cat.nbytes,
+            "peak_bytes": mem.peak_bytes,
+            "rss_bytes": mem.rss_bytes,
+            "held_bytes": mem.held_bytes,
+            "build_s": mem.seconds,
+            "plan_s": min(runs),
+            "plan_runs_s": runs,
+            "made_s": made_s,
+            "synthetic_tokens": opts["synthetic_tokens"],
+            "synthetic_samples": len(big),
+            "synthetic_parts": big.num_parts,
+            "synthetic_nbytes": big.nbytes,
+            "synthetic_plan_s": min(big_runs),
+        }
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def _section_child(name: str, args: argparse.Namespace, env: dict) -> dict:
     import subprocess
 
@@ -319,9 +395,39 @@ _WHAT = {
 }
 
 
+TOKENS_GOALS = (2.0, 10 * _MB, 1e-3)  # listing seconds, catalog bytes, planning seconds a batch
+
+
+def _tokens_report(r: dict) -> list[str]:
+    """The tokens section: the real corpus's listing, catalog and planning, and the synthetic catalog's."""
+    if "error" in r:
+        return [f"Megatron corpus (read_tokens)  FAILED: {r['error']}", ""]
+    list_goal, cat_goal, plan_goal = TOKENS_GOALS
+    ok = r["build_s"] <= list_goal and r["nbytes"] <= cat_goal and r["plan_s"] <= plan_goal
+    big_ok = r["synthetic_plan_s"] <= plan_goal
+    rss = f"{r['rss_bytes'] / _MB:.1f}" if r["rss_bytes"] is not None else "?"
+    head = f"Megatron corpus (read_tokens, seq_len {r['seq_len']})"
+    return [
+        f"{head}: {r['tokens']:,} tokens in {r['documents']:,} documents (.idx "
+        f"{r['idx_bytes'] / _MB:.0f} MB, .bin sparse; written in {r['made_s']:.0f} s, not counted)",
+        f"  listing {r['build_s']:.2f} s, catalog {r['nbytes'] / _MB:.3f} MB ({r['samples']:,} windows in "
+        f"{r['parts']:,} parts), peak {r['peak_bytes'] / _MB:.1f} MB (RSS+ {rss} MB), planning a batch "
+        f"{r['plan_s'] * 1e3:.3f} ms (goals <= {list_goal:g} s, <= {cat_goal / _MB:g} MB, "
+        f"<= {plan_goal * 1e3:g} ms): {'ok' if ok else 'MISSED'}",
+        f"  synthetic token catalog of {r['synthetic_tokens']:,} tokens ({r['synthetic_samples']:,} "
+        f"windows, {r['synthetic_parts']:,} parts, {r['synthetic_nbytes'] / _MB:.1f} MB): planning a "
+        f"batch {r['synthetic_plan_s'] * 1e3:.3f} ms (goal <= {plan_goal * 1e3:g} ms): "
+        f"{'ok' if big_ok else 'MISSED'}",
+        "",
+    ]
+
+
 def report(results: dict) -> str:
-    """The tables: the WebDataset rows side by side, then one row per synthetic section."""
+    """The tables: the WebDataset rows side by side, the tokens section, then one row per synthetic
+    section."""
     lines: list[str] = []
+    if "tokens" in results:
+        lines += _tokens_report(results["tokens"])
     wds = results.get("wds")
     if wds:
         lines += [

@@ -9,8 +9,8 @@
         --endpoint-url http://127.0.0.1:9000 --baseline-data '/data/in1k-wds/shard-{000..009}.tar'
     python -m raydl.bench.shards /data/in1k /data/bench --clip       # LAION-style jpg + txt + json shards
     raydl bench loader --workload clip --data /data/bench/clip --compare torch,raydata,dataio
-    python -m raydl.bench.shards --tokens /data/bench                 # 102,400 rows x 2,048 int32 tokens
-    raydl bench loader --workload tokens --data /data/bench/tokens --compare torch,raydata
+    python -m raydl.bench.shards --tokens /data/bench   # 102,400 rows of 2,048 tokens; 200 M Megatron tokens
+    raydl bench loader --workload tokens --data /data/bench --compare torch,raydata,megatron
 
 Object stores and sharded formats (`--source webdataset|parquet`, `--data s3://...`)
 are read by raydl only (the other peers read local image folders); `--baseline-data`
@@ -22,8 +22,11 @@ float32 NCHW) and "buckets" (decode, crop and resize into the nearest of
 datago's aspect-ratio buckets for size 512, multiple 32, ratios 0.5-2.0, uint8
 NHWC, bucket-pure batches), and two that read other data: "clip" (WebDataset shards
 with a caption and metadata per image, the train pipeline, captions as str;
-raydl/bench/_clip.py) and "tokens" (Parquet rows of 2,048 int32 tokens as (B, 2048)
-int tensors, rate in rows/s and tokens/s; raydl/bench/_tokens.py). Every run is one
+raydl/bench/_clip.py) and "tokens", two tables: Parquet rows of 2,048 int32 tokens as
+(B, 2048) int tensors (raydl/bench/_tokens.py), and shuffled windows of --seq-len
+tokens from a Megatron .bin/.idx corpus (raydl/bench/_windows.py), rates in rows/s or
+windows/s and tokens/s, after the first batch and over the whole epoch from the
+run's process start. Every run is one
 epoch of the workload in a fresh subprocess
 (`python -m raydl.bench._runner`), and the peers take turns, A B C A B C ..., so
 that a noisy neighbour or a warming page cache hits them all alike (Ray's workers
@@ -76,6 +79,7 @@ from pathlib import Path
 from raydl.bench._epochs_report import kill_tree as _kill_tree
 from raydl.bench._tokens import SEQ_LEN
 from raydl.bench._transform import list_images
+from raydl.bench._windows import DEFAULT_SEQ_LEN, DEFAULT_TOKENS, DEFAULT_WINDOW_BATCH
 from raydl.bench.peers import (
     BUCKET_NOTES,
     MULTI_EPOCH,
@@ -91,8 +95,10 @@ from raydl.bench.report import format_table, peer_versions, ray_service, summari
 
 __all__ = ["add_parser", "main"]
 
-_COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")]  # raydl-image/-ordered: own
+# raydl-image/-ordered: their workloads' own; megatron: megatron-core's reader in the tokens windows table
+_COMPARABLE = [p for p in PEERS if p not in ("raydl", "raydl-base", "ceiling")] + ["megatron"]
 _OWN_DATA = ("clip", "tokens")  # workloads whose --data is their own (shards, Parquet), not an image folder
+_UNITS = {"tokens": "rows", "windows": "windows"}  # what a sample is, where not an image
 DEFAULT_BATCH = 256
 MIN_BATCHES = 8  # images/s counts from the first batch to the last: a few batches give a noisy figure
 
@@ -185,6 +191,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         f"{MIN_BATCHES} batches of {DEFAULT_BATCH})",
     )
     p.add_argument("--limit", type=int, help="use only the first N images (sorted by path)")
+    p.add_argument(
+        "--part",
+        default="both",
+        choices=["rows", "windows", "both"],
+        help="tokens: the Parquet rows table, the Megatron windows table, or both (default: %(default)s)",
+    )
+    p.add_argument(
+        "--megatron-tokens",
+        type=int,
+        default=DEFAULT_TOKENS,
+        help="tokens windows: the Megatron corpus's size, DATA/megatron/corpus-N.bin/.idx, written first "
+        "where missing (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=DEFAULT_SEQ_LEN,
+        help="tokens windows: tokens of a window's input ids (default: %(default)s)",
+    )
+    p.add_argument(
+        "--window-batch-size",
+        type=int,
+        default=DEFAULT_WINDOW_BATCH,
+        help="tokens windows: windows per batch (default: %(default)s)",
+    )
+    p.add_argument(
+        "--checksum",
+        action="store_true",
+        help="each run reports a digest of the rows it delivered, the same for every peer that delivers the "
+        "same rows (costs time in every batch: for checks, not for figures)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write every round and the medians here")
     p.add_argument("--plot", help="write a PNG bar chart here (needs matplotlib)")
@@ -257,6 +294,10 @@ def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
         cmd += ["--ray-address", args.ray_address, "--cluster-pid", str(args.cluster_pid)]
     if args.epochs > 1 and peer in MULTI_EPOCH:
         cmd += ["--epochs", str(args.epochs)]
+    if args.workload == "windows":
+        cmd += ["--seq-len", str(args.seq_len)]
+    if getattr(args, "checksum", False):
+        cmd.append("--checksum")
     if args.no_pin:
         cmd.append("--no-pin")
     env = dict(os.environ)
@@ -315,8 +356,12 @@ def _count(args, data: str) -> int:
     return len(raydl_source(spec))
 
 
-def _own_count(workload: str, data: str) -> int:
-    """Samples (clip) or rows (tokens) in the data of a workload with its own data."""
+def _own_count(workload: str, data: str, seq_len: int = 0) -> int:
+    """Samples (clip), rows (tokens) or windows (windows) in the data of a workload with its own data."""
+    if workload == "windows":
+        from raydl.bench._windows import corpus_windows
+
+        return corpus_windows(data, seq_len)
     if workload == "clip":
         from raydl.bench._clip import clip_count
 
@@ -391,53 +436,148 @@ def _own_memory_note(summary: list[dict], epochs: int) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the rounds, print the table, write --json/--plot. 0 when every peer ran at least once."""
+    """Run the rounds, print the table (two for tokens), write --json/--plot. 0 when every peer ran at least
+    once."""
+    if args.workload == "tokens":
+        return _tokens_main(args)
     try:
         peers, skipped = _peers(args)
         files = _inputs(args, peers, skipped)
     except _Refused as exc:
         _log(f"error: {exc}")
         return 2
+    code, report = _table(args, peers, skipped, files, args.plot)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _log(f"wrote {args.json}")
+    return code
+
+
+def _tokens_main(args: argparse.Namespace) -> int:
+    """The tokens workload: the rows of DATA/tokens/*.parquet (or of DATA's own *.parquet), then the windows
+    of the Megatron corpus DATA/megatron/corpus-N (written first where missing), each its own table. The
+    JSON holds the rows part's report, and the windows part's under "windows"."""
+    parts = []
+    try:
+        rows_data, root = _token_folders(args.data)
+        if args.part in ("rows", "both"):
+            rows = argparse.Namespace(**vars(args))
+            rows.data = rows_data
+            peers, skipped = _peers(rows)
+            parts.append(("rows", rows, peers, skipped, _inputs(rows, peers, skipped)))
+        if args.part in ("windows", "both"):
+            windows = argparse.Namespace(**vars(args))
+            windows.workload, windows.batch_size = "windows", args.window_batch_size
+            if min(args.seq_len, args.window_batch_size, args.megatron_tokens) < 1:
+                raise _Refused("--seq-len, --window-batch-size and --megatron-tokens must be positive")
+            peers, skipped = _peers(windows)
+            windows.data = _megatron_corpus(root, args.megatron_tokens, args.seed)
+            parts.append(("windows", windows, peers, skipped, _inputs(windows, peers, skipped)))
+    except _Refused as exc:
+        _log(f"error: {exc}")
+        return 2
+    code, report = 0, {"workload": "tokens"}
+    for i, (name, part, peers, skipped, files) in enumerate(parts):
+        if i:
+            print()
+        plot = args.plot
+        if plot and name == "windows" and args.part == "both":
+            plot = str(Path(plot).with_name(Path(plot).stem + "-windows" + Path(plot).suffix))
+        part_code, part_report = _table(part, peers, skipped, files, plot)
+        code = max(code, part_code)
+        if name == "rows":
+            report.update(part_report)
+        else:
+            report["windows"] = part_report
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        _log(f"wrote {args.json}")
+    return code
+
+
+def _token_folders(data: str) -> tuple[str, str]:
+    """(the Parquet rows' folder or pattern, the folder the Megatron corpus goes under) of a tokens --data:
+    DATA/tokens and DATA where DATA holds a tokens folder (what `shards --tokens DATA` writes), else DATA
+    and the folder above it (DATA is the Parquet folder itself)."""
+    if os.path.isdir(os.path.join(data, "tokens")):
+        return os.path.join(data, "tokens"), data
+    folder = data if os.path.isdir(data) else os.path.dirname(data)  # a folder, or a glob pattern's folder
+    return data, os.path.dirname(os.path.abspath(folder))
+
+
+def _megatron_corpus(root: str, tokens: int, seed: int) -> str:
+    """The prefix of the corpus of `tokens` tokens under `root`, written first where its .idx is missing."""
+    from raydl.bench._windows import corpus_prefix, write_megatron_corpus
+
+    prefix = corpus_prefix(root, tokens)
+    if not os.path.exists(prefix + ".idx"):
+        need = 2 * tokens + 20 * (tokens // 1000)  # the uint16 .bin, and the .idx's 20 bytes a document
+        os.makedirs(root, exist_ok=True)
+        free = shutil.disk_usage(root).free
+        if need > free:
+            raise _Refused(
+                f"a {tokens}-token corpus needs {need / 1e9:.1f} GB, {root} has {free / 1e9:.1f} GB free"
+            )
+        t0 = time.perf_counter()
+        _log(f"writing the Megatron corpus {prefix}.bin/.idx ({tokens} tokens) ...")
+        write_megatron_corpus(prefix, tokens=tokens, seed=seed)
+        _log(f"wrote it in {time.perf_counter() - t0:.0f} s")
+    return prefix
+
+
+def _table(
+    args, peers: list[str], skipped: dict[str, str], files: list, plot: str | None
+) -> tuple[int, dict]:
+    """Run one table's rounds, print it and its notes, write the plot; (the exit code, the JSON report)."""
     runs = _rounds(args, peers, files)
     summary = summarize(peers, runs)
     notes = _notes(args, peers, skipped, runs, len(files))
-    unit = "rows" if args.workload == "tokens" else "images"
+    unit = _UNITS.get(args.workload, "images")
+    what = {
+        "tokens": f"tokens, rows of {SEQ_LEN} tokens from Parquet",
+        "windows": f"tokens, windows of {args.seq_len} tokens from a Megatron corpus, shuffled",
+    }.get(args.workload, args.workload)
     print(
         format_table(
             summary,
             header=(
-                f"raydl bench loader: workload {args.workload}, {len(files)} {unit} from {args.data}, "
+                f"raydl bench loader: workload {what}, {len(files)} {unit} from {args.data}, "
                 f"batch {args.batch_size}, {args.cpus} CPUs, median of {args.rounds} round(s)"
             ),
             rate=f"{unit}/s",
+            tokens_per_sample=_tokens_per_sample(args),
         )
     )
     print()
     for note in notes:
         print(f"  * {note}")
-    if args.json:
-        report = {
-            "workload": args.workload,
-            "data": args.data,
-            "images": len(files),
-            "batch_size": args.batch_size,
-            "cpus": args.cpus,
-            "rounds": args.rounds,
-            "epochs": args.epochs,
-            "pinned": not args.no_pin,
-            "peers": peers,
-            "versions": peer_versions(),
-            "summary": summary,
-            "runs": runs,
-            "skipped": skipped,
-            "notes": notes,
-        }
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-        _log(f"wrote {args.json}")
-    if args.plot:
-        write_plot(summary, args.plot, title=f"{args.workload}: {len(files)} images, {args.cpus} CPUs")
-        _log(f"wrote {args.plot}")
-    return 0 if all(s["rounds_ok"] > 0 for s in summary) else 1
+    report = {
+        "workload": args.workload,
+        "data": args.data,
+        "images": len(files),
+        "unit": unit,
+        "batch_size": args.batch_size,
+        "cpus": args.cpus,
+        "rounds": args.rounds,
+        "epochs": args.epochs,
+        "pinned": not args.no_pin,
+        "peers": peers,
+        "versions": peer_versions(),
+        "summary": summary,
+        "runs": runs,
+        "skipped": skipped,
+        "notes": notes,
+    }
+    if args.workload == "windows":
+        report["seq_len"] = args.seq_len
+    if plot:
+        write_plot(summary, plot, title=f"{args.workload}: {len(files)} {unit}, {args.cpus} CPUs")
+        _log(f"wrote {plot}")
+    return (0 if all(s["rounds_ok"] > 0 for s in summary) else 1), report
+
+
+def _tokens_per_sample(args) -> int | None:
+    return {"tokens": SEQ_LEN, "windows": getattr(args, "seq_len", 0)}.get(args.workload)
 
 
 class _Refused(Exception):
@@ -461,7 +601,7 @@ def _peers(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         raise _Refused(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(_COMPARABLE)}")
     # clip: raydl on the same shards with the image alone, to show what the caption and metadata cost
     # tokens: raydl without its per-row shuffle, which reads each row group once, as the peers do
-    ours = {"clip": ["raydl", "raydl-image"], "tokens": ["raydl", "raydl-ordered"]}.get(
+    ours = {"clip": ["raydl", "raydl-image"], "tokens": ["raydl", "raydl-ordered"], "windows": ["raydl"]}.get(
         args.workload, ["raydl"]
     )
     skipped = {p: why for p in [*ours, *wanted] if (why := _missing(p, args.workload))}
@@ -485,13 +625,13 @@ def _inputs(args: argparse.Namespace, peers: list[str], skipped: dict[str, str])
     """The samples to read (image paths, or sample numbers of a remote or sharded source), with
     args.batch_size settled; `peers` loses those that cannot read this source (said in `skipped`)."""
     folder = args.source == "images" and "://" not in args.data
-    if args.workload in _OWN_DATA:
+    if args.workload in (*_OWN_DATA, "windows"):
         if args.limit or args.baseline_data or args.source != "images":
             raise _Refused(
                 f"--limit, --baseline-data and --source do not apply to --workload {args.workload}"
             )
         try:
-            files = list(range(_own_count(args.workload, args.data)))
+            files = list(range(_own_count(args.workload, args.data, args.seq_len)))
         except ValueError as exc:
             raise _Refused(str(exc)) from None
     elif not folder:
@@ -535,7 +675,7 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
     try:
         data = _subset(files, args.data, tmp / "data") if args.limit else args.data
         _log(
-            f"{len(files)} {'rows' if args.workload == 'tokens' else 'images'}, batch {args.batch_size}, "
+            f"{len(files)} {_UNITS.get(args.workload, 'images')}, batch {args.batch_size}, "
             f"{args.cpus} CPUs, "
             f"{args.rounds} round(s) of: {' '.join(peers)}"
         )
@@ -597,7 +737,7 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
     notes_of = WORKLOAD_NOTES.get(args.workload, notes_of)
     notes = [notes_of[p] for p in peers if p in notes_of] + list(skipped.values())
     summary = summarize(peers, runs)
-    notes += _workload_notes(args.workload, summary)
+    notes += _workload_notes(args.workload, summary, seq_len=getattr(args, "seq_len", 0))
     notes += [f"{r['peer']} round {r['round']}: {r['warning']}" for r in runs if "warning" in r]
     own = _own_memory_note(summary, args.epochs)
     if own:
@@ -667,8 +807,10 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
     return notes
 
 
-def _workload_notes(workload: str, summary: list[dict]) -> list[str]:
-    """clip: what the caption and metadata cost raydl; tokens: every row's tokens/s, and raydl's ratios."""
+def _workload_notes(workload: str, summary: list[dict], *, seq_len: int = 0) -> list[str]:
+    """clip: what the caption and metadata cost raydl; tokens: every row's tokens/s, and raydl's ratios;
+    windows: what a window is, raydl's first batch and its ratios against the goals; tokens and windows:
+    raydl's ratio against every peer, after the first batch and over the whole epoch from process start."""
     rate = {r["peer"]: r["images_per_s"] for r in summary if r["images_per_s"] and not r["short_window"]}
     raydl = rate.get("raydl")
     notes = []
@@ -689,6 +831,28 @@ def _workload_notes(workload: str, summary: list[dict]) -> list[str]:
         for peer, what, goal in (("torch", "webdataset + DataLoader", 2), ("raydata", "Ray Data", 5)):
             if rate.get(peer):
                 notes.append(f"raydl / {what}: {raydl / rate[peer]:.2f} (goal >= {goal})")
+    if workload == "windows":
+        notes.append(
+            f"windows/s: windows of {seq_len} tokens (input ids; each reads {seq_len + 1} tokens, the "
+            f"labels its last {seq_len}); M tokens/s is {seq_len} x windows/s; CPU ms/img is per window; "
+            "epoch .. from start: the epoch's windows over the time from the run's process start to its "
+            "last batch"
+        )
+        first = next((r["first_batch_s"] for r in summary if r["peer"] == "raydl"), None)
+        if first is not None:
+            notes.append(f"raydl first batch after ray.init: {first:.2f} s (goal <= 1 s)")
+        raw = {r["peer"]: r for r in summary if r["images_per_s"]}  # short windows too, said so
+        for peer, what, goal in (
+            ("torch", "memory-mapped torch DataLoader", 1.0),
+            ("ceiling", "one-thread ceiling", 0.3),
+        ):
+            if raydl and peer in raw:
+                short = " (the peer's epoch took under 1 s after its first batch: indicative)"
+                notes.append(
+                    f"raydl / {what}, after the first batch: {raydl / raw[peer]['images_per_s']:.3f} "
+                    f"(goal >= {goal})" + (short if raw[peer]["short_window"] else "")
+                )
+        return notes + _ratio_notes(summary)
     if workload != "tokens":
         return notes
     tokens = [  # in brackets where the window is too short to compare, as in the table
@@ -704,7 +868,32 @@ def _workload_notes(workload: str, summary: list[dict]) -> list[str]:
         for peer, what, goal in (("ceiling", "pyarrow ceiling", 0.7), ("raydata", "Ray Data", 3)):
             if rate.get(ours) and rate.get(peer):
                 notes.append(f"{ours} / {what}: {rate[ours] / rate[peer]:.2f} (goal >= {goal})")
-    return notes
+    return notes + _ratio_notes(summary)
+
+
+def _ratio_notes(summary: list[dict]) -> list[str]:
+    """raydl's rate over each other peer's: after the first batch, and over the whole epoch from the run's
+    process start (imports, Ray, the loader and every batch)."""
+    by = {r["peer"]: r for r in summary}
+    ours = by.get("raydl")
+    if not ours:
+        return []
+    parts = []
+    for peer, row in by.items():
+        if peer == "raydl":
+            continue
+        after = (
+            f"{ours['images_per_s'] / row['images_per_s']:.2f}"
+            if ours["images_per_s"]
+            and row["images_per_s"]
+            and not (ours["short_window"] or row["short_window"])
+            else "-"
+        )
+        whole = ours.get("epoch_from_start_per_s"), row.get("epoch_from_start_per_s")
+        parts.append(f"{peer} {after} ({whole[0] / whole[1]:.2f})" if all(whole) else f"{peer} {after} (-)")
+    if not parts:
+        return []
+    return ["raydl / peer, after the first batch (whole epoch from process start): " + ", ".join(parts)]
 
 
 def _cli(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from raydl.bench._transform import (
     open_rgb,
     train_transform,
 )
+from raydl.bench._windows import WINDOW_NOTES, WINDOW_PEERS
 from raydl.options import LoaderConfig
 
 __all__ = [
@@ -335,6 +336,7 @@ PEERS: dict[str, Callable[[PeerSpec, EpochClock], Measurement]] = {
 _WORKLOAD_PEERS: dict[str, dict[str, Callable[[PeerSpec, EpochClock], Measurement]]] = {
     "clip": CLIP_PEERS,
     "tokens": TOKEN_PEERS,
+    "windows": WINDOW_PEERS,  # the tokens workload's second table: windows of a Megatron corpus
 }
 
 
@@ -355,23 +357,25 @@ MULTI_EPOCH = frozenset(
         "dataio",
         "ceiling",
         "floor",
+        "megatron",
     }
 )
 
 # The workloads each peer can run (the others are skipped with a note).
 WORKLOADS: dict[str, tuple[str, ...]] = {
-    "raydl": ("train", "buckets", "clip", "tokens"),
+    "raydl": ("train", "buckets", "clip", "tokens", "windows"),
     "raydl-base": ("train", "buckets"),
     "raydl-fast": ("train", "buckets"),
     "raydl-image": ("clip",),
     "raydl-ordered": ("tokens",),
-    "torch": ("train", "buckets", "clip", "tokens"),
-    "raydata": ("train", "clip", "tokens"),
+    "torch": ("train", "buckets", "clip", "tokens", "windows"),
+    "raydata": ("train", "clip", "tokens", "windows"),
+    "megatron": ("windows",),
     "dataio": ("train", "clip"),
     "datago": ("train", "buckets"),
     "dali": ("train", "buckets"),
     "spdl": ("train", "buckets"),
-    "ceiling": ("train", "buckets", "tokens"),
+    "ceiling": ("train", "buckets", "tokens", "windows"),
     "floor": ("train",),
 }
 
@@ -384,6 +388,10 @@ WHY_NOT: dict[tuple[str, str], str] = {
     "fails with 'builder error for url'), and its file source reads image folders, not tar shards",
     ("datago", "tokens"): "datago reads images only",
     ("dataio", "tokens"): "not written yet (dataio.scan_parquet could read the files)",
+    ("dataio", "windows"): "dataio reads no Megatron corpus",
+    ("datago", "windows"): "datago reads images only",
+    ("megatron", "tokens"): "megatron-core's IndexedDataset reads Megatron corpora, not Parquet (it is in "
+    "the windows table)",
 }
 
 # Modules a peer needs, and what to install when one is missing.
@@ -406,12 +414,14 @@ REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
     "dataio": (("dataio",), "pip install 'raydl-loader[bench]'  (or: pip install dataio-rs)"),
     "datago": (("datago",), "pip install 'raydl-loader[bench]'  (or: pip install datago)"),
     "ceiling": (("simplejpeg",), "pip install simplejpeg"),
+    "megatron": (("megatron.core", "torch"), "pip install megatron-core torch"),
 }
 
 # Where a workload's peer needs other modules than REQUIRES says.
 WORKLOAD_REQUIRES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "clip": {"torch": (("torch", "webdataset"), "pip install torch webdataset")},
     "tokens": {"ceiling": (("pyarrow",), "pip install pyarrow")},
+    "windows": {"ceiling": (("numpy",), "pip install numpy")},
 }
 
 # What each peer does differently from the workload; printed under the table.
@@ -442,7 +452,11 @@ NOTES: dict[str, str] = {
 }
 
 # The notes of the workloads with their own peers (what each does there), printed instead of NOTES.
-WORKLOAD_NOTES: dict[str, dict[str, str]] = {"clip": CLIP_NOTES, "tokens": TOKEN_NOTES}
+WORKLOAD_NOTES: dict[str, dict[str, str]] = {
+    "clip": CLIP_NOTES,
+    "tokens": TOKEN_NOTES,
+    "windows": WINDOW_NOTES,
+}
 
 # The same for the "buckets" workload, where it differs.
 BUCKET_NOTES: dict[str, str] = {

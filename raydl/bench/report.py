@@ -9,6 +9,7 @@ __all__ = ["format_table", "peer_versions", "ray_service", "summarize", "write_p
 
 _FIGURES = (
     "images_per_s",
+    "epoch_from_start_per_s",
     "first_batch_s",
     "first_batch_from_start_s",
     "peak_pss_mib",
@@ -76,13 +77,21 @@ def _cell(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def format_table(summary: list[dict], *, header: str, rate: str = "images/s") -> str:
-    """The summary as a text table; `rate` names the throughput column (the tokens workload's is rows/s)."""
+def format_table(
+    summary: list[dict], *, header: str, rate: str = "images/s", tokens_per_sample: int | None = None
+) -> str:
+    """The summary as a text table; `rate` names the throughput column (the tokens workload's is rows/s or
+    windows/s). With `tokens_per_sample`, tokens/s beside it, and both rates over the whole epoch from the
+    run's process start."""
     later = any(row.get("later_images_per_s") is not None for row in summary)  # --epochs N
+    tokens = tokens_per_sample is not None
+    unit = rate.removesuffix("/s")
     cols = (
         "peer",
         rate,
+        *(("M tokens/s",) if tokens else ()),
         "x raydl",
+        *((f"epoch {unit}/s from start", "epoch M tokens/s from start") if tokens else ()),
         "first batch s",
         "from start s",
         "peak PSS MiB",
@@ -104,11 +113,24 @@ def format_table(summary: list[dict], *, header: str, rate: str = "images/s") ->
         ips = _cell(row["images_per_s"], ".1f")
         if row.get("short_window") and row["images_per_s"] is not None:
             ips = f"({ips})"  # greyed: not comparable
+        extra: tuple[str, ...] = ()
+        if tokens:
+            rate_tok = None if row["images_per_s"] is None else row["images_per_s"] * tokens_per_sample / 1e6
+            tok = _cell(rate_tok, ".1f")
+            if row.get("short_window") and rate_tok is not None:
+                tok = f"({tok})"
+            whole = row.get("epoch_from_start_per_s")
+            extra = (
+                _cell(whole, ".1f"),
+                _cell(None if whole is None else whole * tokens_per_sample / 1e6, ".1f"),
+            )
         body.append(
             (
                 row["peer"],
                 ips,
+                *((tok,) if tokens else ()),
                 _cell(row["ratio_to_raydl"], ".2f"),
+                *extra,
                 _cell(first, ".2f"),
                 _cell(from_start, ".2f"),
                 _cell(row["peak_pss_mib"], ".0f"),

@@ -4,6 +4,7 @@
         [--upload s3://bucket/prefix --endpoint-url URL]
     python -m raydl.bench.shards IMAGE_DIR OUT_DIR --clip [--per-shard 256] [--seed 0]
     python -m raydl.bench.shards --tokens OUT_DIR [--rows 102400] [--files 8] [--row-group 512] [--seed 0]
+        [--megatron-tokens 200000000]
 
 OUT_DIR/wds/shard-000000.tar ... hold the images in sorted key order, each as
 <class>/<name>.<ext> with a <class>/<name>.cls member (the folder's label);
@@ -14,7 +15,9 @@ With --upload both trees are copied to the S3 prefix.
 (.jpg, a .txt caption, a .json of metadata) written with webdataset's TarWriter,
 for `raydl bench loader --workload clip` (raydl/bench/_clip.py). --tokens needs
 no image folder and writes OUT_DIR/tokens/part-00000.parquet ...: rows of 2,048
-int32 tokens, for `--workload tokens` (raydl/bench/_tokens.py).
+int32 tokens, and OUT_DIR/megatron/corpus-N.bin/.idx: a Megatron-LM corpus of N
+uint16 tokens (--megatron-tokens; 0 writes none), for `--workload tokens`
+(raydl/bench/_tokens.py, raydl/bench/_windows.py).
 """
 
 from __future__ import annotations
@@ -109,9 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--clip", action="store_true", help="write the clip workload's shards (jpg, txt, json) only"
     )
-    p.add_argument("--tokens", action="store_true", help="write the tokens workload's Parquet files only")
+    p.add_argument("--tokens", action="store_true", help="write the tokens workload's files only")
     p.add_argument("--rows", type=int, help="--tokens: rows of 2,048 tokens (default: 102,400, 800 MiB)")
     p.add_argument("--files", type=int, default=8, help="--tokens: Parquet files (default: %(default)s)")
+    p.add_argument(
+        "--megatron-tokens",
+        type=int,
+        default=200_000_000,
+        help="--tokens: tokens of the Megatron corpus OUT_DIR/megatron/corpus-N (default %(default)s; "
+        "0: none)",
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="--clip, --tokens: what the captions/tokens are drawn from"
     )
@@ -132,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
         )
         print(f"{len(files)} Parquet files in {out}", file=sys.stderr)
+        if args.megatron_tokens:
+            from raydl.bench._windows import corpus_prefix, write_megatron_corpus
+
+            prefix = corpus_prefix(args.paths[0], args.megatron_tokens)
+            write_megatron_corpus(prefix, tokens=args.megatron_tokens, seed=args.seed)
+            print(f"a Megatron corpus of {args.megatron_tokens} tokens in {prefix}.bin/.idx", file=sys.stderr)
         return 0
     if len(args.paths) != 2:
         p.error("give IMAGE_DIR and OUT_DIR")

@@ -56,7 +56,7 @@ class DataIterator:
             int, tuple[ray.ObjectRef | Future, WorkerInfo, int]
         ] = {}  # k -> (ref, worker, try)
         self._node = ray.get_runtime_context().get_node_id()
-        self._stats = IteratorStats(rank=rank)
+        self._stats = IteratorStats(rank=rank, unit=plan.sample_unit)
         self._accounting = Accounting(plan.policy, self._stats, rank)
         self._created = time.perf_counter()
         self._longest_wait_s: float | None = None  # for the default timeout; None until the first batch

@@ -9,7 +9,9 @@ __all__ = ["IteratorStats"]
 
 @dataclass
 class IteratorStats:
-    """What one rank's iterator has done so far (all epochs)."""
+    """What one rank's iterator has done so far (all epochs). `unit` says what a sample is: "windows"
+    (read_tokens), "rows" (Parquet without an image field), "images" (a source with one), or "samples" (any
+    other source, or a mix of kinds); `samples_per_s` is the rate in that unit."""
 
     rank: int
     epoch: int = 0
@@ -35,6 +37,7 @@ class IteratorStats:
     cache_corrupt: int = 0
     skipped_uris: list[str] = field(default_factory=list, repr=False)
     replaced_uris: list[str] = field(default_factory=list, repr=False)
+    unit: str = "samples"
 
     def add_cache(self, counts: dict[str, int]) -> None:
         """Add one batch's node cache counters (BatchResult.cache)."""
@@ -43,8 +46,14 @@ class IteratorStats:
             setattr(self, attr, getattr(self, attr) + value)
 
     @property
-    def images_per_s(self) -> float:
+    def samples_per_s(self) -> float:
+        """Samples (of `unit`) delivered per second of this rank's iteration."""
         return self.samples_delivered / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def images_per_s(self) -> float:
+        """`samples_per_s` under its older name (the same figure whatever the unit)."""
+        return self.samples_per_s
 
     def __str__(self) -> str:
         ttfb = "-" if self.time_to_first_batch_s is None else f"{self.time_to_first_batch_s:.2f} s"
@@ -55,7 +64,7 @@ class IteratorStats:
             ("samples delivered", str(self.samples_delivered)),
             ("samples skipped", str(self.samples_skipped)),
             ("samples replaced", str(self.samples_replaced)),
-            ("images/s", f"{self.images_per_s:.1f}"),
+            (f"{self.unit}/s", f"{self.samples_per_s:.1f}"),
             ("time to first batch", ttfb),
             ("consumer wait", f"{self.wait_s:.2f} s"),
             ("retried batches", str(self.retries)),

@@ -25,7 +25,7 @@ from raydl.plan.mix import MixPlan, SourcePlan, mix_shares
 from raydl.plan.orders import BucketOrder, MixOrder, Order, SampleOrder
 from raydl.util.arrow import int_column
 
-__all__ = ["DEFAULT_PART_WINDOW", "build_plan", "part_window"]
+__all__ = ["DEFAULT_PART_WINDOW", "build_plan", "part_window", "sample_unit"]
 
 DEFAULT_PART_WINDOW = 16  # LoaderConfig.shuffle_window's default for Parquet: row groups shuffled together
 
@@ -54,7 +54,25 @@ def build_plan(mixture: Mixture, config: LoaderConfig) -> LoaderPlan:
         unsized=unsized,
         batch_bytes=config.batch_size * max(sizes),
         image_fields=tuple(name for name, is_mask in decoded if not is_mask),
+        sample_unit=sample_unit(m.catalog.source for m in mixture.members),
     )
+
+
+def sample_unit(sources) -> str:
+    """What one sample of these sources is, for rates: "windows" (token windows), "images" (a source with
+    an image field), "rows" (a Parquet table without one), else "samples"; sources of several kinds:
+    "samples"."""
+    units = set()
+    for source in sources:
+        if source.name == "tokens":
+            units.add("windows")
+        elif any(f.kind == "image" for f in source.fields):
+            units.add("images")
+        elif source.name == "parquet":
+            units.add("rows")
+        else:
+            units.add("samples")
+    return units.pop() if len(units) == 1 else "samples"
 
 
 def part_window(catalog: Catalog, config: LoaderConfig) -> int:

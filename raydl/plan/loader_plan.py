@@ -46,7 +46,8 @@ class Position(NamedTuple):
 class LoaderPlan:
     """The plan of one loader (see the module). `unsized`: samples in no aspect bucket (their size could
     not be read), which rank 0 reports each epoch; `batch_bytes`: about what one batch takes;
-    `image_fields`: the decoded image fields (not masks), which one torch dtype covers."""
+    `image_fields`: the decoded image fields (not masks), which one torch dtype covers; `sample_unit`: what a
+    sample is, for rates ("windows", "rows", "images" or "samples": raydl.plan.build.sample_unit)."""
 
     config: LoaderConfig
     order: Order
@@ -56,6 +57,7 @@ class LoaderPlan:
     unsized: tuple[Failure, ...] = ()
     batch_bytes: int = 1
     image_fields: tuple[str, ...] = ()
+    sample_unit: str = "samples"
     _epochs: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __getstate__(self) -> dict:

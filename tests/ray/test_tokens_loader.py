@@ -52,6 +52,8 @@ def test_every_window_once_per_shuffled_epoch(ray_local, corpora, world_size):
         per_rank = [_epoch(it) for it in its]
         second = _epoch(its[0])
     assert len({len(b) for b in per_rank}) == 1
+    stats = its[0].stats()
+    assert stats.unit == "windows" and "windows/s" in str(stats)  # stats() counts windows, not images
     ids = np.concatenate([b["id"] for batches in per_rank for b in batches])
     counts = collections.Counter(ids.tolist())
     assert set(counts) == set(range(len(windows)))

@@ -23,6 +23,7 @@ TINY = [
     "--shards", "5", "--per-shard", "4", "--delay-ms", "5",
     "--samples", "100000", "--catalog-shards", "100", "--parquet-files", "10", "--row-groups", "10",
     "--rows", "100", "--image-classes", "10", "--images-per-class", "10", "--batches", "10",
+    "--corpus-tokens", "20000000", "--corpus-documents", "200000", "--synthetic-tokens", "10000000000",
 ]  # fmt: skip
 
 
@@ -40,6 +41,7 @@ def test_the_defaults_are_the_issues_sizes_and_bad_flags_are_refused(capsys):
     assert (a.samples, a.catalog_shards) == (100_000_000, 100_000)
     assert (a.parquet_files, a.row_groups, a.rows) == (10_000, 10, 1_000)
     assert a.image_classes * a.images_per_class == 1_280_000 and a.batch_size == 256
+    assert (a.corpus_tokens, a.corpus_documents, a.seq_len) == (10**9, 10**7, 4096)
     assert listing.main(_parse(["--only", "wds,bogus"])) == 2
     assert "bogus" in capsys.readouterr().err
     assert listing.main(_parse(["--per-shard", "0"])) == 2
@@ -109,6 +111,7 @@ def test_the_proxy_counts_requests_by_kind():
         server.shutdown()
 
 
+@pytest.mark.timeout(300)  # five child processes; minutes on a loaded machine
 def test_a_tiny_run_reports_every_row(tmp_path, capsys):
     """5 shards of 4 samples on moto behind 5 ms: GET every shard is 5 shard GETs; each listing finds 20 samples;
     with shard indexes the first listing reads each shard at most once and makes no HEAD,
@@ -138,8 +141,12 @@ def test_a_tiny_run_reports_every_row(tmp_path, capsys):
         assert dali["requests"]["shard"] == 0 and dali["requests"]["idx"] == 5, dali
     else:
         assert "skipped" in rows["DALI .idx beside the shards"]
-    for name in ("catalog", "parquet", "images", "images-walk"):
+    for name in ("catalog", "parquet", "images", "images-walk", "tokens"):
         assert "error" not in got[name], got[name]
+    tokens = got["tokens"]  # a Megatron corpus listed for real (its .bin sparse), and a synthetic catalog
+    assert tokens["samples"] == (20_000_000 - 1) // 4096 and tokens["nbytes"] < 10e6 and tokens["plan_s"] > 0
+    assert 150_000 < tokens["documents"] < 250_000 and tokens["idx_bytes"] == 42 + 20 * tokens["documents"]
+    assert tokens["synthetic_samples"] == (10**10 - 1) // 4096 and tokens["synthetic_plan_s"] > 0
     assert got["catalog"]["samples"] == 100_000 and got["catalog"]["parts"] == 100
     assert got["parquet"]["samples"] == 10 * 10 * 100 and got["images"]["samples"] == 100
     for label in (
@@ -149,5 +156,7 @@ def test_a_tiny_run_reports_every_row(tmp_path, capsys):
         "Parquet catalog",
         "images on S3",
         "images on local disk",
+        "Megatron corpus (read_tokens, seq_len 4096)",
+        "synthetic token catalog",
     ):
         assert label in text

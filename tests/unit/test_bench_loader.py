@@ -399,6 +399,7 @@ def test_clip_and_tokens_runs_pick_their_rows_and_notes(tmp_path):
     assert "raydl 2.0 M, ceiling 2.6 M" in notes[0] and notes[1:] == [
         "raydl / pyarrow ceiling: 0.80 (goal >= 0.7)",
         "raydl / Ray Data: 4.00 (goal >= 3)",
+        "raydl / peer, after the first batch (whole epoch from process start): ceiling 0.80 (-), raydata 4.00 (-)",
     ]
     (tmp_path / "empty").mkdir()
     assert loader.main(_parse(["--data", str(tmp_path / "empty"), "--workload", "tokens"])) == 2
@@ -426,18 +427,62 @@ def test_bench_tokens_runs_raydl_and_the_pyarrow_ceiling(tmp_path):
             "1",
             "--batch-size",
             "32",
+            "--part",
+            "rows",
             "--json",
             str(out),
         ]
     )
     assert loader.main(args) == 0
     report = json.loads(out.read_text())
+    assert "windows" not in report
     assert [(r["peer"], r["ok"], r["images"], r["batch_shape"]) for r in report["runs"]] == [
         ("raydl", True, 256, [32, 2048]),
         ("raydl-ordered", True, 256, [32, 2048]),
         ("ceiling", True, 256, [32, 2048]),
     ], report["runs"]
     assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
+
+
+@pytest.mark.timeout(600)
+def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
+    """--workload tokens on a tiny set: the rows table (Parquet) and the windows table (a Megatron corpus the
+    bench writes) each have every available peer with positive rates after the first batch and over the whole
+    epoch from process start; every peer of a table delivers the same rows or windows (the digest of every
+    token delivered over the epoch equals the ceiling's)."""
+    import importlib.util
+
+    from raydl.bench._tokens import write_token_parquet
+
+    write_token_parquet(str(tmp_path / "d" / "tokens"), rows=96, files=2, row_group=16)
+    out = tmp_path / "bench.json"
+    megatron = importlib.util.find_spec("megatron.core") is not None
+    args = _parse(
+        ["--data", str(tmp_path / "d"), "--workload", "tokens", "--compare", "torch,raydata,megatron",
+         "--rounds", "1", "--cpus", "2", "--batch-size", "8", "--megatron-tokens", "400000", "--seq-len", "512",
+         "--window-batch-size", "8", "--checksum", "--json", str(out)]
+    )  # fmt: skip
+    assert loader.main(args) == 0
+    assert (tmp_path / "d" / "megatron" / "corpus-400000.idx").exists()
+    printed = capsys.readouterr().out
+    assert "rows of 2048 tokens from Parquet" in printed and "windows of 512 tokens from a Megatron corpus" in printed
+    report = json.loads(out.read_text())
+    windows = report["windows"]
+    for part, peers, n, shape in (
+        (report, ["raydl", "raydl-ordered", "torch", "raydata", "ceiling"], 96, 2048),
+        (windows, ["raydl", "torch", "raydata", *(["megatron"] if megatron else []), "ceiling"], 781, 512),
+    ):
+        assert [r["peer"] for r in part["summary"]] == peers, part["summary"]
+        for r in part["runs"]:
+            assert r["ok"] and r["images"] == n and r["batch_shape"][1:] == [shape], r
+            assert r["images_per_s"] > 0 and r["epoch_from_start_per_s"] > 0, r
+        ceiling = next(r["checksum"] for r in part["runs"] if r["peer"] == "ceiling")
+        assert {r["peer"]: r["checksum"] for r in part["runs"]} == dict.fromkeys(peers, ceiling)
+    if not megatron:  # skipped with its reason, never silently
+        assert any(n.startswith("megatron skipped") for n in windows["notes"]), windows["notes"]
+    assert any("megatron-core's IndexedDataset reads Megatron corpora" in n for n in report["notes"])
+    assert any(n.startswith("raydl / peer, after the first batch") for n in windows["notes"])
+    assert windows["unit"] == "windows" and report["unit"] == "rows"
 
 
 @pytest.mark.timeout(300)
