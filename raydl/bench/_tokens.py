@@ -213,8 +213,9 @@ TOKEN_PEERS = {
 TOKEN_NOTES = {
     "raydl": "raydl: read_parquet(files) (no image column) .loader(num_workers=1, threads_per_worker=cpus) "
     "+ iter_torch_batches(): input_ids as a (B, 2048) tensor.",
-    "raydl-ordered": "raydl-ordered: the same with loader(shuffle=False): rows in file order, each row group "
-    "decoded once (raydl's shuffle draws every row of a batch from anywhere in the data).",
+    "raydl-ordered": "raydl-ordered: the same with loader(shuffle=False): rows in file order (raydl's "
+    "shuffle permutes the row groups, then the rows within a window of row groups that fits the worker's "
+    "cache).",
     "torch": "torch: DataLoader(num_workers=cpus, batch_size=None) over an IterableDataset whose workers "
     "read their share of the row groups (shuffled) with pyarrow into (B, 2048) tensors.",
     "raydata": "raydata: ray.data.read_parquet(columns=['input_ids'], shuffle='files') + "

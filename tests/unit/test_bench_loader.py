@@ -398,7 +398,7 @@ def test_clip_and_tokens_runs_pick_their_rows_and_notes(tmp_path):
     )
     assert "raydl 2.0 M, ceiling 2.6 M" in notes[0] and notes[1:] == [
         "raydl / pyarrow ceiling: 0.80 (goal >= 0.7)",
-        "raydl / Ray Data: 4.00 (goal >= 3)",
+        "raydl / Ray Data: 4.00 (goal >= 1.0)",
         "raydl / peer, after the first batch (whole epoch from process start): ceiling 0.80 (-), raydata 4.00 (-)",
     ]
     (tmp_path / "empty").mkdir()
