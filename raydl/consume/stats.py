@@ -52,7 +52,7 @@ class IteratorStats:
 
     @property
     def images_per_s(self) -> float:
-        """`samples_per_s` under its older name (the same figure whatever the unit)."""
+        """`samples_per_s` under the name image loops read (the same figure whatever the unit)."""
         return self.samples_per_s
 
     def __str__(self) -> str:
