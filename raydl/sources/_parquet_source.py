@@ -31,7 +31,6 @@ import collections
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +46,7 @@ from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, op
 from raydl.sources._version import mtime_ns
 from raydl.storage import ObjectInfo, Storage
 from raydl.util.arrow import StringColumn, int_column
+from raydl.util.threads import SharedPool
 
 __all__ = [
     "CACHE_ROW_GROUP_BYTES",
@@ -185,9 +185,9 @@ class _Files:
 
 _footers = BoundedLRU(1 << 16, _CACHE_FOOTER_BYTES, size=lambda f: f.nbytes)
 _row_groups = BoundedLRU(_CACHE_ROW_GROUPS, CACHE_ROW_GROUP_BYTES, size=lambda v: v.nbytes)
-_footer_pool: ThreadPoolExecutor | None = None
-_decode_pool: ThreadPoolExecutor | None = None
-_footer_pool_lock = threading.Lock()
+_pool = SharedPool(_FOOTER_THREADS, "raydl-parquet-footer")
+_decoders = SharedPool(_DECODE_THREADS, "raydl-parquet-decode")
+_decodes_lock = threading.Lock()
 _decodes: collections.Counter = collections.Counter()  # row groups decoded by this process: (uri, row group)
 
 
@@ -211,22 +211,6 @@ def window_for(row_group_bytes: int) -> int:
         return MAX_WINDOW
     fit = min(_CACHE_ROW_GROUPS, CACHE_ROW_GROUP_BYTES // row_group_bytes) - PREFETCH_ROW_GROUPS
     return max(1, min(MAX_WINDOW, fit))
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _footer_pool
-    with _footer_pool_lock:
-        if _footer_pool is None:
-            _footer_pool = ThreadPoolExecutor(_FOOTER_THREADS, thread_name_prefix="raydl-parquet-footer")
-        return _footer_pool
-
-
-def _decoders() -> ThreadPoolExecutor:
-    global _decode_pool
-    with _footer_pool_lock:
-        if _decode_pool is None:
-            _decode_pool = ThreadPoolExecutor(_DECODE_THREADS, thread_name_prefix="raydl-parquet-decode")
-        return _decode_pool
 
 
 @dataclass(frozen=True, eq=False)
@@ -505,7 +489,7 @@ class ParquetSource(Source):
             decoded = {c: table.column(c).combine_chunks() for c in columns}
             rows = read.file.footer.row_groups[read.rg].num_rows
             values = RowGroupValues(self.selection, decoded, rows)
-            with _footer_pool_lock:
+            with _decodes_lock:
                 _decodes[(read.uri, read.rg)] += 1
             return values
         except (OSError, pa.ArrowException, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError

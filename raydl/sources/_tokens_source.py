@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +34,7 @@ from raydl.sources._version import mtime_ns
 from raydl.sources.parquet import read_footer
 from raydl.storage import ObjectInfo, Storage, split_scheme
 from raydl.util.arrow import StringColumn, int_column
+from raydl.util.threads import SharedPool
 
 __all__ = ["ROW_GROUP_CACHE_BYTES", "TOKEN_PARTS", "TokenSource", "clear_token_caches", "parquet_token_leaf"]
 
@@ -45,8 +45,7 @@ _READ_THREADS = 16  # ranged reads of remote .bin files at once
 _units = BoundedLRU(1 << 12, 1 << 40, size=lambda u: u.nbytes)  # Megatron units: their document starts
 _row_groups = BoundedLRU(1 << 12, ROW_GROUP_CACHE_BYTES, size=lambda u: u.nbytes)
 _footers = BoundedLRU(1 << 12, 64 << 20, size=lambda f: f[1])
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_reads = SharedPool(_READ_THREADS, "raydl-tokens")
 
 
 def clear_token_caches() -> None:
@@ -55,14 +54,6 @@ def clear_token_caches() -> None:
         cache.clear()
     with _layouts_lock:
         _layouts.clear()
-
-
-def _reads() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="raydl-tokens")
-        return _pool
 
 
 def parquet_token_leaf(md, column: str, uri: str) -> int:

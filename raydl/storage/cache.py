@@ -29,6 +29,7 @@ from raydl.options import Cache
 from raydl.storage.base import STREAM_CHUNK, BaseStorage, ObjectInfo, Storage
 from raydl.storage.cache_folder import ENTRIES, LOCK, STATE, TMP, check_cache_folder
 from raydl.storage.node_cache import COUNTERS, WHOLE, CacheCounts, NodeCache, node_cache
+from raydl.util.threads import SharedPool
 
 __all__ = [
     "COUNTERS",
@@ -62,20 +63,7 @@ def with_node_cache(storage: Storage, cache: Cache | None) -> Storage:
 
 
 WRITER_THREADS = 4  # a process's threads writing entries behind the reads (each mostly waits in fsync)
-_writer_pool = None
-_writer_lock = threading.Lock()
-
-
-def _writer():
-    """This process's pool of entry writers (made on first use)."""
-    global _writer_pool
-    if _writer_pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with _writer_lock:
-            if _writer_pool is None:
-                _writer_pool = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="raydl-cache-write")
-    return _writer_pool
+_writer = SharedPool(WRITER_THREADS, "raydl-cache-write")  # this process's entry writers
 
 
 @dataclass(frozen=True)
