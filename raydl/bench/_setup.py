@@ -7,7 +7,7 @@ import contextlib
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
 
-__all__ = ["ray_init", "raydl_epochs", "raydl_ray", "torch_worker_init"]
+__all__ = ["first_batch_phases", "ray_init", "raydl_epochs", "raydl_ray", "torch_worker_init"]
 
 
 def ray_init(cpus: int, tries: int = 3) -> None:
@@ -67,6 +67,24 @@ def torch_worker_init(_worker_id: int) -> None:
     import torch
 
     torch.set_num_threads(1)  # one process per CPU already; intra-op threads would oversubscribe
+
+
+def first_batch_phases(clock: EpochClock, loader, t0: float, t1: float, t2: float) -> None:
+    """Where raydl's first batch's time went, into clock.extra["first_batch_phases_s"] once: the listing
+    (t0 to t1), loader() (t1 to t2), then either the batch a worker made, or the first task planned, made in
+    the driver while the workers started and handed over. Call it as each batch arrives."""
+    import time
+
+    if "first_batch_phases_s" in clock.extra:
+        return
+    now = time.perf_counter()
+    phases = {"listing": t1 - t0, "loader()": t2 - t1}
+    task = loader.first_local_batch  # made in the driver while the workers started
+    if task is None:  # made by a worker
+        phases["batch"] = now - t2
+    else:
+        phases.update({"to task": task[0] - t2, "task": task[1] - task[0], "hand-over": now - task[1]})
+    clock.extra["first_batch_phases_s"] = phases
 
 
 def raydl_epochs(loader, spec: PeerSpec, clock: EpochClock, timed, *, torch: bool = False) -> Measurement:

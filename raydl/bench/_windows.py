@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
-from raydl.bench._setup import ray_init, raydl_epochs, raydl_ray, torch_worker_init
+from raydl.bench._setup import first_batch_phases, ray_init, raydl_epochs, raydl_ray, torch_worker_init
 
 __all__ = [
     "DEFAULT_SEQ_LEN",
@@ -142,17 +142,7 @@ def run_raydl_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
         t2 = time.perf_counter()
 
         def timed(batch):
-            if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
-                now = time.perf_counter()
-                phases = {"listing": t1 - t0, "loader()": t2 - t1}
-                task = loader.first_local_batch  # made in the driver while the workers started
-                if task is None:  # made by a worker
-                    phases["batch"] = now - t2
-                else:
-                    phases.update(
-                        {"to task": task[0] - t2, "task": task[1] - task[0], "hand-over": now - task[1]}
-                    )
-                clock.extra["first_batch_phases_s"] = phases
+            first_batch_phases(clock, loader, t0, t1, t2)
             return batch["input_ids"]
 
         return raydl_epochs(loader, spec, clock, timed, torch=True)

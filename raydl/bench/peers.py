@@ -23,7 +23,7 @@ import numpy as np
 from raydl.bench._clip import CLIP_NOTES, CLIP_PEERS
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
 from raydl.bench._native_peers import run_dali, run_floor, run_spdl
-from raydl.bench._setup import ray_init, raydl_epochs, raydl_ray, torch_worker_init
+from raydl.bench._setup import first_batch_phases, ray_init, raydl_epochs, raydl_ray, torch_worker_init
 from raydl.bench._tokens import TOKEN_NOTES, TOKEN_PEERS
 from raydl.bench._transform import (
     BUCKET_CONFIG,
@@ -88,17 +88,7 @@ def run_raydl(spec: PeerSpec, clock: EpochClock, *, fast: bool = False) -> Measu
         def timed(batch):
             if len(batch["id"]) != batch["image"].shape[0]:
                 raise RuntimeError("raydl batch: len(id) != len(image)")
-            if "first_batch_phases_s" not in clock.extra:  # where the first batch's time went
-                now = time.perf_counter()
-                phases = {"listing": t1 - t0, "loader()": t2 - t1}
-                task = loader.first_local_batch  # made in the driver while the workers started
-                if task is None:  # made by a worker
-                    phases["batch"] = now - t2
-                else:  # planned and asked for, made in the driver (the first task), handed over
-                    phases.update(
-                        {"to task": task[0] - t2, "task": task[1] - task[0], "hand-over": now - task[1]}
-                    )
-                clock.extra["first_batch_phases_s"] = phases
+            first_batch_phases(clock, loader, t0, t1, t2)
             return batch["image"]
 
         return raydl_epochs(loader, spec, clock, timed)
