@@ -413,7 +413,10 @@ class ParquetSource(Source):
             groups.append((values, rows, idx))
         batch = gather_rows(self.selection, groups, n)
         if batch is None:
-            raise DataSourceError(f"{reads[0].uri}: a selected cell of this batch is null", uri=reads[0].uri)
+            raise DataSourceError(  # met by the per-sample path, which names the sample
+                f"{reads[0].uri}: a selected cell of this batch is null, or its arrays differ in shape",
+                uri=reads[0].uri,
+            )
         names = {s: info.uri.rsplit("/", 1)[-1] for s, info in files.infos.items()}
         rgs = catalog.column("rg")[part]
         batch["key"] = [
