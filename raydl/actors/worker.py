@@ -50,3 +50,18 @@ class LoaderWorker(BatchMaker):
         result = super().run_batch(task)
         result.membership = self._membership
         return result
+
+    def run_batches(self, tasks: list[BatchTask]) -> list[BatchResult]:
+        """Make several consecutive batches of one rank in one task, which go into the object store as one
+        object: Ray's cost per task and per object is paid once for all of them. A batch that raises ends
+        the task: the batches before it come back, and the rank asks for that one again on its own (so
+        its error names it); the first one's error is the task's."""
+        results = []
+        for task in tasks:
+            try:
+                results.append(self.run_batch(task))
+            except Exception:
+                if not results:
+                    raise
+                break
+        return results

@@ -94,7 +94,8 @@ def _dry_iterator_class():
             self._node = node
 
         def _get(self, k, timeout):
-            return self._pending[k][0]
+            task = self._pending[k]
+            return [task.ref], task
 
     return DryIterator
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import ray
 
@@ -36,13 +36,22 @@ from raydl.consume.stats import IteratorStats
 from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
 from raydl.plan.loader_plan import LoaderPlan, Position
-from raydl.plan.scheduling import WorkerInfo, choose_worker, prefetch_depth
-from raydl.plan.tasks import BatchResult, BatchTask, batch_rows
+from raydl.plan.scheduling import WorkerInfo, batches_per_task, choose_worker, prefetch_depth
+from raydl.plan.tasks import BatchResult, batch_rows
 from raydl.plan.timeouts import batch_timeout
 
 __all__ = ["DataIterator", "IteratorStats"]
 
 _MAX_ATTEMPTS = 3  # per batch: the first run plus retries on replacement actors
+
+
+class _Task(NamedTuple):
+    """A task in flight: batches first, ..., first + count - 1 of the rank (its key in `_pending`)."""
+
+    ref: Any  # ray.ObjectRef, or a Future for a batch made in this process
+    worker: WorkerInfo
+    attempt: int  # 0 the first time it runs, then 1, 2 on replacement actors
+    count: int
 
 
 class DataIterator:
@@ -52,9 +61,9 @@ class DataIterator:
         self._plan, self._pool, self._rank = plan, pool, rank
         self._config = plan.config
         self._position = Position(0, 0, 0)  # epoch, where its dealt order starts (elastic resume), next batch
-        self._pending: dict[
-            int, tuple[ray.ObjectRef | Future, WorkerInfo, int]
-        ] = {}  # k -> (ref, worker, try)
+        # the tasks in flight, by their first batch: each makes batches k, ..., k + n - 1 (see _Task)
+        self._pending: dict[int, _Task] = {}
+        self._made: dict[int, tuple[BatchResult, WorkerInfo]] = {}  # batches of a finished task, not yielded
         self._node = ray.get_runtime_context().get_node_id()
         self._stats = IteratorStats(rank=rank, unit=plan.sample_unit)
         self._accounting = Accounting(plan.policy, self._stats, rank)
@@ -67,17 +76,23 @@ class DataIterator:
         return self._plan.batches_per_rank(epoch, start=start)
 
     # -- execution ----------------------------------------------------------------------
-    def _task(self, k: int) -> BatchTask:
-        epoch, start, _next = self._position
-        return self._plan.task(self._rank, epoch, k, start=start)
-
-    def _submit(self, task: BatchTask, attempt: int = 0) -> None:
+    def _submit(self, k: int, n: int, attempt: int = 0) -> None:
+        """Send batches k, ..., k + n - 1 to a worker: one task, or one per batch where the runner makes
+        one at a time (this process while the workers start, a pool whose workers have no run_batches)."""
         workers = self._pool.runners()
         inflight: dict[str, int] = {}
-        for _ref, pw, _a in self._pending.values():
-            inflight[pw.name] = inflight.get(pw.name, 0) + 1
+        for pending in self._pending.values():
+            inflight[pending.worker.name] = inflight.get(pending.worker.name, 0) + 1
         w = workers[choose_worker([(x.name, x.node_id) for x in workers], inflight, self._node)]
-        self._pending[task.index] = (w.handle.run_batch.remote(task), w, attempt)
+        epoch, start, _next = self._position
+        group = None if w.in_process or n == 1 else getattr(w.handle, "run_batches", None)
+        if group is None:
+            for j in range(k, k + n):
+                task = self._plan.task(self._rank, epoch, j, start=start)
+                self._pending[j] = _Task(w.handle.run_batch.remote(task), w, attempt, 1)
+            return
+        tasks = self._plan.tasks(self._rank, epoch, k, n, start=start)
+        self._pending[k] = _Task(group.remote(tasks), w, attempt, n)
 
     def _failed(self, k: int, worker: WorkerInfo, cause: BaseException, exc: BaseException) -> NoReturn:
         """The worker raised while making batch k: not a sample it could skip. Name the rank and batch."""
@@ -94,16 +109,19 @@ class DataIterator:
             return timeout_s, "timeout_s"
         return batch_timeout(self._config.batch_timeout_s, self._longest_wait_s)
 
-    def _get(self, k: int, timeout: tuple[float, str]) -> BatchResult:
-        """Wait for batch k (up to timeout[0] s each time it runs; inf: forever); re-run it on another actor
-        when its actor died. Failing to take a batch into this process (memory, a mapping) is this rank's
-        error, never a reason to replace a worker."""
+    def _get(self, k: int, timeout: tuple[float, str]) -> tuple[list[BatchResult], _Task]:
+        """Wait for the task whose first batch is k (up to timeout[0] s each time it runs; inf: forever) and
+        return its batches (fewer than it was sent for when one raised after the first: see
+        LoaderWorker.run_batches) and the task; re-run it on another actor when its actor died. Failing to
+        take a batch into this process (memory, a mapping) is this rank's error, never a reason to replace a
+        worker."""
         wait = None if math.isinf(timeout[0]) else timeout[0]
         while True:
-            ref, worker, attempt = self._pending[k]
+            task = self._pending[k]
+            ref, worker, attempt, n = task
             if isinstance(ref, Future):  # made in this process while the workers start
                 try:
-                    return ref.result(timeout=wait)
+                    return [ref.result(timeout=wait)], task
                 except FutureTimeoutError as exc:
                     raise self._timeout(k, timeout, worker) from exc
                 except Exception as exc:  # noqa: BLE001 - named by _failed
@@ -114,7 +132,8 @@ class DataIterator:
                     "was on its way; build the loader again"
                 )
             try:
-                return ray.get(ref, timeout=wait)
+                got = ray.get(ref, timeout=wait)
+                return (got if n > 1 else [got]), task
             except ray.exceptions.GetTimeoutError as exc:
                 raise self._timeout(k, timeout, worker) from exc
             except ray.exceptions.RayTaskError as exc:  # the worker raised: not a sample it could skip
@@ -127,7 +146,8 @@ class DataIterator:
                     ) from exc
                 self._pool.replace(worker)
                 self._stats.retries += 1
-                self._submit(self._task(k), attempt + 1)
+                del self._pending[k]
+                self._submit(k, n, attempt + 1)
             except (MemoryError, OSError) as exc:
                 raise LoaderError(
                     f"rank {self._rank}: batch {k} of epoch {self._position.epoch} from loader worker "
@@ -171,18 +191,27 @@ class DataIterator:
         depth = self._config.prefetch_batches if prefetch_batches is None else prefetch_batches
         positive_int("prefetch_batches", depth)
         check_number("timeout_s", timeout_s, above=0, optional=True)
-        depth = prefetch_depth(
-            depth,
-            batch_bytes=self._plan.batch_bytes,
+        per_task = batches_per_task(
+            self._plan.batch_bytes,
+            depth=depth,
             budget_bytes=self._pool.object_store_budget,
             world_size=self._config.world_size,
         )
-        batches = self._epoch_batches(depth, timeout_s)
+        depth = prefetch_depth(
+            depth,
+            batch_bytes=per_task * self._plan.batch_bytes,
+            budget_bytes=self._pool.object_store_budget,
+            world_size=self._config.world_size,
+        )
+        batches = self._epoch_batches(depth, per_task, timeout_s)
         if batch_format == "numpy" and collate_fn is None:
             return batches
         return format_batches(batches, batch_format, collate_fn)
 
-    def _epoch_batches(self, depth: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
+    def _epoch_batches(self, depth: int, per_task: int, timeout_s: float | None) -> Iterator[dict[str, Any]]:
+        """One epoch's batches: at most `depth` tasks in flight, each of up to `per_task` batches (the
+        first of a call of one batch, the next ones twice as many as the one before, so that the first
+        batch comes as soon as one batch is made)."""
         epoch, start, k = self._position
         if k >= self._plan.batches_per_rank(epoch, start=start):  # the last call took the epoch's last batch
             self._next_epoch(epoch + 1)
@@ -192,15 +221,28 @@ class DataIterator:
             self._accounting.unsized(self._plan.unsized)
         base_elapsed = self._stats.elapsed_s
         started = time.perf_counter()
+        size = 1  # the next task's batches
         while self._position.next < nb:
             k = self._position.next
-            for j in range(k, min(k + depth, nb)):
-                if j not in self._pending:
-                    self._submit(self._task(j))
+            j = max([k, *(i + t.count for i, t in self._pending.items()), *(i + 1 for i in self._made)])
+            if len(self._pending) >= depth or j >= nb:
+                self._pool.runners()  # a pool that can make no batch any more (shut down) says so now
+            while len(self._pending) < depth and j < nb:
+                n = min(size, nb - j)
+                self._submit(j, n)
+                j += n
+                size = min(per_task, 2 * size)
             t0 = time.perf_counter()
-            result = self._get(k, self._timeout_for_next(timeout_s))
+            made = self._made.pop(k, None)
+            if made is None:
+                results, task = self._get(k, self._timeout_for_next(timeout_s))
+                del self._pending[k]
+                made = (results[0], task.worker)
+                self._made.update((k + i, (r, task.worker)) for i, r in enumerate(results[1:], start=1))
+                if len(results) < task.count:  # the worker stopped at a batch that raised: send it on its own
+                    self._submit(k + len(results), task.count - len(results))
+            result, worker = made
             self._pool.sync(result.membership)
-            worker = self._pending.pop(k)[1]
             now = time.perf_counter()
             self._count(worker, now - t0, now)
             self._accounting.batch(result, k, epoch)
@@ -269,6 +311,7 @@ class DataIterator:
         """Continue from `state` (see state_dict). Mismatched data or seed is a ValueError."""
         self._position = self._plan.check_state(state)
         self._pending.clear()  # the batches in flight: their objects go once no reference is left
+        self._made.clear()
         self._stats.epoch = self._position.epoch
 
     def stats(self) -> IteratorStats:

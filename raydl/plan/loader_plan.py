@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from raydl.options import LoaderConfig
 from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import EpochPlan, augmentation_seeds
@@ -127,10 +129,38 @@ class LoaderPlan:
 
     def task(self, rank: int, epoch: int, k: int, *, start: int = 0) -> BatchTask:
         """Batch k of `rank` in `epoch`: which rows, with which augmentation seeds, in which bucket."""
-        positions = self.deal(start=start).positions(rank, k)
-        rows = self.order.rows(self.epoch_order(epoch), positions)
-        seeds = augmentation_seeds(rows.slots, seed=self.config.seed, epoch=epoch)
-        return BatchTask(rank=rank, epoch=epoch, index=k, ids=rows.ids, seeds=seeds, bucket=rows.bucket)
+        return self.tasks(rank, epoch, k, 1, start=start)[0]
+
+    def tasks(self, rank: int, epoch: int, k: int, n: int, *, start: int = 0) -> list[BatchTask]:
+        """Batches k, ..., k + n - 1 of `rank` in `epoch`, as `task` gives each. Where the order deals
+        samples one by one, their ids and seeds are worked out for all n batches at once: the order's cost
+        is mostly numpy's per call, not per position."""
+        deal, order = self.deal(start=start), self.epoch_order(epoch)
+        seed = self.config.seed
+        if self.order.deals_batches or n == 1:
+            out = []
+            for j in range(k, k + n):
+                rows = self.order.rows(order, deal.positions(rank, j))
+                seeds = augmentation_seeds(rows.slots, seed=seed, epoch=epoch)
+                out.append(
+                    BatchTask(rank=rank, epoch=epoch, index=j, ids=rows.ids, seeds=seeds, bucket=rows.bucket)
+                )
+            return out
+        positions = [deal.positions(rank, j) for j in range(k, k + n)]
+        rows = self.order.rows(order, np.concatenate(positions))
+        seeds = augmentation_seeds(rows.slots, seed=seed, epoch=epoch)
+        out, at = [], 0
+        for j, pos in enumerate(positions, start=k):
+            end = at + len(pos)
+            ids, batch_seeds = (
+                rows.ids[at:end].copy(),
+                seeds[at:end].copy(),
+            )  # a task carries its own rows only
+            out.append(
+                BatchTask(rank=rank, epoch=epoch, index=j, ids=ids, seeds=batch_seeds, bucket=rows.bucket)
+            )
+            at = end
+        return out
 
     # -- resume ---------------------------------------------------------------------------
     def state(self, *, rank: int, position: Position) -> dict[str, Any]:

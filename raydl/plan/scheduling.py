@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "NodeInfo",
     "WorkerInfo",
+    "batches_per_task",
     "bootstrap_threads",
     "choose_worker",
     "decode_threads",
@@ -121,12 +122,29 @@ def choose_worker(
     return min(pool, key=lambda i: (inflight.get(workers[i][0], 0), workers[i][1] != my_node, i))
 
 
-def prefetch_depth(requested: int, *, batch_bytes: int, budget_bytes: int, world_size: int) -> int:
-    """Batches a rank may have in flight so that every rank's batches fit the object-store budget.
+TASK_BYTES = 8 << 20  # small batches are made several to a task, up to this many bytes together
+MAX_BATCHES_PER_TASK = 16
 
-    Each rank also holds the batch it is consuming, so a rank's share pays for
-    depth + 1 batches. Never less than 1: a batch larger than the share still
-    has to be made, one at a time.
+
+def batches_per_task(batch_bytes: int, *, depth: int, budget_bytes: int, world_size: int) -> int:
+    """How many consecutive batches of a rank one task makes: one when a batch is large, and small batches
+    together, up to TASK_BYTES and MAX_BATCHES_PER_TASK, so that Ray's fixed cost of a task and of an object
+    (the call, the object store's create, seal and release, the hand-over) is paid once for several. Never
+    so many that `depth` tasks in flight and one in hand would not fit a rank's share of the object-store
+    budget: making batches together never lowers the prefetch depth."""
+    per_batch = max(1, batch_bytes)
+    share = budget_bytes // max(1, world_size)
+    fits = share // ((max(1, depth) + 1) * per_batch)
+    return max(1, min(MAX_BATCHES_PER_TASK, TASK_BYTES // per_batch, fits))
+
+
+def prefetch_depth(requested: int, *, batch_bytes: int, budget_bytes: int, world_size: int) -> int:
+    """Tasks of `batch_bytes` each (one batch, or a task's several: see `batches_per_task`) a rank may have
+    in flight so that every rank's batches fit the object-store budget.
+
+    Each rank also holds the task's batches it is consuming, so a rank's share
+    pays for depth + 1 of them. Never less than 1: a batch larger than the share
+    still has to be made, one at a time.
     """
     share = budget_bytes // max(1, world_size)
     fits = share // max(1, batch_bytes) - 1

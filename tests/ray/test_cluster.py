@@ -199,7 +199,7 @@ def _epoch_losing_a_node(cluster, its):
         for r in range(2):
             got[r].append(next(gens[r])["id"])
         if step == 1:
-            busy = {w.node_id for _ref, w, _attempt in its[0]._pending.values()}
+            busy = {t.worker.node_id for t in its[0]._pending.values()}
             victim = next(n for n in cluster.worker_nodes if n.node_id in busy)
             cluster.remove_node(victim, allow_graceful=False)
     return [np.concatenate(g) for g in got], victim
