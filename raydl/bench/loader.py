@@ -396,9 +396,10 @@ def _memory_note(mem: dict) -> str:
     counts = mem["worker_batch_array_count"]
     return (
         f"raydl memory: batch {mem['batch_bytes'] / mib:.0f} MiB; reused batch arrays "
-        f"{sum(arrays) / mib:.0f} MiB in {len(arrays)} worker(s) ({sum(counts)} arrays, one per concurrent "
-        f"batch call); object store at most {mem['object_store_batches_max'] / mib:.0f} MiB of batches "
-        f"(prefetch depth + 1 per rank); catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)"
+        f"{sum(arrays) / mib:.0f} MiB in {len(arrays)} worker(s) ({sum(counts)} arrays, one per batch in "
+        f"flight in a worker); object store at most {mem['object_store_batches_max'] / mib:.0f} MiB of "
+        f"batches (prefetch depth + 1 tasks per rank, {mem.get('batches_per_task', 1)} batch(es) a task); "
+        f"catalog {mem['catalog'] / mib:.2f} MiB (one shared copy)"
     )
 
 

@@ -59,7 +59,7 @@ from raydl.options import LoaderConfig, check_number
 from raydl.plan import scheduling
 from raydl.plan.build import build_plan
 from raydl.plan.loader_plan import LoaderPlan
-from raydl.plan.scheduling import WorkerInfo, prefetch_depth
+from raydl.plan.scheduling import WorkerInfo, batches_per_task, prefetch_depth
 
 logger = logging.getLogger(__name__)
 
@@ -318,22 +318,26 @@ class Loader:
         return workers
 
     def memory(self) -> dict:
-        """Where this loader's memory goes, in bytes: each worker's reused batch arrays (one per
-        concurrent batch call), the object store's share (at most prefetch depth + 1 batches per rank in
-        flight or in use), and the catalog (one copy in the object store, mapped by all)."""
+        """Where this loader's memory goes, in bytes: each worker's reused batch arrays (one per batch
+        in flight in it), the object store's share (at most prefetch depth + 1 tasks' batches per rank in
+        flight or in use; a task makes `batches_per_task` batches), and the catalog (one copy in the
+        object store, mapped by all)."""
         workers = self.workers()
         per_worker = ray.get([w.handle.memory.remote() for w in workers], timeout=30) if workers else []
+        budget, world = self.object_store_budget, self.config.world_size
+        per_task = batches_per_task(
+            self.plan.batch_bytes, depth=self.config.prefetch_batches, budget_bytes=budget, world_size=world
+        )
+        task_bytes = per_task * self.plan.batch_bytes
         depth = prefetch_depth(
-            self.config.prefetch_batches,
-            batch_bytes=self.plan.batch_bytes,
-            budget_bytes=self.object_store_budget,
-            world_size=self.config.world_size,
+            self.config.prefetch_batches, batch_bytes=task_bytes, budget_bytes=budget, world_size=world
         )
         return {
             "batch_bytes": self.plan.batch_bytes,
+            "batches_per_task": per_task,
             "worker_batch_arrays": [m["batch_arrays"] for m in per_worker],
             "worker_batch_array_count": [m["batch_arrays_count"] for m in per_worker],
-            "object_store_batches_max": (depth + 1) * self.plan.batch_bytes * self.config.world_size,
+            "object_store_batches_max": (depth + 1) * task_bytes * world,
             "catalog": self._catalog_bytes,
         }
 
