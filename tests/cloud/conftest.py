@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,8 @@ import raydl
 
 from cloud_util import Cloud, make_cloud
 from servers import Azurite, FakeGCS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "s3"))  # s3_util's FaultFront: any HTTP store
 
 _names = itertools.count()
 
