@@ -79,7 +79,9 @@ class FaultFront:
                 for k, v in resp.getheaders():
                     if k.lower() not in _DROP:
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD's answer says the object's length, not its own (empty) body's
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
