@@ -21,14 +21,16 @@ if TYPE_CHECKING:
     from raydl.consume.iterator import DataIterator, IteratorStats
     from raydl.dataset import Dataset, mix, read_images, read_parquet, read_tokens, read_webdataset
     from raydl.execute.loader import Loader
-    from raydl.options import Cache, S3Options
+    from raydl.options import AzureOptions, Cache, GCSOptions, S3Options
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AzureOptions",
     "Cache",
     "DataIterator",
     "Dataset",
+    "GCSOptions",
     "IteratorStats",
     "Loader",
     "S3Options",
@@ -42,9 +44,11 @@ __all__ = [
 
 # Public name -> the module that defines it.
 _HOME = {
+    "AzureOptions": "raydl.options",
     "Cache": "raydl.options",
     "DataIterator": "raydl.consume.iterator",
     "Dataset": "raydl.dataset",
+    "GCSOptions": "raydl.options",
     "IteratorStats": "raydl.consume.iterator",
     "Loader": "raydl.execute.loader",
     "S3Options": "raydl.options",

@@ -71,20 +71,36 @@ def _add_index(sub) -> None:
     p = sub.add_parser(
         "index", help="build a WebDataset index file ahead of time (read_webdataset(index=PATH))"
     )
-    p.add_argument("urls", nargs="+", help="shards: brace patterns, globs or URLs, local or s3://")
+    p.add_argument(
+        "urls", nargs="+", help="shards: brace patterns, globs or URLs, local or s3://, gs://, az://"
+    )
     p.add_argument("--out", required=True, help="the index file to write (a local path)")
     p.add_argument("--s3-endpoint-url", default=None, help="an S3-compatible endpoint")
+    p.add_argument("--gcs-endpoint-url", default=None, help="a GCS endpoint (default: STORAGE_EMULATOR_HOST)")
+    p.add_argument("--gcs-anonymous", action="store_true", help="read gs:// without credentials")
+    p.add_argument("--azure-endpoint-url", default=None, help="the Azure blob endpoint, with the account")
+    p.add_argument(
+        "--azure-account-name", default=None, help="the Azure storage account (credentials: Azure's defaults)"
+    )
     p.set_defaults(func=_index_main)
 
 
 def _index_main(args) -> int:
-    from raydl.options import S3Options
+    from raydl.options import AzureOptions, GCSOptions, S3Options
     from raydl.sources.webdataset import index_webdataset
     from raydl.storage import storage_for
 
     s3 = S3Options(endpoint_url=args.s3_endpoint_url) if args.s3_endpoint_url else None
+    gcs = None
+    if args.gcs_endpoint_url or args.gcs_anonymous:
+        gcs = GCSOptions(endpoint_url=args.gcs_endpoint_url, anonymous=args.gcs_anonymous)
+    azure = None
+    if args.azure_endpoint_url or args.azure_account_name:
+        azure = AzureOptions(endpoint_url=args.azure_endpoint_url, account_name=args.azure_account_name)
     urls = [u[len("file://") :] if u.startswith("file://") else u for u in args.urls]
-    shards, members = index_webdataset(urls, storage_of=lambda u: storage_for(u, s3), out=args.out)
+    shards, members = index_webdataset(
+        urls, storage_of=lambda u: storage_for(u, s3, gcs=gcs, azure=azure), out=args.out
+    )
     print(f"raydl index: wrote {args.out}: {shards} shards, {members} members")
     return 0
 

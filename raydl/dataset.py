@@ -28,23 +28,32 @@ from raydl.describe.transforms import (
     Stage,
 )
 from raydl.execute.loader import Loader
-from raydl.options import LoaderConfig, S3Options, keyword_signature, loader_config
+from raydl.options import AzureOptions, GCSOptions, LoaderConfig, S3Options, keyword_signature, loader_config
 from raydl.sources.images import list_image_folder
 from raydl.storage import resolve, split_scheme, storage_for
 
 __all__ = ["Dataset", "mix", "read_images", "read_parquet", "read_tokens", "read_webdataset"]
 
 
-def read_images(root: str, *, labels: str | None = "folder", s3: S3Options | None = None) -> Dataset:
-    """An image folder, local or s3://bucket/prefix, listed once (recursively) into a catalog.
+def read_images(
+    root: str,
+    *,
+    labels: str | None = "folder",
+    s3: S3Options | None = None,
+    gcs: GCSOptions | None = None,
+    azure: AzureOptions | None = None,
+) -> Dataset:
+    """An image folder, local or in an object store (s3://bucket/prefix, gs://bucket/prefix,
+    az://container/prefix), listed once (recursively) into a catalog.
 
     Files ending .jpg/.jpeg/.png/.webp/.bmp are samples; sample ids are rows in
     sorted path order. labels="folder" numbers the top-level folders under root
     in sorted order (torchvision's ImageFolder); labels=None gives -1.
     Raises DataSourceError naming `root` when it is missing or holds no images,
-    and ValueError naming an unsupported URL scheme.
+    and ValueError naming an unsupported URL scheme. `s3`, `gcs`, `azure`: how to reach the store
+    (docs/data.md, "Object stores").
     """
-    storage, root = resolve(str(root), s3)
+    storage, root = resolve(str(root), s3, gcs=gcs, azure=azure)
     return Dataset(list_image_folder(root, labels=labels, storage=storage))
 
 
@@ -53,12 +62,15 @@ def read_webdataset(
     *,
     fields: str | dict[str, str] | list[str] | tuple[str, ...] | None = None,
     s3: S3Options | None = None,
+    gcs: GCSOptions | None = None,
+    azure: AzureOptions | None = None,
     image_fields: tuple[str, ...] = ("jpg", "jpeg", "png", "webp"),
     label_field: str | None = "cls",
     index: str = "auto",
     allow_pickle: bool = False,
 ) -> Dataset:
-    """WebDataset tar shards, local or s3://, listed by shard (a part each: its sample count, from its index).
+    """WebDataset tar shards, local or s3://, gs://, az://, listed by shard (a part each: its sample count,
+    from its index).
 
     `urls`: a brace pattern ("shards/train-{000000..000127}.tar"), a glob, or a
     list of them. Members group into samples exactly as the webdataset library
@@ -98,7 +110,10 @@ def read_webdataset(
     """
     from raydl.sources.webdataset import list_webdataset
 
-    patterns, storage_of, names = _webdataset_args(urls, s3, fields, image_fields, label_field, allow_pickle)
+    stores = {"s3": s3, "gcs": gcs, "azure": azure}
+    patterns, storage_of, names = _webdataset_args(
+        urls, stores, fields, image_fields, label_field, allow_pickle
+    )
     return Dataset(
         list_webdataset(
             patterns,
@@ -112,7 +127,7 @@ def read_webdataset(
     )
 
 
-def _webdataset_args(urls, s3, fields, image_fields, label_field, allow_pickle):
+def _webdataset_args(urls, stores, fields, image_fields, label_field, allow_pickle):
     """read_webdataset's arguments checked: (the shard patterns, storage_of(url), the image field names)."""
     defaults = tuple(image_fields) == ("jpg", "jpeg", "png", "webp") and label_field == "cls"
     if fields is not None and not defaults:
@@ -126,10 +141,10 @@ def _webdataset_args(urls, s3, fields, image_fields, label_field, allow_pickle):
     schemes = {split_scheme(str(u))[0] for u in patterns}
     if len(schemes) > 1:
         raise ValueError(f"all shard URLs must use one scheme, got {sorted(schemes)} in {urls!r}")
-    storage = storage_for(str(patterns[0]), s3) if patterns else None
+    storage = storage_for(str(patterns[0]), **stores) if patterns else None
 
     def storage_of(url: str):
-        storage_for(url, s3)  # a ValueError naming an unknown scheme
+        storage_for(url, **stores)  # a ValueError naming an unknown scheme
         return storage
 
     names = (image_fields,) if isinstance(image_fields, str) else tuple(image_fields)
@@ -146,10 +161,13 @@ def read_parquet(
     image_column: str | None = None,
     label_column: str | None = None,
     s3: S3Options | None = None,
+    gcs: GCSOptions | None = None,
+    azure: AzureOptions | None = None,
 ) -> Dataset:
-    """Parquet files, local or s3://, one sample per row, a field per column: batch[<column name>].
+    """Parquet files, local or s3://, gs://, az://, one sample per row, a field per column:
+    batch[<column name>].
 
-    `paths`: files, folders or s3:// prefixes ending in "/" (every *.parquet
+    `paths`: files, folders or object-store prefixes ending in "/" (every *.parquet
     below), brace patterns or globs, or a list of them. Listing reads only
     each file's footer (one request per file) into a catalog of row groups;
     loader actors read the footers, and the selected columns' chunks of the
@@ -177,7 +195,7 @@ def read_parquet(
     schemes = {split_scheme(p)[0] for p in patterns}
     if len(schemes) > 1:
         raise ValueError(f"all Parquet paths must use one scheme, got {sorted(schemes)} in {paths!r}")
-    storage = storage_for(patterns[0], s3)
+    storage = storage_for(patterns[0], s3, gcs=gcs, azure=azure)
     patterns = [p[len("file://") :] if p.startswith("file://") else p for p in patterns]
     catalog = list_parquet(
         patterns, storage=storage, columns=columns, image_column=image_column, label_column=label_column
@@ -193,9 +211,11 @@ def read_tokens(
     eod: int | None = None,
     dtype: str = "int64",
     s3: S3Options | None = None,
+    gcs: GCSOptions | None = None,
+    azure: AzureOptions | None = None,
 ) -> Dataset:
     """A token corpus cut into windows of `seq_len` + 1 tokens: Megatron-LM indexed datasets and Parquet
-    tables of token lists, local or s3://.
+    tables of token lists, local or s3://, gs://, az://.
 
     `paths`: one path, a pattern or a list of them. A path whose PATH.bin and PATH.idx exist is a
     Megatron-LM indexed dataset named by its prefix (a pattern may match the .bin files); a .parquet file
@@ -227,7 +247,7 @@ def read_tokens(
     schemes = {split_scheme(p)[0] for p in patterns}
     if len(schemes) > 1:
         raise ValueError(f"all token corpus paths must use one scheme, got {sorted(schemes)} in {paths!r}")
-    storage = storage_for(patterns[0], s3)
+    storage = storage_for(patterns[0], s3, gcs=gcs, azure=azure)
     catalog = list_tokens(
         patterns,
         storage=storage,

@@ -15,11 +15,13 @@ __all__ = [
     "checkpoint_bind",
     "checkpoint_faults",
     "checkpoint_prepare",
+    "azure_storage_connection_string",
     "environment_variable",
     "native_disabled",
     "ray_address",
     "ray_worker_niceness",
     "simd_cap",
+    "storage_emulator_host",
 ]
 
 
@@ -116,3 +118,15 @@ def checkpoint_faults() -> str:
 def environment_variable(name: str) -> str | None:
     """Any variable a config file names (`${DATA_ROOT}`, see raydl.config); None when unset."""
     return os.environ.get(name)
+
+
+def storage_emulator_host() -> str | None:
+    """STORAGE_EMULATOR_HOST: a GCS emulator's address ("127.0.0.1:4443" or a URL), as Google's client reads
+    it; None when unset."""
+    return os.environ.get("STORAGE_EMULATOR_HOST") or None
+
+
+def azure_storage_connection_string() -> str | None:
+    """AZURE_STORAGE_CONNECTION_STRING, Azure's default connection string; None when unset. A secret: never
+    logged or printed."""
+    return os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None

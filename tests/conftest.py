@@ -34,6 +34,40 @@ def image_folder(tmp_path_factory) -> Path:
     return root
 
 
+# -- a real S3-compatible HTTP server on 127.0.0.1 (moto's server mode): the S3 tests and the storage contract ---
+_CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """moto's ThreadedMotoServer on a free port; yields its endpoint URL. Dummy credentials go in the
+    environment (before any Ray starts, so loader actors inherit them)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    saved = {k: os.environ.get(k) for k in _CREDS}
+    os.environ.update(_CREDS)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def s3_client(moto_server):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+
+
 # -- skips: what a strict run (scripts/test.sh, CI) lets pass -----------------------------------------------
 #
 # A test may skip only for what this machine's hardware lacks or has. A skip for anything the test command

@@ -401,8 +401,8 @@ def _error_triggers(tmp: Path) -> dict[str, list]:
         "ValueError: the shard pattern '…' matches nothing": [
             lambda: raydl.read_webdataset(str(tmp / "none-*.tar")),
             lambda: raydl.read_webdataset(str(tmp / "x-{000..}.tar"))],
-        "ValueError: unsupported URL scheme '…' in '…'; raydl reads file, s3 (local paths need no scheme)": [
-            lambda: raydl.read_images("gs://bucket/train")],
+        "ValueError: unsupported URL scheme '…' in '…'; raydl reads file, s3, gs, az (local paths need no scheme)": [
+            lambda: raydl.read_images("hdfs://bucket/train")],
         "ValueError: … has no column '…'; its columns are […]": [
             lambda: raydl.read_parquet(str(tmp / "ok.parquet"), image_column="image")],
         "ValueError: .… needs .decode() before it: the first stage must be .decode()": [

@@ -18,7 +18,7 @@ key anywhere is a ValueError naming the key and the file. String values may
 name environment variables: `${DATA_ROOT}`, `${DATA_ROOT:-/data}`, and a default may name
 others: `${DATA_ROOT:-${HOME}/data}`.
 
-`LoaderConfig` and `S3Options` are importable from here too (they live in
+`LoaderConfig`, `S3Options`, `GCSOptions` and `AzureOptions` are importable from here too (they live in
 raydl.options). The package, along its seams: schema.py holds the sections'
 dataclasses (re-exported here), raw.py the `${VAR}` expansion and `--set`
 overrides applied to the parsed YAML, and this module reads a file into the
@@ -46,11 +46,13 @@ from raydl.config.schema import (
     ValConfig,
     WebDatasetSource,
 )
-from raydl.options import Cache, LoaderConfig, S3Options
+from raydl.options import AzureOptions, Cache, GCSOptions, LoaderConfig, S3Options
 
 __all__ = [
+    "AzureOptions",
     "BenchConfig",
     "Config",
+    "GCSOptions",
     "ImagesSource",
     "JobConfig",
     "LoaderConfig",
@@ -116,8 +118,12 @@ class _Reader:
                 f"{self.where(key + '.kind')}: unknown source kind {kind!r} in `{key}.kind`; "
                 f"one of {sorted(SOURCES)}"
             )
-        s3 = self.build(S3Options, data["s3"], f"{key}.s3") if data.get("s3") is not None else None
-        return self.build(SOURCES[kind], data, key, skip=("kind", "s3"), **({"s3": s3} if s3 else {}))
+        stores = {
+            name: self.build(cls, data[name], f"{key}.{name}")
+            for name, cls in (("s3", S3Options), ("gcs", GCSOptions), ("azure", AzureOptions))
+            if data.get(name) is not None
+        }
+        return self.build(SOURCES[kind], data, key, skip=("kind", "s3", "gcs", "azure"), **stores)
 
     def pipeline(self, data: object, key: str) -> PipelineConfig:
         if data is None:

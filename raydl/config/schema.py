@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from raydl.options import LoaderConfig, S3Options, check_number, positive_int
+from raydl.options import AzureOptions, GCSOptions, LoaderConfig, S3Options, check_number, positive_int
 
 __all__ = [
     "SOURCES",
@@ -33,8 +33,15 @@ __all__ = [
 ]
 
 
+class _Stores:
+    """The object-store sections of a source (`s3:`, `gcs:`, `azure:`), as read_*'s keywords."""
+
+    def stores(self) -> dict:
+        return {"s3": self.s3, "gcs": self.gcs, "azure": self.azure}
+
+
 @dataclass(frozen=True)
-class ImagesSource:
+class ImagesSource(_Stores):
     """`source: {kind: images, path: ...}` -> raydl.read_images(path, labels=labels).
 
     `generate: N` writes N generated demo images (raydl.util.synthetic.make_images, seeded
@@ -48,6 +55,8 @@ class ImagesSource:
     generate: int = 0
     generate_seed: int = 0
     s3: S3Options | None = None
+    gcs: GCSOptions | None = None
+    azure: AzureOptions | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -60,11 +69,11 @@ class ImagesSource:
 
         if self.generate and "://" not in self.path and not os.path.exists(self.path):
             _generate_images(self.path, self.generate, self.generate_seed)
-        return read_images(self.path, labels=self.labels, s3=self.s3)
+        return read_images(self.path, labels=self.labels, **self.stores())
 
 
 @dataclass(frozen=True)
-class WebDatasetSource:
+class WebDatasetSource(_Stores):
     """`source: {kind: webdataset, urls: ...}` -> raydl.read_webdataset(urls, ...): tar shards, local or s3://."""
 
     kind: ClassVar[str] = "webdataset"
@@ -74,6 +83,8 @@ class WebDatasetSource:
     fields: Any = None  # None, "all", a list of extensions or a mapping name -> "ext;ext"
     allow_pickle: bool = False
     s3: S3Options | None = None
+    gcs: GCSOptions | None = None
+    azure: AzureOptions | None = None
 
     def read(self):
         from raydl.dataset import read_webdataset
@@ -82,7 +93,7 @@ class WebDatasetSource:
         fields = list(self.fields) if isinstance(self.fields, tuple) else self.fields
         return read_webdataset(
             urls,
-            s3=self.s3,
+            **self.stores(),
             fields=fields,
             image_fields=tuple(self.image_fields),
             label_field=self.label_field,
@@ -91,7 +102,7 @@ class WebDatasetSource:
 
 
 @dataclass(frozen=True)
-class ParquetSource:
+class ParquetSource(_Stores):
     """`source: {kind: parquet, paths: ..., columns: [...], image_column: ...}` -> raydl.read_parquet(...),
     local or s3://."""
 
@@ -101,6 +112,8 @@ class ParquetSource:
     image_column: str | None = None
     label_column: str | None = None
     s3: S3Options | None = None
+    gcs: GCSOptions | None = None
+    azure: AzureOptions | None = None
 
     def read(self):
         from raydl.dataset import read_parquet
@@ -108,12 +121,16 @@ class ParquetSource:
         paths = self.paths if isinstance(self.paths, str) else list(self.paths)
         columns = None if self.columns is None else list(self.columns)
         return read_parquet(
-            paths, columns=columns, image_column=self.image_column, label_column=self.label_column, s3=self.s3
+            paths,
+            columns=columns,
+            image_column=self.image_column,
+            label_column=self.label_column,
+            **self.stores(),
         )
 
 
 @dataclass(frozen=True)
-class TokensSource:
+class TokensSource(_Stores):
     """`source: {kind: tokens, paths: ..., seq_len: N}` -> raydl.read_tokens(...): Megatron-LM indexed
     datasets (named by prefix) and Parquet token tables, local or s3://, cut into windows of seq_len + 1."""
 
@@ -124,6 +141,8 @@ class TokensSource:
     eod: int | None = None
     dtype: str = "int64"
     s3: S3Options | None = None
+    gcs: GCSOptions | None = None
+    azure: AzureOptions | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str) and not self.paths:
@@ -141,7 +160,12 @@ class TokensSource:
 
         paths = self.paths if isinstance(self.paths, str) else list(self.paths)
         return read_tokens(
-            paths, seq_len=self.seq_len, column=self.column, eod=self.eod, dtype=self.dtype, s3=self.s3
+            paths,
+            seq_len=self.seq_len,
+            column=self.column,
+            eod=self.eod,
+            dtype=self.dtype,
+            **self.stores(),
         )
 
 

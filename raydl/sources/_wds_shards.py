@@ -219,8 +219,11 @@ def write_explicit(storage: Storage, path: str, shards: list[Shard]) -> None:
             )
         )
     _wds_index.write_index(path, rows)
-    # the file now holds every block: workers read a shard's from it when their node cache lacks it
-    entries = explicit_entries(storage, path)
+    # the file now holds every block: workers read a shard's from it when their node cache lacks it. It is a
+    # local file whatever store the shards are in.
+    from raydl.storage.local import LocalStorage
+
+    entries = explicit_entries(LocalStorage(), path)
     for s in shards:
         e = entries[s.info.uri if s.info.etag else os.path.abspath(s.info.uri)]
         s.kind, s.index_uri, s.index_offset, s.index_length = EXPLICIT, path, e.offset, e.length

@@ -1,5 +1,5 @@
-"""Where sample bytes come from: one small interface (base.py), local disk and S3 behind it, and the
-node cache in front of a remote store (cache.py)."""
+"""Where sample bytes come from: one small interface (base.py); local disk, S3, Google Cloud Storage and Azure
+Blob storage behind it; and the node cache in front of a remote store (cache.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from raydl.storage.local import LocalStorage
 
 __all__ = ["BaseStorage", "LocalStorage", "ObjectInfo", "Storage", "resolve", "split_scheme", "storage_for"]
 
-_SCHEMES = ("file", "s3")
+_SCHEMES = ("file", "s3", "gs", "az")
 
 
-def storage_for(uri: str, s3=None) -> Storage:
-    """The storage that reads `uri`: local paths (and file://) or s3://. Another scheme is a ValueError naming
-    it."""
+def storage_for(uri: str, s3=None, *, gcs=None, azure=None) -> Storage:
+    """The storage that reads `uri`: local paths (and file://), s3:// (with `s3`, a raydl.S3Options), gs://
+    (`gcs`, a raydl.GCSOptions) or az:// (`azure`, a raydl.AzureOptions). Another scheme is a ValueError
+    naming it."""
     scheme, _ = split_scheme(uri)
     if scheme == "file":
         return LocalStorage()
@@ -21,15 +22,23 @@ def storage_for(uri: str, s3=None) -> Storage:
         from raydl.storage.s3 import S3Storage
 
         return S3Storage(s3)
+    if scheme == "gs":
+        from raydl.storage.gcs import GCSStorage
+
+        return GCSStorage(gcs)
+    if scheme == "az":
+        from raydl.storage.azure import AzureStorage
+
+        return AzureStorage(azure)
     raise ValueError(
         f"unsupported URL scheme {scheme!r} in {uri!r}; raydl reads {', '.join(_SCHEMES)} "
         "(local paths need no scheme)"
     )
 
 
-def resolve(uri: str, s3=None) -> tuple[Storage, str]:
+def resolve(uri: str, s3=None, *, gcs=None, azure=None) -> tuple[Storage, str]:
     """(storage, uri as that storage names it): "file:///x" becomes "/x"."""
-    storage = storage_for(uri, s3)
+    storage = storage_for(uri, s3, gcs=gcs, azure=azure)
     if uri.startswith("file://"):
         uri = uri[len("file://") :]
     return storage, uri

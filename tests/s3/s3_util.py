@@ -21,7 +21,9 @@ _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 class FaultFront:
     """plan(method, path, n) -> (status, code) to fail the n-th request (0-based, all requests counted), or None."""
 
-    def __init__(self, upstream: str, plan: Callable[[str, str, int], tuple[int, str] | None]) -> None:
+    def __init__(self, upstream: str, plan: Callable[[str, str, int], tuple[int, str] | None], *,
+                 upstream_host: bool = False) -> None:
+        """`upstream_host`: requests reach the server with its own Host header (fake-gcs-server routes by it)."""
         host, port = upstream.removeprefix("http://").split(":")
         self.plan = plan
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status sent)
@@ -62,7 +64,11 @@ class FaultFront:
                     return
                 conn = http.client.HTTPConnection(host, int(port), timeout=30)
                 try:
-                    conn.request(self.command, self.path, body=body or None, headers=dict(self.headers))
+                    headers = dict(self.headers)
+                    if upstream_host:
+                        headers = {k: v for k, v in headers.items() if k.lower() != "host"}
+                        headers["Host"] = f"{host}:{port}"
+                    conn.request(self.command, self.path, body=body or None, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
                 finally:
@@ -73,7 +79,9 @@ class FaultFront:
                 for k, v in resp.getheaders():
                     if k.lower() not in _DROP:
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                # a HEAD's answer says the object's length, not its own (empty) body's
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)

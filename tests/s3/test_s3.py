@@ -136,5 +136,5 @@ def test_read_images_from_s3_and_bad_schemes(moto_server, s3_client, bucket):
     assert all(e for e in ds.catalog.shards.column("etag").to_pylist())
     with pytest.raises(DataSourceError, match="no images"):
         raydl.read_images(f"s3://{bucket}/nothing-here", s3=raydl.S3Options(endpoint_url=moto_server))
-    with pytest.raises(ValueError, match="'gs'"):
-        raydl.read_images("gs://bucket/train")
+    with pytest.raises(ValueError, match="'hdfs'"):
+        raydl.read_images("hdfs://bucket/train")

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.timeout(60)
 def test_all_is_sorted_and_pinned():
     """raydl.__all__ is sorted and is exactly the current public API (change this test on purpose)."""
     assert raydl.__all__ == sorted(raydl.__all__)
-    assert raydl.__all__ == ["Cache", "DataIterator", "Dataset", "IteratorStats", "Loader", "S3Options", "errors",
-                            "mix", "read_images", "read_parquet", "read_tokens", "read_webdataset"]
+    assert raydl.__all__ == ["AzureOptions", "Cache", "DataIterator", "Dataset", "GCSOptions", "IteratorStats", "Loader",
+                            "S3Options", "errors", "mix", "read_images", "read_parquet", "read_tokens", "read_webdataset"]
 
 
 def test_every_exported_name_exists():

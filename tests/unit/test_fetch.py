@@ -140,9 +140,9 @@ def test_call_with_retries_tells_each_try_its_limit():
 
 
 def test_unknown_scheme_is_a_value_error_naming_it():
-    """gs://, http:// ... are ValueErrors naming the scheme, not 'does not exist'."""
-    with pytest.raises(ValueError, match="'gs'"):
-        storage_for("gs://bucket/x")
+    """http://, hdfs:// ... are ValueErrors naming the scheme, not 'does not exist'."""
+    with pytest.raises(ValueError, match="'hdfs'"):
+        storage_for("hdfs://bucket/x")
     assert isinstance(storage_for("/data/x"), LocalStorage)
     assert resolve("file:///data/x")[1] == "/data/x"
 

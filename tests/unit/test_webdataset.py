@@ -157,8 +157,8 @@ def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path, monkeyp
         with pytest.raises(ValueError, match="matches nothing") as info:
             raydl.read_webdataset(nothing)
         assert nothing in str(info.value)
-    with pytest.raises(ValueError, match="'gs'"):
-        raydl.read_webdataset("gs://bucket/shard-{0..3}.tar")
+    with pytest.raises(ValueError, match="'hdfs'"):
+        raydl.read_webdataset("hdfs://bucket/shard-{0..3}.tar")
 
 
 def test_truncated_and_corrupt_shards_name_the_shard_and_offset(tmp_path, monkeypatch):

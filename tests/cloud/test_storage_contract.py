@@ -1,4 +1,5 @@
-"""The storage contract: every backend (local disk, S3 through the moto server) lists, stats and reads alike."""
+"""The storage contract: every backend (local disk; S3, GCS and Azure Blob through moto, fake-gcs-server and azurite
+on 127.0.0.1) lists, stats and reads alike."""
 from __future__ import annotations
 
 import pickle
@@ -13,6 +14,8 @@ from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.storage import LocalStorage, Storage
 from raydl.storage.s3 import S3Storage
 
+from cloud_util import make_cloud
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -24,7 +27,10 @@ class Backend:
     delete: object  # delete(relative key)
 
 
-@pytest.fixture(params=["local", "s3"])
+_buckets = iter(range(10**6))
+
+
+@pytest.fixture(params=["local", "s3", "gs", "az"])
 def backend(request, tmp_path):
     if request.param == "local":
         def put(key: str, data: bytes) -> None:
@@ -33,13 +39,19 @@ def backend(request, tmp_path):
             p.write_bytes(data)
 
         yield Backend(LocalStorage(), str(tmp_path) + "/", put, lambda key: (tmp_path / key).unlink())
-    else:
+    elif request.param == "s3":
         endpoint = request.getfixturevalue("moto_server")
         client = request.getfixturevalue("s3_client")
-        bucket = request.getfixturevalue("bucket")
+        bucket = f"contract-{next(_buckets)}"
+        client.create_bucket(Bucket=bucket)
         yield Backend(S3Storage(S3Options(endpoint_url=endpoint)), f"s3://{bucket}/data/",
                       lambda key, data: client.put_object(Bucket=bucket, Key=f"data/{key}", Body=data),
                       lambda key: client.delete_object(Bucket=bucket, Key=f"data/{key}"))
+    else:
+        cloud = make_cloud(request, request.param)
+        yield Backend(cloud.storage(), f"{cloud.root}data/",
+                      lambda key, data: cloud.put(f"data/{key}", data),
+                      lambda key: cloud.server.delete(cloud.bucket, f"data/{key}"))
 
 
 def test_list_is_recursive_with_sizes(backend):
