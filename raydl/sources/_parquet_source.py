@@ -226,6 +226,14 @@ class ParquetSource(Source):
     range_is_sample: bool = False
     # the largest row group's selected columns decoded, as the footers say (0: unknown): sizes the window
     row_group_bytes: int = 0
+    row_bytes: int = 0  # one row's selected columns decoded, as the footers say (0: unknown)
+
+    @property
+    def sample_bytes(self) -> int | None:
+        """About what a row takes in a batch, decoded (the object-store budget counts it): the footers'
+        estimate, where no image column is decoded (None: the plan sizes it, from the images' shapes or the
+        stored bytes)."""
+        return None if self.image_column is not None or self.row_bytes <= 0 else self.row_bytes
 
     @property
     def shuffle_window(self) -> int:

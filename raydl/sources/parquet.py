@@ -123,6 +123,7 @@ class _FileIndex:
     span: np.ndarray  # (row groups, 2): offset, length of the selected columns' chunks from first to last
     stored_as: tuple  # the selected leaves' paths and types (_stored_as)
     decoded: int  # about the bytes of its largest row group's selected columns, decoded
+    row_bytes: int = 0  # about the bytes of one row's selected columns, decoded (its widest row group's)
 
 
 def _index_file(
@@ -139,6 +140,14 @@ def _index_file(
         span=np.array(spans, np.int64).reshape(-1, 2),
         stored_as=_stored_as(meta, leaves),
         decoded=max((sum(g.decoded[k] for k in leaves) for g in meta.row_groups if g.decoded), default=0),
+        row_bytes=max(
+            (
+                -(-sum(g.decoded[k] for k in leaves) // g.num_rows)
+                for g in meta.row_groups
+                if g.decoded and g.num_rows > 0
+            ),
+            default=0,
+        ),
     )
 
 
@@ -270,6 +279,7 @@ def list_parquet(
         np.array([fi.footer_length for fi in indexed], np.int64),
         chosen[0],
         row_group_bytes=max(fi.decoded for fi in indexed),
+        row_bytes=max(fi.row_bytes for fi in indexed),
     )
     return make_catalog(
         root=_root([f.uri for f in files]),

@@ -197,3 +197,19 @@ def test_a_loader_worker_decodes_into_jemalloc_or_the_system_allocator(monkeypat
         assert arrow_pool_for_decoding() == "mimalloc" == pa.default_memory_pool().backend_name
     finally:
         pa.set_memory_pool(before)
+
+
+def test_a_batch_is_sized_by_its_rows_decoded_not_stored(tmp_path):
+    """The object-store budget and the batches a task makes count a Parquet row at its decoded size, as
+    the footers say (compressed, the same tokens take a fraction of it), and an image column leaves it to
+    the images' decoded shapes."""
+    from raydl.plan.build import _sample_bytes
+
+    rows, width = 512, 1024
+    tokens = np.zeros((rows, width), np.int32)  # compresses to almost nothing
+    table = pa.table({"input_ids": pa.FixedSizeListArray.from_arrays(pa.array(tokens.ravel()), width)})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=128, compression="zstd")
+    ds = raydl.read_parquet(str(tmp_path / "t.parquet"), columns=["input_ids"])
+    got = _sample_bytes(ds.catalog, None)
+    assert width * 4 <= got <= width * 4 * 1.1, got
+    assert ds.catalog.source.sample_bytes == got
