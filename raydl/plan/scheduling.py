@@ -36,7 +36,8 @@ class NodeInfo:
 @dataclass(frozen=True)
 class WorkerInfo:
     """A loader worker as ranks and the coordinator know it. `handle` runs batches: `handle.run_batch.remote(
-    task)` (a Ray actor handle; or, with `in_process`, the Loader's own process while its workers start)."""
+    task)` (a Ray actor handle; or, with `in_process`, the Loader's own process while its workers start), and
+    where it has it, `handle.run_batches.remote(tasks)` several of one rank at once."""
 
     handle: Any
     node_id: str
