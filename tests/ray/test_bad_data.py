@@ -201,3 +201,31 @@ def test_a_sample_lacking_a_selected_field_is_skipped_replaced_or_raised(ray_loc
     assert isinstance(info.value, DataSourceError) and str(info.value) == (
         f"rank 0: batch 1 of epoch 0: incomplete sample 3 ({shard}#k3): {shard}: sample 'k3' lacks the field "
         "'caption' (no .txt member)")
+
+
+def test_a_batch_that_fails_inside_a_task_of_several_is_named_and_those_before_it_arrive(ray_local, tmp_path):
+    """Small batches go to a worker several to a task: a batch that fails in the middle of one is the error
+    of that batch, named by its own index, after every batch before it has arrived."""
+    from PIL import Image
+
+    root = tmp_path / "imgs" / "c"
+    root.mkdir(parents=True)
+    for i in range(12):  # sample 5 (batch 2 at batch_size 2) is the one PNG, which _KernelFault fails on
+        Image.new("RGB", (12, 10), (20 * i, 90, 150)).save(root / f"img_{i:02d}.{'png' if i == 5 else 'jpg'}")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        ds = raydl.read_images(str(tmp_path / "imgs")).decode().center_crop(8)
+        base = compile_stages(ds.stages)
+        program = _KernelFault(base.stages, base.out_size, base.normalize, fault="memory")
+        loader = Loader(ds.catalog, program, LoaderConfig(batch_size=2, shuffle=False, prefetch_batches=4))
+        with loader:
+            loader.refresh()  # the workers are up: no batch is made in this process
+            assert loader.memory()["batches_per_task"] > 1
+            got = []
+            with pytest.raises(LoaderError) as info:
+                for batch in loader.iterator(0).iter_batches():
+                    got.append(batch["id"].tolist())
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert got == [[0, 1], [2, 3]]
+    assert str(info.value).startswith("rank 0: batch 2 of epoch 0") and "MemoryError" in str(info.value)

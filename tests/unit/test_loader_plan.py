@@ -90,6 +90,33 @@ def test_one_protocol_for_buckets_windows_and_mixes(image_folder, tmp_path):
         mixed.check_state({**mixed.state(rank=0, position=Position(0, 0, 1)), "batch_size": 4})
 
 
+def test_a_task_of_several_batches_gets_each_batch_as_the_plan_gives_it_alone(image_folder, tmp_path):
+    """plan.tasks(rank, epoch, k, n) works out n batches at once (one order lookup where samples are dealt one
+    by one): each equals plan.task(rank, epoch, j), for plain, windowed, bucketed and mixed datasets, at every
+    rank, in a re-dealt epoch and across the padded last round."""
+    from raydl.bench.shards import write_parquet
+
+    images = raydl.read_images(str(image_folder)).decode()
+    table = raydl.read_parquet(write_parquet(str(image_folder), str(tmp_path / "pq"), row_group=4))
+    mixed = raydl.mix({"a": images.center_crop(16), "b": images.center_crop(16)}, weights={"a": 1, "b": 3})
+    for ds in (images.center_crop(16), table, images.aspect_buckets(64, multiple=16), mixed):
+        for options in ({"world_size": 3}, {"world_size": 2, "drop_last": True}, {"shuffle": False}):
+            plan = _plan(ds, batch_size=5, **options)
+            for start in (0, 7):
+                nb = plan.batches_per_rank(2, start=start)
+                for rank in range(plan.config.world_size):
+                    for k, n in ((0, 1), (0, nb), (1, max(1, nb - 2)), (nb - 1, 1)):
+                        got = plan.tasks(rank, 2, k, n, start=start)
+                        assert [t.index for t in got] == list(range(k, k + n))
+                        for t in got:
+                            alone = plan.task(rank, 2, t.index, start=start)
+                            np.testing.assert_array_equal(t.ids, alone.ids)
+                            np.testing.assert_array_equal(t.seeds, alone.seeds)
+                            assert (t.rank, t.epoch, t.bucket) == (alone.rank, alone.epoch, alone.bucket)
+                            if not plan.order.deals_batches:  # a task carries its own rows, not all n's
+                                assert t.ids.base is None or t.ids.base.size == t.ids.size
+
+
 def test_a_plan_pickles_without_its_computed_epochs(image_folder):
     """A Loader pickles into handles: its plan goes without the epoch orders this process computed, and the copy
     gives the same tasks."""

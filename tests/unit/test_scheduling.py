@@ -5,7 +5,10 @@ import pytest
 
 from raydl.plan.scheduling import (
     LOCAL_DEPTH,
+    MAX_BATCHES_PER_TASK,
+    TASK_BYTES,
     NodeInfo,
+    batches_per_task,
     bootstrap_threads,
     choose_worker,
     decode_threads,
@@ -89,3 +92,24 @@ def test_prefetch_depth_fits_the_budget():
         for budget in (10, 50, 100, 400):
             d = prefetch_depth(8, batch_bytes=7 * mb, budget_bytes=budget * mb, world_size=ws)
             assert d == 1 or (d + 1) * 7 * ws <= budget
+
+
+def test_small_batches_go_several_to_a_task_without_lowering_the_prefetch_depth():
+    """A task makes as many batches as fit TASK_BYTES (at most MAX_BATCHES_PER_TASK), one when a batch is
+    large, and never so many that the asked depth of such tasks, and one in hand, would overflow a rank's
+    share of the budget."""
+    mb, gb = 1 << 20, 1 << 30
+    assert batches_per_task(1 * mb, depth=2, budget_bytes=gb, world_size=1) == TASK_BYTES // mb
+    assert batches_per_task(1024, depth=2, budget_bytes=gb, world_size=1) == MAX_BATCHES_PER_TASK
+    assert batches_per_task(150 * mb, depth=2, budget_bytes=gb, world_size=1) == 1
+    assert batches_per_task(0, depth=2, budget_bytes=gb, world_size=1) == MAX_BATCHES_PER_TASK
+    # 8 ranks share 64 MiB: 8 MiB each, so depth 3 + 1 in hand leaves 2 MiB a task, 2 batches of 1 MiB
+    assert batches_per_task(1 * mb, depth=3, budget_bytes=64 * mb, world_size=8) == 2
+    for depth in (1, 2, 4, 8):
+        for world in (1, 4, 64):
+            for batch in (4096, 300_000, 2 * mb, 9 * mb):
+                n = batches_per_task(batch, depth=depth, budget_bytes=256 * mb, world_size=world)
+                assert 1 <= n <= MAX_BATCHES_PER_TASK and (n == 1 or n * batch <= TASK_BYTES)
+                kept = prefetch_depth(depth, batch_bytes=n * batch, budget_bytes=256 * mb, world_size=world)
+                alone = prefetch_depth(depth, batch_bytes=batch, budget_bytes=256 * mb, world_size=world)
+                assert kept == alone or n == 1
