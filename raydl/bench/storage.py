@@ -158,6 +158,13 @@ class _Moto:
         _stop(self.proc)
 
 
+def _start_moto(env: dict) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in a child process: (the process, its endpoint URL). The listing and cache benches
+    start theirs so."""
+    moto = _Moto(env)
+    return moto.proc, moto.url
+
+
 def _start_proxy(port: int, delay_ms: float, env: dict) -> tuple[subprocess.Popen, str]:
     proc = _child(["-m", "raydl.bench.latency_proxy", f"127.0.0.1:{port}", str(delay_ms)], env)
     return proc, f"http://127.0.0.1:{proc.stdout.readline().strip()}"
