@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
+from raydl.util.arrow import numbers
 
 __all__ = [
     "BATCH_HOWS",
@@ -252,7 +253,7 @@ class _Cells:
         elif how == "list":
             if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
                 raise ValueError(f"is {col.type} in this file, not a list")
-            self.offsets = col.offsets.to_numpy().astype(np.int64)  # .offsets respects the array's slice
+            self.offsets = numbers(col.offsets)[0].astype(np.int64)  # .offsets respects the array's slice
             self._offsets = self.offsets.tolist()  # Python ints index a row's slice fastest
             values = _numpy(col.values)
         elif how == "array":
@@ -298,10 +299,7 @@ class _Cells:
 def _numpy(arr: pa.Array) -> tuple[np.ndarray, bool]:
     """(the values as numpy, whether they were copied): a view of the Arrow buffer where it can be (numbers,
     no nulls), else a copy (booleans are bits; nulls become NaN)."""
-    try:
-        return arr.to_numpy(zero_copy_only=True), False
-    except pa.ArrowInvalid:
-        return arr.to_numpy(zero_copy_only=False), True
+    return numbers(arr)
 
 
 def _fixed_size(col: pa.Array) -> tuple[np.ndarray, bool]:

@@ -33,7 +33,7 @@ from raydl.sources._parquet_source import BoundedLRU
 from raydl.sources._version import mtime_ns
 from raydl.sources.parquet import read_footer
 from raydl.storage import ObjectInfo, Storage, split_scheme
-from raydl.util.arrow import StringColumn, int_column
+from raydl.util.arrow import StringColumn, int_column, numbers
 from raydl.util.threads import SharedPool
 
 __all__ = ["ROW_GROUP_CACHE_BYTES", "TOKEN_PARTS", "TokenSource", "clear_token_caches", "parquet_token_leaf"]
@@ -345,7 +345,7 @@ class TokenSource(Source):
                 rg, columns=[self.column]
             )
             column = table.column(self.column).combine_chunks()
-            lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy().astype(np.int64)
+            lengths = numbers(pc.list_value_length(column), fill=0)[0].astype(np.int64)
             values = column.flatten()
         except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
             raise DataSourceError(
@@ -358,7 +358,7 @@ class TokenSource(Source):
         e = 1 if self.eod is not None else 0
         starts = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths + e, out=starts[1:])
-        array = values.to_numpy(zero_copy_only=False)
+        array = numbers(values)[0]
         return _Unit(
             info.uri,
             starts,

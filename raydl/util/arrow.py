@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["StringColumn", "int_array", "int_column", "string_array"]
+__all__ = ["StringColumn", "int_array", "int_column", "numbers", "string_array", "valid_mask"]
 
 
 def int_array(values, dtype=np.int64) -> pa.Array:
@@ -37,6 +37,35 @@ def int_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if len(parts) == 1:
         return parts[0]
     return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def numbers(arr: pa.Array, *, fill=None) -> tuple[np.ndarray, bool]:
+    """(an array of numbers as numpy, whether it was copied): a read-only view of its values buffer where it
+    can be (integers and floats without nulls), a copy with `fill` in the null slots where that is given, else
+    pyarrow's copy (booleans are bits; nulls become NaN), which imports pandas."""
+    t = arr.type
+    if (arr.null_count == 0 or fill is not None) and (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        dtype = np.dtype(t.to_pandas_dtype())
+        buffer = arr.buffers()[1]
+        if buffer is None:  # an empty array may have no buffer
+            return np.zeros(0, dtype), False
+        values = np.frombuffer(buffer, dtype)[arr.offset : arr.offset + len(arr)]
+        if arr.null_count == 0:
+            values.flags.writeable = False  # a view of Arrow's memory, as pyarrow's own views are
+            return values, False
+        values = values.copy()
+        values[~valid_mask(arr)] = fill
+        return values, True
+    return arr.to_numpy(zero_copy_only=False), True
+
+
+def valid_mask(arr: pa.Array) -> np.ndarray:
+    """Which of the array's slots hold a value, from its validity bitmap (all, where it has none)."""
+    bitmap = arr.buffers()[0]
+    if bitmap is None or arr.null_count == 0:
+        return np.ones(len(arr), bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, np.uint8), bitorder="little")
+    return bits[arr.offset : arr.offset + len(arr)].astype(bool)
 
 
 def string_array(values: Sequence[str]) -> pa.Array:

@@ -45,3 +45,22 @@ print(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("dtype", [pa.int8(), pa.uint16(), pa.int32(), pa.int64(), pa.float16(), pa.float64()])
+def test_numbers_are_views_without_nulls_and_filled_copies_with_them(dtype):
+    """`numbers` gives pyarrow's values for every slice of an array of numbers: a view of the buffer without
+    nulls, a copy with `fill` in the null slots with them; `valid_mask` says which slots hold a value."""
+    from raydl.util.arrow import numbers, valid_mask
+
+    plain = pa.array(np.arange(20) % 7, dtype)
+    for a in (plain, plain.slice(3), plain.slice(5, 9), plain.slice(20)):
+        got, copied = numbers(a)
+        assert not copied and not got.flags.writeable and got.dtype == np.dtype(dtype.to_pandas_dtype())
+        assert got.tolist() == a.to_pylist()
+    holes = pa.array([None if k % 3 == 0 else k % 7 for k in range(20)], dtype)
+    for a in (holes, holes.slice(1), holes.slice(4, 11)):
+        got, copied = numbers(a, fill=0)
+        assert copied and got.tolist() == [0 if v is None else v for v in a.to_pylist()]
+        assert valid_mask(a).tolist() == [v is not None for v in a.to_pylist()]
+    assert valid_mask(plain.slice(2, 5)).tolist() == [True] * 5

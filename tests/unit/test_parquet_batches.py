@@ -213,3 +213,25 @@ def test_a_batch_is_sized_by_its_rows_decoded_not_stored(tmp_path):
     got = _sample_bytes(ds.catalog, None)
     assert width * 4 <= got <= width * 4 * 1.1, got
     assert ds.catalog.source.sample_bytes == got
+
+
+def test_decoding_row_groups_into_batches_leaves_pandas_unimported(data):
+    """A process that lists and reads batches of list, fixed-size list and number columns, and a token
+    corpus in Parquet, never imports pandas (pyarrow's `to_numpy` does: about half a second and 50 MiB in
+    every worker and in the driver's first batches)."""
+    code = f"""
+import sys, numpy as np, raydl
+cat = raydl.read_parquet({str(data)!r} + "/").catalog
+batch = cat.source.read_batch(cat, cat.storage, np.arange(0, 300, 7))
+assert len(batch["tokens"]) == len(batch["emb"]) == len(batch["n"]) == 43
+ds = raydl.read_tokens({str(data)!r} + "/part-0.parquet", seq_len=8, column="tokens")
+rows = ds.catalog.source.read_batch(ds.catalog, ds.catalog.storage, np.arange(4))
+assert rows["input_ids"].shape == (4, 8)
+print("pandas" in sys.modules)
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
