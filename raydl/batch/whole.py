@@ -43,8 +43,11 @@ class WholeBatchRun:
         return self._fallback._decode_tasks if self._fallback is not None else []
 
     def _start_fetches(self) -> None:
-        m = self._member
-        self._own_io.append(m.pools.io.submit(m.source.read_batch, m.catalog, self._storage, self._task.ids))
+        m, task = self._member, self._task
+        args = [m.catalog, self._storage, task.ids]
+        if task.ahead is not None and m.source.reads_ahead:
+            args.append(task.ahead)
+        self._own_io.append(m.pools.io.submit(m.source.read_batch, *args))
 
     def _wait(self) -> None:
         try:

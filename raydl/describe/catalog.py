@@ -24,7 +24,8 @@ batch's samples are (`locate`, a `Located` of byte ranges), reads the blocks
 it fetches through it (`read_block`) and has it cut each sample's fields out
 of its range (`cut`). A source's optional capabilities are attributes of
 `Source` with defaults (`cut_views`, `reads_labels`, `reads_batches`,
-`reads_plain_batches`, `shuffle_window`, `sample_bytes`): read them directly.
+`reads_plain_batches`, `reads_ahead`, `shuffle_window`, `sample_bytes`): read
+them directly.
 A source that `reads_batches` (token windows) makes a whole batch in one
 `read_batch` call; one that `reads_plain_batches` (Parquet numbers and arrays)
 does so where no per-sample stage runs, and reads sample by sample otherwise.
@@ -138,6 +139,10 @@ class Source(abc.ABC):
     is decoded (Parquet columns of numbers and arrays): the worker reads batches so, and a batch whose
     `read_batch` raises a DataSourceError is read again sample by sample (`locate`, `cut`), where on_error
     settles each sample."""
+
+    reads_ahead: bool = False
+    """`read_batch` also takes `ahead`, the samples of a later batch (BatchTask.ahead), and may start
+    reading their parts beside the batch's own (Parquet: decoding the next shuffle window's row groups)."""
 
     shuffle_window: int | None = None
     """The source's default for LoaderConfig.shuffle_window (parts shuffled together; 0: all). None: 0 where

@@ -10,6 +10,7 @@ worker processes starting beside them are not starved.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -72,6 +73,10 @@ class Bootstrap:
             # on 2 cores (docs/benchmarks.md, "Start-up, first batch and short epochs"); bounded, should the
             # caller never take it.
             self._taken.wait(_HAND_OVER_WAIT_S)
+        if task.ahead is not None:
+            # nothing is read ahead here: the workers take over within a few windows, and what this process
+            # decoded ahead they would decode again, while its decodes slow their start
+            task = dataclasses.replace(task, ahead=None)
         started = time.perf_counter()
         try:
             if first:

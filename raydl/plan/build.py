@@ -43,6 +43,7 @@ def build_plan(mixture: Mixture, config: LoaderConfig) -> LoaderPlan:
         num_samples = mixture.epoch_size
         fingerprint = _combined(m.catalog.fingerprint for m in mixture.members)
     sizes = [_sample_bytes(m.catalog, m.pipeline.program) for m in mixture.members]
+    ahead = read_ahead(order, mixture.members[0].catalog, config) if mixture.single else 0
     first = mixture.members[0]
     decoded = decoded_fields(first.pipeline.program, first.catalog.source.fields)
     return LoaderPlan(
@@ -55,6 +56,7 @@ def build_plan(mixture: Mixture, config: LoaderConfig) -> LoaderPlan:
         batch_bytes=config.batch_size * max(sizes),
         image_fields=tuple(name for name, is_mask in decoded if not is_mask),
         sample_unit=sample_unit(m.catalog.source for m in mixture.members),
+        read_ahead=ahead,
     )
 
 
@@ -73,6 +75,19 @@ def sample_unit(sources) -> str:
         else:
             units.add("samples")
     return units.pop() if len(units) == 1 else "samples"
+
+
+def read_ahead(order, catalog: Catalog, config: LoaderConfig) -> int:
+    """How many batches after its last a task names the samples of, for a source that `reads_ahead`: about
+    one shuffle window of positions, dealt to every rank (rank r's batches lie world_size batches apart),
+    so that while a rank reads one window its worker decodes the parts of the next. 0 (no hint) for an
+    order that is not a shuffle window of parts, or a source that reads nothing ahead."""
+    windowed = isinstance(order, SampleOrder) and order.window > 0 and config.shuffle
+    if not (windowed and catalog.source.reads_ahead):
+        return 0
+    counts = order.part_counts
+    largest = int(counts.max()) if counts is not None and len(counts) else 0
+    return max(1, -(-order.window * largest // (config.batch_size * config.world_size)))
 
 
 def part_window(catalog: Catalog, config: LoaderConfig) -> int:

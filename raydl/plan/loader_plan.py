@@ -49,7 +49,9 @@ class LoaderPlan:
     """The plan of one loader (see the module). `unsized`: samples in no aspect bucket (their size could
     not be read), which rank 0 reports each epoch; `batch_bytes`: about what one batch takes;
     `image_fields`: the decoded image fields (not masks), which one torch dtype covers; `sample_unit`: what a
-    sample is, for rates ("windows", "rows", "images" or "samples": raydl.plan.build.sample_unit)."""
+    sample is, for rates ("windows", "rows", "images" or "samples": raydl.plan.build.sample_unit);
+    `read_ahead`: how far ahead of its batches a task names the samples its source may start reading
+    (raydl.plan.build.read_ahead)."""
 
     config: LoaderConfig
     order: Order
@@ -60,6 +62,7 @@ class LoaderPlan:
     batch_bytes: int = 1
     image_fields: tuple[str, ...] = ()
     sample_unit: str = "samples"
+    read_ahead: int = 0  # a task names the samples of the batch this many after its last (0: none)
     _epochs: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __getstate__(self) -> dict:
@@ -137,13 +140,24 @@ class LoaderPlan:
         is mostly numpy's per call, not per position."""
         deal, order = self.deal(start=start), self.epoch_order(epoch)
         seed = self.config.seed
+        ahead = None  # the first task carries the hint: the samples of batch k + n - 1 + read_ahead
+        if self.read_ahead and k + n - 1 + self.read_ahead < deal.batches_per_rank:
+            ahead = self.order.rows(order, deal.positions(rank, k + n - 1 + self.read_ahead)).ids
         if self.order.deals_batches or n == 1:
             out = []
             for j in range(k, k + n):
                 rows = self.order.rows(order, deal.positions(rank, j))
                 seeds = augmentation_seeds(rows.slots, seed=seed, epoch=epoch)
                 out.append(
-                    BatchTask(rank=rank, epoch=epoch, index=j, ids=rows.ids, seeds=seeds, bucket=rows.bucket)
+                    BatchTask(
+                        rank=rank,
+                        epoch=epoch,
+                        index=j,
+                        ids=rows.ids,
+                        seeds=seeds,
+                        bucket=rows.bucket,
+                        ahead=ahead if j == k else None,
+                    )
                 )
             return out
         positions = [deal.positions(rank, j) for j in range(k, k + n)]
@@ -157,7 +171,15 @@ class LoaderPlan:
                 seeds[at:end].copy(),
             )  # a task carries its own rows only
             out.append(
-                BatchTask(rank=rank, epoch=epoch, index=j, ids=ids, seeds=batch_seeds, bucket=rows.bucket)
+                BatchTask(
+                    rank=rank,
+                    epoch=epoch,
+                    index=j,
+                    ids=ids,
+                    seeds=batch_seeds,
+                    bucket=rows.bucket,
+                    ahead=ahead if j == k else None,
+                )
             )
             at = end
         return out

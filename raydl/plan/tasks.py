@@ -20,7 +20,8 @@ __all__ = ["BatchResult", "BatchTask", "batch_rows"]
 @dataclass(frozen=True)
 class BatchTask:
     """Batch `index` of `rank` in `epoch`: the samples, in order, their seeds, and their bucket (H, W) if
-    any."""
+    any. `ahead`: the samples of a later batch of the same rank, whose parts a source that `reads_ahead`
+    may start reading now (None: no hint)."""
 
     rank: int
     epoch: int
@@ -28,6 +29,7 @@ class BatchTask:
     ids: np.ndarray
     seeds: np.ndarray
     bucket: tuple[int, int] | None = None
+    ahead: np.ndarray | None = None
 
 
 @dataclass

@@ -11,9 +11,11 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow._parquet import ParquetReader
 
 from raydl.sources._footer import Footer, read_footer_meta
 from raydl.sources._parquet_fields import Selection
+from raydl.util.memory import decode_pool
 
 __all__ = [
     "chunk_span",
@@ -23,6 +25,7 @@ __all__ = [
     "needed_leaves",
     "open_pieces",
     "parse_footer",
+    "read_row_group",
 ]
 
 
@@ -79,6 +82,23 @@ def open_pieces(uri: str, size: int, md: pq.FileMetaData, pieces: dict[int, byte
     return pq.ParquetFile(
         pa.PythonFile(_SparseFile(uri, size, pieces), mode="r"), metadata=md, pre_buffer=False
     )
+
+
+def read_row_group(
+    uri: str,
+    size: int,
+    md: pq.FileMetaData,
+    pieces: dict[int, bytes],
+    rg: int,
+    leaves: Sequence[int],
+    *,
+    threads: bool = True,
+) -> pa.Table:
+    """Row group `rg`'s leaf columns `leaves` (their indices in the file's schema, as `needed_leaves` gives
+    them), decoded from the fetched `pieces` into raydl's decode pool (raydl.util.memory.decode_pool)."""
+    reader = ParquetReader(memory_pool=decode_pool())
+    reader.open(pa.PythonFile(_SparseFile(uri, size, pieces), mode="r"), metadata=md, pre_buffer=False)
+    return reader.read_row_group(rg, column_indices=list(leaves), use_threads=threads)
 
 
 def footer_of(uri: str, size: int, tail: bytes) -> Footer:

@@ -42,7 +42,7 @@ from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, MissingFieldError, ObjectChangedError
 from raydl.sources._footer import Footer
 from raydl.sources._parquet_fields import BATCH_HOWS, MISSING, RowGroupValues, Selection, gather_rows
-from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, open_pieces, parse_footer
+from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, parse_footer, read_row_group
 from raydl.sources._version import mtime_ns
 from raydl.storage import ObjectInfo, Storage
 from raydl.util.arrow import StringColumn, int_column
@@ -62,9 +62,9 @@ __all__ = [
 
 CHUNK_GAP = 64 << 10  # neighbouring column chunks share a read when at most this many bytes lie between
 _CACHE_ROW_GROUPS = 64  # decoded row groups kept per process, at most CACHE_ROW_GROUP_BYTES of buffers
-CACHE_ROW_GROUP_BYTES = 256 << 20
+CACHE_ROW_GROUP_BYTES = 512 << 20
 MAX_WINDOW = 16  # the shuffle window's default, in row groups, where that many fit the cache
-PREFETCH_ROW_GROUPS = 2  # row groups decoded ahead of an ordered read; the window leaves room for them
+PREFETCH_ROW_GROUPS = 2  # row groups decoded ahead of an ordered read
 # Row groups decoded at once by a process's batch reads (pyarrow releases the GIL while it decodes)
 _DECODE_THREADS = max(2, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
 _CACHE_FOOTER_BYTES = 32 << 20  # footers kept per process, by their size as stored (parsed, a few times more)
@@ -189,6 +189,7 @@ _pool = SharedPool(_FOOTER_THREADS, "raydl-parquet-footer")
 _decoders = SharedPool(_DECODE_THREADS, "raydl-parquet-decode")
 _decodes_lock = threading.Lock()
 _decodes: collections.Counter = collections.Counter()  # row groups decoded by this process: (uri, row group)
+_ahead: set = set()  # (catalog fingerprint, part) of the reads ahead queued or running, under _decodes_lock
 
 
 def clear_caches() -> None:
@@ -203,14 +204,21 @@ def decodes() -> dict[tuple[str, int], int]:
     return dict(_decodes)
 
 
+def held(row_group_bytes: int) -> int:
+    """Row groups of `row_group_bytes` decoded (0: unknown) that the row-group cache holds."""
+    if row_group_bytes <= 0:
+        return _CACHE_ROW_GROUPS
+    return max(1, min(_CACHE_ROW_GROUPS, CACHE_ROW_GROUP_BYTES // row_group_bytes))
+
+
 def window_for(row_group_bytes: int) -> int:
-    """The shuffle window's default, in row groups: as many as the row-group cache holds decoded, with
-    PREFETCH_ROW_GROUPS more beside them, at most MAX_WINDOW, at least 1 (`row_group_bytes`: the largest row
-    group's selected columns decoded, as its footer says; 0: unknown, MAX_WINDOW)."""
+    """The shuffle window's default, in row groups: half of what the row-group cache holds decoded, so that
+    the next window's row groups, decoded ahead, fit beside the window's own; at most MAX_WINDOW, at least
+    1 (`row_group_bytes`: the largest row group's selected columns decoded, as its footer says; 0:
+    unknown, MAX_WINDOW)."""
     if row_group_bytes <= 0:
         return MAX_WINDOW
-    fit = min(_CACHE_ROW_GROUPS, CACHE_ROW_GROUP_BYTES // row_group_bytes) - PREFETCH_ROW_GROUPS
-    return max(1, min(MAX_WINDOW, fit))
+    return max(1, min(MAX_WINDOW, held(row_group_bytes) // 2))
 
 
 @dataclass(frozen=True, eq=False)
@@ -387,12 +395,20 @@ class ParquetSource(Source):
         return read
 
     # -- whole batches (reads_plain_batches) -----------------------------------------------------------
-    def read_batch(self, catalog: Catalog, storage: Storage, ids: np.ndarray) -> dict[str, np.ndarray]:
+    @property
+    def reads_ahead(self) -> bool:
+        """Where a batch is read whole, `ahead` names the next shuffle window's rows (see read_batch)."""
+        return self.reads_plain_batches
+
+    def read_batch(
+        self, catalog: Catalog, storage: Storage, ids: np.ndarray, ahead: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """The rows `ids` gathered from their decoded row groups, a few numpy copies per row group and field.
-        The batch's row groups are decoded at once on the decode threads, and where the rows are consecutive
-        (an ordered read) the next PREFETCH_ROW_GROUPS row groups after them too, ahead of the batches that
-        need them. A DataSourceError (a file changed or unreadable, a null cell) sends the batch down the
-        per-sample path, where on_error settles each of its rows."""
+        The batch's row groups are decoded at once on the decode threads; then, behind them, the row groups
+        of `ahead` (the rows of a later batch: a shuffled read's next window) as far as the cache holds
+        them beside the batch's own, and where the rows are consecutive (an ordered read) the next
+        PREFETCH_ROW_GROUPS row groups after them. A DataSourceError (a file changed or unreadable, a null
+        cell) sends the batch down the per-sample path, where on_error settles each of its rows."""
         ids = np.asarray(ids, dtype=np.int64)
         part, row = catalog.locate(ids)
         shard = catalog.column("shard")[part].astype(np.int64)
@@ -404,6 +420,8 @@ class ParquetSource(Source):
         pending = [
             _row_groups.peek(read.cache_key) or pool.submit(self._decoded, read, storage) for read in reads
         ]
+        if ahead is not None:
+            self._read_ahead(catalog, np.asarray(ahead, dtype=np.int64), parts)
         n = len(ids)
         if n and int(ids[-1]) - int(ids[0]) == n - 1 and bool(np.all(np.diff(ids) == 1)):
             last = int(parts[-1])
@@ -437,6 +455,29 @@ class ParquetSource(Source):
         # one pyarrow thread: the decode threads decode row groups side by side, and pyarrow's own threads
         # for one column of one row group only add start-up and contention
         return _row_groups.get(read.cache_key, lambda: self._decode(_Part(read, storage), b"", threads=False))
+
+    def _read_ahead(self, catalog: Catalog, ahead: np.ndarray, now: np.ndarray) -> None:
+        """Queue the decode of the row groups of rows `ahead` that are not among `now` (the batch's own), as
+        many as the cache holds beside those; one read ahead per row group at a time."""
+        if len(ahead) == 0 or int(ahead.min()) < 0 or int(ahead.max()) >= len(catalog):
+            return  # a hint is only a hint: rows outside the catalog are nobody's
+        mine = set(now.tolist())
+        later = [p for p in np.unique(catalog.locate(ahead)[0]).tolist() if p not in mine]
+        room = held(self.row_group_bytes) - len(mine)
+        for p in later[: max(0, room)]:
+            key = (catalog.fingerprint, p)
+            with _decodes_lock:
+                if key in _ahead:
+                    continue
+                _ahead.add(key)
+            _decoders().submit(self._ahead_of_need, catalog, p, key)
+
+    def _ahead_of_need(self, catalog: Catalog, p: int, key: tuple) -> None:
+        try:
+            self._prefetch(catalog, p)
+        finally:
+            with _decodes_lock:
+                _ahead.discard(key)
 
     def _prefetch(self, catalog: Catalog, p: int) -> None:
         """Decode part p into the cache ahead of need; whatever fails here is met again, and settled, by the
@@ -494,8 +535,8 @@ class ParquetSource(Source):
             )
         columns = [c for c in self.selection.columns if c is not None]
         try:
-            table = open_pieces(read.uri, read.size, read.file.meta, pieces).read_row_group(
-                read.rg, columns=self.selection.read_paths, use_threads=threads
+            table = read_row_group(
+                read.uri, read.size, read.file.meta, pieces, read.rg, read.file.leaves, threads=threads
             )
             decoded = {c: table.column(c).combine_chunks() for c in columns}
             rows = read.file.footer.row_groups[read.rg].num_rows

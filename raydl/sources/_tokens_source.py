@@ -28,7 +28,7 @@ from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, LoaderError, ObjectChangedError
 from raydl.sources._megatron import map_file, parse_index, read_index
-from raydl.sources._parquet_file import open_pieces, parse_footer
+from raydl.sources._parquet_file import parse_footer, read_row_group
 from raydl.sources._parquet_source import BoundedLRU
 from raydl.sources._version import mtime_ns
 from raydl.sources.parquet import read_footer
@@ -341,9 +341,7 @@ class TokenSource(Source):
             start = min(start, chunk.dictionary_page_offset)
         data = storage.read_range(info.uri, start, chunk.total_compressed_size, etag=info.etag or None)
         try:
-            table = open_pieces(info.uri, info.size, md, {start: data}).read_row_group(
-                rg, columns=[self.column]
-            )
+            table = read_row_group(info.uri, info.size, md, {start: data}, rg, (leaf,))
             column = table.column(self.column).combine_chunks()
             lengths = numbers(pc.list_value_length(column), fill=0)[0].astype(np.int64)
             values = column.flatten()

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-__all__ = ["arrow_pool_for_decoding", "populated_empty"]
+__all__ = ["arrow_pool_for_decoding", "decode_pool", "populated_empty"]
 
 _MIN_BYTES = 1 << 20  # below this, malloc's arenas are warm anyway
 
@@ -29,21 +29,30 @@ def populated_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mm, dtype).reshape(shape)
 
 
-def arrow_pool_for_decoding() -> str:
-    """Make pyarrow allocate from jemalloc (the system allocator where pyarrow has no jemalloc) in this
-    process, unless ARROW_DEFAULT_MEMORY_POOL names a pool; the pool's name. A loader worker calls it: it
-    decodes Parquet row groups of tens of MiB one after another, and on the machines we measured, decoding a
-    33 MiB row group of tokens into mimalloc (pyarrow's default) took 3-4x as long as into either of those
-    (0.7-1.3 s against 0.2-0.3 s)."""
+def decode_pool():
+    """The pyarrow pool raydl decodes Parquet row groups into: jemalloc (the system allocator where pyarrow
+    has no jemalloc), unless ARROW_DEFAULT_MEMORY_POOL names a pool, then the default. On the machines we
+    measured, decoding a 33 MiB row group of tokens into mimalloc (pyarrow's default) took 3-4x as long as
+    into either of those (0.7-1.3 s against 0.2-0.3 s): mimalloc hands a freed row group's pages back at
+    once, and the next one faults them in again. Passed to each decode, so that a process that is not
+    raydl's own (the driver, making the first batches) keeps its default pool."""
     import pyarrow as pa
 
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
-        return pa.default_memory_pool().backend_name
+        return pa.default_memory_pool()
     for make in (pa.jemalloc_memory_pool, pa.system_memory_pool):
         try:
-            pool = make()
+            return make()
         except NotImplementedError:  # pyarrow built without it
             continue
-        pa.set_memory_pool(pool)
-        return pool.backend_name
-    return pa.default_memory_pool().backend_name
+    return pa.default_memory_pool()
+
+
+def arrow_pool_for_decoding() -> str:
+    """Make `decode_pool()` this process's default pyarrow pool; the pool's name. A loader worker calls it:
+    its process is raydl's, and the arrays made from decoded row groups come from the default pool."""
+    import pyarrow as pa
+
+    pool = decode_pool()
+    pa.set_memory_pool(pool)
+    return pool.backend_name
