@@ -24,8 +24,8 @@ batch's samples are (`locate`, a `Located` of byte ranges), reads the blocks
 it fetches through it (`read_block`) and has it cut each sample's fields out
 of its range (`cut`). A source's optional capabilities are attributes of
 `Source` with defaults (`cut_views`, `reads_labels`, `reads_batches`,
-`reads_plain_batches`, `reads_ahead`, `shuffle_window`, `sample_bytes`): read
-them directly.
+`reads_plain_batches`, `reads_ahead`, `bootstraps`, `shuffle_window`,
+`sample_bytes`): read them directly.
 A source that `reads_batches` (token windows) makes a whole batch in one
 `read_batch` call; one that `reads_plain_batches` (Parquet numbers and arrays)
 does so where no per-sample stage runs, and reads sample by sample otherwise.
@@ -139,6 +139,11 @@ class Source(abc.ABC):
     is decoded (Parquet columns of numbers and arrays): the worker reads batches so, and a batch whose
     `read_batch` raises a DataSourceError is read again sample by sample (`locate`, `cut`), where on_error
     settles each sample."""
+
+    bootstraps: bool = True
+    """The Loader's own process makes the first batches while the workers start. False where a batch is cut
+    out of whole parts decoded once per process (a Parquet table read whole): the driver's decodes would be
+    done again by the workers, and on a small machine they slow the workers' start."""
 
     reads_ahead: bool = False
     """`read_batch` also takes `ahead`, the samples of a later batch (BatchTask.ahead), and may start

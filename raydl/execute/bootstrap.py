@@ -73,9 +73,7 @@ class Bootstrap:
             # on 2 cores (docs/benchmarks.md, "Start-up, first batch and short epochs"); bounded, should the
             # caller never take it.
             self._taken.wait(_HAND_OVER_WAIT_S)
-        if task.ahead is not None:
-            # nothing is read ahead here: the workers take over within a few windows, and what this process
-            # decoded ahead they would decode again, while its decodes slow their start
+        if task.ahead is not None:  # nothing is read ahead here: the workers take over soon
             task = dataclasses.replace(task, ahead=None)
         started = time.perf_counter()
         try:

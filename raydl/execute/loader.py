@@ -118,10 +118,11 @@ class Loader:
         threads = scheduling.bootstrap_threads(
             config.threads_per_worker, usable_cores=len(os.sched_getaffinity(0))
         )
-        # Only where the user lets the loader decode: this node hosts workers too (label, room).
+        # Only where the user lets the loader decode (this node hosts workers too: label, room), and where
+        # what this process decodes is not decoded again by the workers (Source.bootstraps).
         self._bootstrap = (
             Bootstrap(spec, catalogs, threads, here, on_first=self._launch_now.set)
-            if here in placement
+            if here in placement and all(cat.source.bootstraps for cat in catalogs)
             else None
         )
         self._first_local: tuple[float, float] | None = None

@@ -396,6 +396,11 @@ class ParquetSource(Source):
 
     # -- whole batches (reads_plain_batches) -----------------------------------------------------------
     @property
+    def bootstraps(self) -> bool:
+        """Not where batches are read whole: the workers would decode the driver's row groups again."""
+        return not self.reads_plain_batches
+
+    @property
     def reads_ahead(self) -> bool:
         """Where a batch is read whole, `ahead` names the next shuffle window's rows (see read_batch)."""
         return self.reads_plain_batches

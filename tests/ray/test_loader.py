@@ -413,6 +413,30 @@ def test_a_mix_is_deterministic_resumes_exactly_and_refuses_other_weights(ray_lo
             loader.iterator(0).load_state_dict(state)
 
 
+def test_a_parquet_table_read_whole_is_read_by_the_workers_alone_with_each_row_once(ray_local, tmp_path):
+    """A shuffled Parquet table of token rows (read whole, the next window's row groups decoded ahead) gives
+    every row once an epoch on two ranks, as its own row, and the Loader's process makes none of its
+    batches (the workers would decode its row groups again)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = np.arange(300)
+    tokens = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(rows, 8).astype(np.int32)), 8)
+    pq.write_table(pa.table({"input_ids": tokens}), tmp_path / "t.parquet", row_group_size=20)
+    ds = raydl.read_parquet(str(tmp_path / "t.parquet"), columns=["input_ids"])
+    assert not ds.catalog.source.bootstraps
+    with ds.loader(batch_size=16, seed=5, world_size=2, shuffle_window=3) as loader:
+        assert loader.plan.read_ahead > 0
+        seen = []
+        for rank in range(2):
+            it = loader.iterator(rank)
+            for batch in _epoch(it):
+                assert (batch["input_ids"] == batch["id"][:, None]).all()  # row r holds the tokens r
+                seen.extend(batch["id"].tolist())
+            assert it.stats().driver_batches == 0
+    assert sorted(set(seen)) == rows.tolist() and len(seen) - len(set(seen)) < 32  # only pad rows repeat
+
+
 def test_per_source_mixes_shapes_and_weighted_parquet_draws_its_column(ray_local, image_folder, tmp_path):
     """per_source batching mixes sources of different image sizes, a batch from one source each; with_weights on a
     Parquet column draws only positive-weight rows, in proportion."""

@@ -117,6 +117,36 @@ def test_a_task_of_several_batches_gets_each_batch_as_the_plan_gives_it_alone(im
                                 assert t.ids.base is None or t.ids.base.size == t.ids.size
 
 
+def test_a_shuffled_parquet_task_names_the_rows_of_a_batch_one_window_ahead(image_folder, tmp_path):
+    """A shuffled Parquet plan reads ahead about one shuffle window of positions, dealt to every rank: the
+    first task of each call carries the rows of the batch read_ahead after its last (the others, and a task
+    with no such batch, none), and those rows are that batch's. Ordered reads, image folders and mixes name
+    nothing ahead."""
+    from raydl.bench.shards import write_parquet
+
+    path = write_parquet(str(image_folder), str(tmp_path / "pq"), row_group=4)
+    table = raydl.read_parquet(path, columns=["label"])  # numbers only: batches read whole
+    assert table.catalog.source.reads_ahead
+    for world_size in (1, 2):
+        plan = _plan(table, batch_size=2, world_size=world_size, shuffle_window=3)
+        largest = int(table.catalog.column("count").max())
+        assert plan.read_ahead == -(-3 * largest // (2 * world_size)) >= 1
+        nb = plan.batches_per_rank(0)
+        for rank in range(world_size):
+            for k, n in ((0, 1), (0, 3), (2, 2), (nb - plan.read_ahead, 1)):
+                got = plan.tasks(rank, 0, k, n)
+                j = k + n - 1 + plan.read_ahead
+                if j < nb:
+                    np.testing.assert_array_equal(got[0].ahead, plan.task(rank, 0, j).ids)
+                else:
+                    assert got[0].ahead is None
+                assert all(t.ahead is None for t in got[1:])
+    assert _plan(table, batch_size=2, shuffle=False).read_ahead == 0
+    images = raydl.read_images(str(image_folder)).decode().center_crop(16)
+    assert _plan(images, batch_size=2).read_ahead == 0
+    assert _plan(raydl.mix({"a": table, "b": table}), batch_size=2).read_ahead == 0
+
+
 def test_a_plan_pickles_without_its_computed_epochs(image_folder):
     """A Loader pickles into handles: its plan goes without the epoch orders this process computed, and the copy
     gives the same tasks."""

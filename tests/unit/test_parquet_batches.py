@@ -109,8 +109,9 @@ def test_lists_of_several_lengths_are_views_as_the_per_sample_path_makes_them(tm
 
 
 def test_the_shuffle_window_fits_the_row_group_cache(data, monkeypatch):
-    """The default window, in row groups, fits the cache with the prefetched row groups beside it, by the
-    footers' estimate of a row group decoded, which is at least what a decoded row group holds."""
+    """The default window, in row groups, is half of what the cache holds, so that the next window's row
+    groups fit beside it, by the footers' estimate of a row group decoded, which is at least what a decoded
+    row group holds."""
     cat = raydl.read_parquet(str(data) + "/").catalog
     source = cat.source
     assert len(source.read_batch(cat, cat.storage, np.arange(32))["n"]) == 32
@@ -121,7 +122,8 @@ def test_the_shuffle_window_fits_the_row_group_cache(data, monkeypatch):
         window = window_for(source.row_group_bytes)
         assert window >= 1 and window <= ps.MAX_WINDOW
         if window > 1:
-            assert (window + ps.PREFETCH_ROW_GROUPS) * source.row_group_bytes <= cache
+            assert 2 * window * source.row_group_bytes <= cache
+            assert window == min(ps.MAX_WINDOW, ps.held(source.row_group_bytes) // 2)
     assert window_for(0) == ps.MAX_WINDOW
     assert window_for(ps.CACHE_ROW_GROUP_BYTES) == 1  # a row group as large as the cache: one at a time
 
@@ -155,6 +157,50 @@ def test_an_ordered_read_decodes_the_next_row_groups_ahead(data):
     assert decodes() == {(first, 0): 1, (first, 1): 1, (first, 2): 1}  # 1 and 2 ahead of need
     cat.source.read_batch(cat, cat.storage, np.arange(32, 64))  # row group 1: decoded already
     assert decodes()[(first, 1)] == 1
+
+
+def test_a_shuffled_read_decodes_the_next_windows_row_groups_ahead_once(data, monkeypatch):
+    """Rows `ahead` (a later batch's, BatchTask.ahead) start the decode of their row groups behind the batch's
+    own, as many as the cache holds beside those, each once however often it is named; the epoch still
+    decodes every row group once, and its batches are the same as without the hints."""
+    ds = raydl.read_parquet(str(data) + "/")
+    cat = ds.catalog
+    rg = cat.source.row_group_bytes
+    monkeypatch.setattr(ps, "CACHE_ROW_GROUP_BYTES", 4 * rg + 1)
+    monkeypatch.setattr(ps, "_row_groups", BoundedLRU(64, 4 * rg + 1, size=lambda v: v.nbytes))
+    assert cat.source.reads_ahead and cat.source.shuffle_window == 2
+    order = _shuffled(cat)
+    parts = cat.locate(order)[0]
+    first = np.unique(parts[:10]).tolist()  # the batch's own row groups
+    later = [p for p in dict.fromkeys(parts[64:].tolist()) if p not in first][:3]
+    ahead = np.concatenate([np.flatnonzero(np.isin(cat.locate(np.arange(len(cat)))[0], p))[:1] for p in later])
+    clear_caches()
+    for _ in range(3):  # named again and again: read ahead once
+        cat.source.read_batch(cat, cat.storage, order[:10], ahead)
+    deadline = time.monotonic() + 20
+    while len(decodes()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    got = decodes()
+
+    def key(p):
+        return cat.shards.column("uri")[int(cat.column("shard")[p])].as_py(), int(cat.column("rg")[p])
+
+    room = 4 - len(first)  # the cache holds 4: the batch's own, then as many of the 3 ahead as fit
+    assert max(got.values()) == 1 and len(got) == len(first) + min(3, room) == 4
+    assert {key(p) for p in first} <= got.keys()
+    assert len({key(p) for p in later} & got.keys()) == min(3, room)
+    clear_caches()
+    worker_order = [order[k : k + 25] for k in range(0, len(order), 25)]
+    plain = [cat.source.read_batch(cat, cat.storage, ids) for ids in worker_order]
+    clear_caches()
+    hinted = [
+        cat.source.read_batch(cat, cat.storage, ids, worker_order[min(i + 2, len(worker_order) - 1)])
+        for i, ids in enumerate(worker_order)
+    ]
+    assert max(decodes().values()) == 1
+    for a, b in zip(plain, hinted, strict=True):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a if k != "key")
 
 
 def test_a_batch_with_a_changed_file_or_a_null_cell_is_settled_sample_by_sample(data, tmp_path):
