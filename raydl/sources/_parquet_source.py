@@ -426,12 +426,12 @@ class ParquetSource(Source):
             _row_groups.peek(read.cache_key) or pool.submit(self._decoded, read, storage) for read in reads
         ]
         if ahead is not None:
-            self._read_ahead(catalog, np.asarray(ahead, dtype=np.int64), parts)
+            self._read_ahead(catalog, storage, np.asarray(ahead, dtype=np.int64), parts)
         n = len(ids)
         if n and int(ids[-1]) - int(ids[0]) == n - 1 and bool(np.all(np.diff(ids) == 1)):
             last = int(parts[-1])
             for q in range(last + 1, min(catalog.num_parts, last + 1 + PREFETCH_ROW_GROUPS)):
-                pool.submit(self._prefetch, catalog, q)
+                self._queue_ahead(catalog, storage, q)
         groups = []
         for read, future, idx in zip(reads, pending, _members(part, parts), strict=True):
             values = future if isinstance(future, RowGroupValues) else future.result()
@@ -461,7 +461,7 @@ class ParquetSource(Source):
         # for one column of one row group only add start-up and contention
         return _row_groups.get(read.cache_key, lambda: self._decode(_Part(read, storage), b"", threads=False))
 
-    def _read_ahead(self, catalog: Catalog, ahead: np.ndarray, now: np.ndarray) -> None:
+    def _read_ahead(self, catalog: Catalog, storage: Storage, ahead: np.ndarray, now: np.ndarray) -> None:
         """Queue the decode of the row groups of rows `ahead` that are not among `now` (the batch's own), as
         many as the cache holds beside those; one read ahead per row group at a time."""
         if len(ahead) == 0 or int(ahead.min()) < 0 or int(ahead.max()) >= len(catalog):
@@ -470,27 +470,33 @@ class ParquetSource(Source):
         later = [p for p in np.unique(catalog.locate(ahead)[0]).tolist() if p not in mine]
         room = held(self.row_group_bytes) - len(mine)
         for p in later[: max(0, room)]:
-            key = (catalog.fingerprint, p)
-            with _decodes_lock:
-                if key in _ahead:
-                    continue
-                _ahead.add(key)
-            _decoders().submit(self._ahead_of_need, catalog, p, key)
+            self._queue_ahead(catalog, storage, p)
 
-    def _ahead_of_need(self, catalog: Catalog, p: int, key: tuple) -> None:
+    def _queue_ahead(self, catalog: Catalog, storage: Storage, p: int) -> None:
+        """Queue the decode of part p ahead of need, unless one is queued or running: a second would hold a
+        decode thread waiting for the first (BoundedLRU makes a value once)."""
+        key = (catalog.fingerprint, p)
+        with _decodes_lock:
+            if key in _ahead:
+                return
+            _ahead.add(key)
+        # a scope of its own: the batch's ends before this read does (a node cache still keeps its bytes)
+        _decoders().submit(self._ahead_of_need, catalog, storage.scoped(), p, key)
+
+    def _ahead_of_need(self, catalog: Catalog, storage: Storage, p: int, key: tuple) -> None:
         try:
-            self._prefetch(catalog, p)
+            self._prefetch(catalog, storage, p)
         finally:
             with _decodes_lock:
                 _ahead.discard(key)
 
-    def _prefetch(self, catalog: Catalog, p: int) -> None:
-        """Decode part p into the cache ahead of need; whatever fails here is met again, and settled, by the
-        batch that needs it."""
+    def _prefetch(self, catalog: Catalog, storage: Storage, p: int) -> None:
+        """Decode part p into the cache ahead of need, its bytes read through `storage` (a node cache keeps
+        them); whatever fails here is met again, and settled, by the batch that needs it."""
         try:
             files = _Files(catalog, catalog.column("shard")[p : p + 1].astype(np.int64))
             read = self._row_group(catalog, files, self._footers(catalog, files), p)
-            self._decoded(read, catalog.storage)
+            self._decoded(read, storage)
         except (DataSourceError, OSError, ValueError):
             pass
 

@@ -203,6 +203,27 @@ def test_a_shuffled_read_decodes_the_next_windows_row_groups_ahead_once(data, mo
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a if k != "key")
 
 
+def test_row_groups_read_ahead_are_read_through_the_batchs_storage(data):
+    """The reads ahead go through the storage the batch reads through (in a scope of their own), not the
+    catalog's: with a node cache, their row groups' bytes are kept there as the batch's own are, and a
+    later loader's epoch makes no request to the store."""
+    from counting_storage import CountingStorage
+
+    cat = raydl.read_parquet(str(data) + "/").catalog
+    storage = CountingStorage()
+    order = _shuffled(cat, window=2)
+    parts = cat.locate(order)[0]
+    own = np.unique(parts[:10]).tolist()
+    later = [p for p in dict.fromkeys(parts[64:].tolist()) if p not in own][:2]
+    ahead = np.concatenate([np.flatnonzero(cat.locate(np.arange(len(cat)))[0] == p)[:1] for p in later])
+    clear_caches()
+    cat.source.read_batch(cat, storage, order[:10], ahead)
+    deadline = time.monotonic() + 20
+    while len(decodes()) < len(own) + len(later) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(decodes()) == len(storage.reads) == len(own) + len(later)  # one read a row group, all here
+
+
 def test_a_batch_with_a_changed_file_or_a_null_cell_is_settled_sample_by_sample(data, tmp_path):
     """read_batch fails on a file rewritten after listing and on a null cell; the worker then makes the batch
     sample by sample, where on_error settles just the rows at fault."""
