@@ -10,7 +10,6 @@ worker processes starting beside them are not starved.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -73,8 +72,6 @@ class Bootstrap:
             # on 2 cores (docs/benchmarks.md, "Start-up, first batch and short epochs"); bounded, should the
             # caller never take it.
             self._taken.wait(_HAND_OVER_WAIT_S)
-        if task.ahead is not None:  # nothing is read ahead here: the workers take over soon
-            task = dataclasses.replace(task, ahead=None)
         started = time.perf_counter()
         try:
             if first:

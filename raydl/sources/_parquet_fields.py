@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
-from raydl.util.arrow import numbers
+from raydl.util.arrow import numbers, valid_mask
 
 __all__ = [
     "BATCH_HOWS",
@@ -236,7 +236,7 @@ class _Cells:
             col = col.dictionary_decode()
         self.how, self._col, self._valid, self.nbytes = how, col, None, col.nbytes
         if col.null_count:
-            self._valid = col.is_valid().to_numpy(zero_copy_only=False)
+            self._valid = valid_mask(col)
         self.get = getattr(self, f"_{how}")
         values = None
         if how == "image" and pa.types.is_struct(col.type):
@@ -246,16 +246,16 @@ class _Cells:
         if how == "label":
             if not pa.types.is_integer(col.type):
                 raise ValueError(f"is {col.type}, not an integer column")
-            values = _numpy(col.cast(pa.int64(), safe=False).fill_null(-1))
+            values = numbers(col.cast(pa.int64(), safe=False), fill=-1)
         elif how == "number":
-            filled = col.fill_null(False if pa.types.is_boolean(col.type) else 0) if col.null_count else col
-            values = _numpy(filled)
+            boolean_nulls = pa.types.is_boolean(col.type) and col.null_count
+            values = numbers(col.fill_null(False)) if boolean_nulls else numbers(col, fill=0)
         elif how == "list":
             if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
                 raise ValueError(f"is {col.type} in this file, not a list")
             self.offsets = numbers(col.offsets)[0].astype(np.int64)  # .offsets respects the array's slice
             self._offsets = self.offsets.tolist()  # Python ints index a row's slice fastest
-            values = _numpy(col.values)
+            values = numbers(col.values)
         elif how == "array":
             if not pa.types.is_fixed_size_list(col.type):
                 raise ValueError(f"is {col.type} in this file, not a fixed-size list")
@@ -296,12 +296,6 @@ class _Cells:
         return self._col[row].as_py()
 
 
-def _numpy(arr: pa.Array) -> tuple[np.ndarray, bool]:
-    """(the values as numpy, whether they were copied): a view of the Arrow buffer where it can be (numbers,
-    no nulls), else a copy (booleans are bits; nulls become NaN)."""
-    return numbers(arr)
-
-
 def _fixed_size(col: pa.Array) -> tuple[np.ndarray, bool]:
     """A fixed_size_list<...<number>> column as one (rows, w1, w2, ...) view of its innermost values."""
     shape, arr = [], col
@@ -309,7 +303,7 @@ def _fixed_size(col: pa.Array) -> tuple[np.ndarray, bool]:
         width = arr.type.list_size
         shape.append(width)
         arr = arr.values.slice(arr.offset * width, len(arr) * width)  # .values ignores the array's slice
-    values, copied = _numpy(arr)
+    values, copied = numbers(arr)
     return values.reshape(len(col), *shape), copied
 
 

@@ -484,13 +484,6 @@ class ParquetSource(Source):
         _decoders().submit(self._ahead_of_need, catalog, storage.scoped(), p, key)
 
     def _ahead_of_need(self, catalog: Catalog, storage: Storage, p: int, key: tuple) -> None:
-        try:
-            self._prefetch(catalog, storage, p)
-        finally:
-            with _decodes_lock:
-                _ahead.discard(key)
-
-    def _prefetch(self, catalog: Catalog, storage: Storage, p: int) -> None:
         """Decode part p into the cache ahead of need, its bytes read through `storage` (a node cache keeps
         them); whatever fails here is met again, and settled, by the batch that needs it."""
         try:
@@ -499,6 +492,9 @@ class ParquetSource(Source):
             self._decoded(read, storage)
         except (DataSourceError, OSError, ValueError):
             pass
+        finally:
+            with _decodes_lock:
+                _ahead.discard(key)
 
     # -- read and cut -----------------------------------------------------------------------------------
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
