@@ -55,6 +55,9 @@ def main() -> None:
             result = json.load(f)
         assert [r["nodes"] for r in result["rows"]] == [1, 2, 3]
         assert all(r["images"] >= 96 for r in result["rows"])  # every point reads a whole epoch
+        for r in result["rows"]:
+            assert sorted(r["workers_by_node"]) == sorted(r["node_ids"])  # a loader worker on every node
+            assert r["efficiency"] is None  # simulated nodes share cores: no scaling efficiency
         assert os.path.getsize(os.path.join(out, "cluster.png")) > 0
         print(f"wrote {out}/cluster.json and {out}/cluster.png")
 

@@ -8,6 +8,7 @@ batches go into Ray's object store as they are; a reader on the same node maps t
 
 from __future__ import annotations
 
+import os
 import sys
 
 from raydl.batch.maker import BatchMaker
@@ -37,6 +38,7 @@ class LoaderWorker(BatchMaker):
 
         return {
             "name": self.name,
+            "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "threads": self.pools.threads,

@@ -2,22 +2,34 @@
 
     raydl bench cluster --address auto --data /shared/in1k --ranks 16 --json cluster.json --plot cluster.png
     # ray.cluster_utils on this machine
-    raydl bench cluster --simulate-nodes 3 --data /tmp/imgs --ranks 6
+    raydl bench cluster --simulate-nodes 3 --data /tmp/imgs --images 1536 --ranks 6
     raydl bench cluster --config configs/bench-cluster.yaml --simulate-nodes 3
 
 For each node count k it builds the loader on the first k nodes only, starts
 `--ranks` consumer actors spread over those nodes (each a trainer rank that
 reads `loader.iterator(rank)` and does nothing else), and reads `--epochs`
-epochs. It reports per-node and total images/s, the scaling efficiency
-against one node (images/s at k nodes / (k x images/s at 1 node)), the time to
-first batch, peak object-store use and bytes spilled, and each rank's wait
-time. Then it publishes a `--checkpoint-mib` state dict and broadcasts it to a
-checkpoint peer on every node (`raydl.checkpoint.broadcast`).
+epochs. Before the first point, one epoch at all nodes warms every node
+(Ray's worker processes, imports, the page cache) and is not reported.
 
-Simulated nodes share this machine's cores: they show that the loader uses
-every node and what the control plane costs, not how a real cluster scales.
-With --address, the node counts are 1 and all (a real cluster's nodes cannot
-be relabelled), 1 being the driver's node.
+Every point is measured the same way, in steady state: images/s counts the
+batches delivered after every rank has its first batch, up to the last batch
+(start-up is reported apart, as "start s"). CPU ms per image is the CPU of
+raydl's processes over that window (loader workers, coordinator, ranks), per
+image delivered in it; "control ms/batch" is the coordinator's CPU per batch.
+Per node: the images/s of its ranks and the CPU its loader workers spent.
+
+Simulated nodes (--simulate-nodes) share this machine's cores: each gets
+--cpus-per-node CPUs, so the loader's budget per node is the same at every
+point, but once the nodes' CPUs pass the machine's cores they compete for the
+same cores and images/s cannot follow the node count. They show that every
+node takes part, what each node does, what the control plane costs and what
+an image costs in CPU; not how a real cluster scales, so no scaling efficiency
+or linear line is drawn for them. With --address, the node counts are 1 and
+all (a real cluster's nodes cannot be relabelled), 1 being the driver's node,
+and efficiency is images/s at all nodes over (nodes x images/s at one node).
+
+`--images N` reads the first N images of `--data` (sorted by path; linked into
+a temporary folder), or generates N where `--data` does not exist.
 """
 
 from __future__ import annotations
@@ -26,19 +38,32 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
 
-__all__ = ["add_parser", "efficiency", "format_summary", "main", "parse_store_stats", "scaling_points"]
+__all__ = [
+    "add_parser",
+    "cpu_window",
+    "efficiency",
+    "format_summary",
+    "main",
+    "parse_store_stats",
+    "scaling_points",
+    "steady_window",
+]
 
 _LABEL = "raydl_bench_nodes_{}"  # node i of a simulated cluster carries the labels of every k > i
+_KINDS = {"ray::LoaderWorker": "worker", "ray::LoaderCoordinator": "coordinator", "ray::_Rank": "rank"}
+_MIN_WINDOW_S, _MIN_WINDOW_BATCHES = 1.0, 3  # a steady rate resting on less is shown in brackets
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "cluster",
-        help="the loader across the nodes of a cluster: scaling, waits, object store, checkpoint broadcast",
+        help="the loader across the nodes of a cluster: steady images/s per node, CPU, waits, object store, "
+        "checkpoint broadcast",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -54,15 +79,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--data",
         help="image folder (DIR/class/*.jpg), visible from every node; generated when missing (--images)",
     )
-    p.add_argument("--images", type=int, help="images to generate when --data is missing or absent")
+    p.add_argument(
+        "--images",
+        type=int,
+        help="read the first N images of --data (sorted by path), or generate N when it does not exist",
+    )
     p.add_argument("--ranks", type=int, help="consumer ranks (default: the config's bench.ranks)")
     p.add_argument("--epochs", type=int, help="epochs read at each node count")
     p.add_argument("--batch-size", type=int, help="override loader.batch_size")
     p.add_argument("--cpus-per-node", type=int, help="CPUs of each simulated node")
     p.add_argument("--checkpoint-mib", type=int, help="size of the broadcast state dict")
+    p.add_argument("--no-checkpoint", action="store_true", help="skip the checkpoint broadcast")
     p.add_argument("--json", help="write every figure here")
     p.add_argument(
-        "--plot", help="write a PNG: images/s against nodes, and each rank's wait (needs matplotlib)"
+        "--plot", help="write a PNG: images/s and CPU per image against nodes, per node (needs matplotlib)"
     )
     p.set_defaults(func=main)
     return p
@@ -87,6 +117,62 @@ def efficiency(rows: list[dict]) -> None:
         r["efficiency"] = r["images_per_s"] / (r["nodes"] * one) if one else None
 
 
+def steady_window(per_rank: list[dict]) -> dict:
+    """The steady state of one point from each rank's `times` ([wall time, images] per batch): from the
+    moment every rank has its first batch (t0) to the last batch (t1), the images of the batches delivered
+    in (t0, t1] and how many batches they are. `start_s` is t0 from the earliest rank's start."""
+    firsts = [r["times"][0][0] for r in per_rank if r["times"]]
+    if not firsts:
+        return {"t0": 0.0, "t1": 0.0, "seconds": 0.0, "images": 0, "batches": 0, "start_s": 0.0}
+    t0 = max(firsts)
+    t1 = max(r["times"][-1][0] for r in per_rank if r["times"])
+    inside = [(t, n) for r in per_rank for t, n in r["times"] if t0 < t <= t1]
+    started = min(r["started"] for r in per_rank)
+    return {
+        "t0": t0,
+        "t1": t1,
+        "seconds": t1 - t0,
+        "images": sum(n for _, n in inside),
+        "batches": len(inside),
+        "start_s": t0 - started,
+    }
+
+
+def cpu_window(
+    samples: list[tuple[float, dict]], t0: float, t1: float, per_rank: list[dict], node_of_pid: dict[int, str]
+) -> dict | None:
+    """CPU per image over a point's steady window, from the sampler's `samples` ([wall time, {pid: [kind,
+    cpu s]}], in time order): between the last sample at or before t0 and the first at or after t1, each
+    process's CPU growth by kind, and the loader workers' by node (`node_of_pid`), with the images and
+    batches delivered in between."""
+    before = [s for s in samples if s[0] <= t0]
+    after = [s for s in samples if s[0] >= t1]
+    if not before or not after:
+        return None
+    (ta, a), (tb, b) = before[-1], after[0]
+    by_kind: dict[str, float] = {}
+    worker_by_node: dict[str, float] = {}
+    for pid, (kind, cpu) in b.items():
+        grown = max(0.0, cpu - (a[pid][1] if pid in a else 0.0))
+        by_kind[kind] = by_kind.get(kind, 0.0) + grown
+        node = node_of_pid.get(pid)
+        if kind == "worker" and node:
+            worker_by_node[node] = worker_by_node.get(node, 0.0) + grown
+    inside = [n for r in per_rank for t, n in r["times"] if ta < t <= tb]
+    images, batches = sum(inside), len(inside)
+    return {
+        "seconds": tb - ta,
+        "images": images,
+        "batches": batches,
+        "cpu_s": by_kind,
+        "worker_cpu_s_by_node": worker_by_node,
+        "cpu_ms_per_image": 1000 * sum(by_kind.values()) / images if images else None,
+        "worker_ms_per_image": 1000 * by_kind.get("worker", 0.0) / images if images else None,
+        "control_ms_per_batch": 1000 * by_kind.get("coordinator", 0.0) / batches if batches else None,
+        "rank_ms_per_batch": 1000 * by_kind.get("rank", 0.0) / batches if batches else None,
+    }
+
+
 _STORE = re.compile(r"Plasma memory usage (\d+) MiB")
 _SPILLED = re.compile(r"Spilled (\d+) MiB")
 
@@ -98,6 +184,10 @@ def parse_store_stats(text: str) -> tuple[int, int]:
     return (int(used.group(1)) if used else 0), (int(spilled.group(1)) if spilled else 0)
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def format_summary(result: dict) -> str:
     """The one-screen summary."""
     c = result["cluster"]
@@ -105,47 +195,77 @@ def format_summary(result: dict) -> str:
         f"raydl bench cluster: {c['nodes']} {'simulated ' if c['simulated'] else ''}nodes "
         f"({c['cpus']:.0f} CPUs), {result['ranks']} ranks, {result['samples']} images, "
         f"batch {result['batch_size']}, {result['epochs']} epoch(s) per point",
-        "",
     ]
+    if c["simulated"]:
+        lines.append(
+            f"simulated nodes of {c['cpus_per_node']} CPU(s) each on {c['machine_cores']} cores of one "
+            "machine: "
+            + (
+                "they share those cores, so images/s cannot follow the node count; read the per-node "
+                "figures and CPU per image (no scaling efficiency)"
+                if c["nodes"] * c["cpus_per_node"] > c["machine_cores"]
+                else "each point has its nodes' CPUs, but Ray's services and the driver share the machine"
+            )
+        )
+    lines.append("")
     head = (
         "nodes",
         "images/s",
         "per node",
         "efficiency",
-        "first batch s",
+        "start s",
+        "CPU ms/img",
+        "control ms/b",
+        "nodes used",
         "max wait s",
         "store MiB",
         "spilled MiB",
     )
-    lines.append("  ".join(f"{h:>13}" for h in head))
+    lines.append("  ".join(f"{h:>12}" for h in head))
     for r in result["rows"]:
-        eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.2f}"
+        eff = "-" if r.get("efficiency") is None else f"{r['efficiency']:.2f}"
+        rate = f"{r['images_per_s']:.1f}" if r["steady_ok"] else f"[{r['images_per_s']:.1f}]"
+        cpu = r.get("cpu") or {}
         lines.append(
             "  ".join(
-                f"{v:>13}"
+                f"{v:>12}"
                 for v in (
                     r["nodes"],
-                    f"{r['images_per_s']:.1f}",
+                    rate,
                     f"{r['images_per_s'] / r['nodes']:.1f}",
                     eff,
-                    f"{r['first_batch_s']:.2f}",
+                    f"{r['start_s']:.2f}",
+                    _ms(cpu.get("cpu_ms_per_image")),
+                    _ms(cpu.get("control_ms_per_batch")),
+                    f"{r['nodes_used']}/{r['nodes']}",
                     f"{max(x['wait_s'] for x in r['per_rank']):.2f}",
                     r["store_peak_mib"],
                     r["spilled_mib"],
                 )
             )
         )
+    if any(not r["steady_ok"] for r in result["rows"]):
+        lines.append(
+            f"[bracketed]: the steady window is under {_MIN_WINDOW_S:.0f} s or {_MIN_WINDOW_BATCHES} "
+            "batches; give more --images or --epochs"
+        )
     last = result["rows"][-1]
+    workers = (last.get("cpu") or {}).get("worker_cpu_s_by_node", {})
     lines += [
         "",
-        f"at {last['nodes']} nodes, per node images/s: "
-        + ", ".join(f"{n[:8]} {v:.1f}" for n, v in sorted(last["per_node_images_per_s"].items())),
+        f"at {last['nodes']} nodes, per node (ranks' images/s / loader workers / their CPU s in the window): "
+        + ", ".join(
+            f"{n[:8]} {v:.1f}/{last['workers_by_node'].get(n, 0)}/{workers.get(n, 0.0):.1f}"
+            for n, v in sorted(last["per_node_images_per_s"].items())
+        ),
         "per rank (wait s / images/s / local batches): "
         + ", ".join(
             f"r{x['rank']} {x['wait_s']:.2f}/{x['images_per_s']:.0f}/{x['local_batches']}of{x['batches']}"
             for x in last["per_rank"]
         ),
     ]
+    if result.get("warmup_s") is not None:
+        lines.append(f"warm-up (1 epoch at all nodes, not reported above): {result['warmup_s']:.1f} s")
     b = result.get("broadcast")
     if b:
         lines.append(
@@ -157,6 +277,8 @@ def format_summary(result: dict) -> str:
 
 
 def write_plot(result: dict, path: str) -> None:
+    """Left: images/s against nodes (a linear line from one node only on a real cluster); right: each
+    node's images/s at every point, and CPU ms per image."""
     try:
         import matplotlib
 
@@ -165,22 +287,42 @@ def write_plot(result: dict, path: str) -> None:
     except ImportError as exc:
         raise SystemExit(f"--plot needs matplotlib (pip install 'raydl-loader[bench]'): {exc}") from exc
     rows = result["rows"]
+    simulated = result["cluster"]["simulated"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     nodes = [r["nodes"] for r in rows]
-    ax1.plot(nodes, [r["images_per_s"] for r in rows], "o-", label="raydl")
-    one = rows[0]["images_per_s"] / rows[0]["nodes"]
-    ax1.plot(nodes, [one * n for n in nodes], "--", color="grey", label="linear")
+    ax1.plot(nodes, [r["images_per_s"] for r in rows], "o-", label="raydl, steady images/s")
+    if not simulated:
+        one = rows[0]["images_per_s"] / rows[0]["nodes"]
+        ax1.plot(nodes, [one * n for n in nodes], "--", color="grey", label="linear from one node")
     ax1.set_xlabel("nodes")
     ax1.set_ylabel("images/s")
     ax1.set_xticks(nodes)
-    ax1.set_title("throughput against nodes")
-    ax1.legend()
-    last = rows[-1]["per_rank"]
-    ax2.bar([f"r{x['rank']}" for x in last], [x["wait_s"] for x in last])
-    ax2.set_ylabel("seconds waiting for batches")
-    ax2.set_title(f"per-rank wait at {rows[-1]['nodes']} nodes")
+    ax1.set_ylim(bottom=0)
+    cpu = [(r.get("cpu") or {}).get("cpu_ms_per_image") for r in rows]
+    if any(v is not None for v in cpu):
+        twin = ax1.twinx()
+        twin.plot(nodes, [v if v is not None else float("nan") for v in cpu], "s:", color="tab:red")
+        twin.set_ylabel("CPU ms per image (raydl's processes)", color="tab:red")
+        twin.set_ylim(bottom=0)
+    ax1.set_title(
+        "simulated nodes share one machine's cores" if simulated else "throughput against nodes", fontsize=10
+    )
+    ax1.legend(loc="lower right")
+    width = 0.8 / max(len(rows), 1)
+    order: list[str] = []  # the order in which points add nodes
+    for r in rows:
+        order += [n for n in r["node_ids"] if n not in order]
+    for i, r in enumerate(rows):
+        per = r["per_node_images_per_s"]
+        xs = [j + i * width for j, n in enumerate(order) if n in per]
+        ax2.bar(xs, [per[n] for n in order if n in per], width, label=f"{r['nodes']} node(s)")
+    ax2.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(order))], [n[:8] for n in order])
+    ax2.set_xlabel("node")
+    ax2.set_ylabel("images/s of the node's ranks")
+    ax2.set_title("every node's share", fontsize=10)
+    ax2.legend()
     fig.suptitle(
-        f"raydl bench cluster ({'simulated ' if result['cluster']['simulated'] else ''}"
+        f"raydl bench cluster ({'simulated ' if simulated else ''}"
         f"{result['cluster']['nodes']} nodes, {result['ranks']} ranks)"
     )
     fig.tight_layout()
@@ -190,7 +332,7 @@ def write_plot(result: dict, path: str) -> None:
 
 # -- the measurement ---------------------------------------------------------------------------
 class _Rank:
-    """One consumer rank: reads whole epochs from its iterator and reports its stats."""
+    """One consumer rank: reads whole epochs from its iterator, stamping each batch, and reports."""
 
     def __init__(self, loader, rank: int) -> None:
         self.it = loader.iterator(rank)
@@ -198,13 +340,15 @@ class _Rank:
     def run(self, epochs: int) -> dict:
         import ray
 
+        started, times = time.time(), []
         for _ in range(epochs):
-            for _batch in self.it.iter_batches():
-                pass
+            for batch in self.it.iter_batches():
+                times.append((time.time(), len(batch["id"])))
         s = self.it.stats()
         return {
             "rank": s.rank,
             "node": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
             "images": s.samples_delivered,
             "elapsed_s": s.elapsed_s,
             "wait_s": s.wait_s,
@@ -212,16 +356,42 @@ class _Rank:
             "images_per_s": s.images_per_s,
             "batches": s.batches,
             "local_batches": s.local_batches,
+            "started": started,
+            "times": times,
         }
 
 
-class _StoreSampler:
-    """Peak plasma use and spilled MiB, polled in a thread while the ranks read."""
+class _Probe:
+    """On one machine: the CPU seconds of raydl's processes there (loader workers, coordinators, ranks)."""
 
-    def __init__(self, period_s: float = 0.5) -> None:
+    def cpu(self) -> dict[int, list]:
+        import psutil
+
+        from raydl.bench._runner import process_kind
+
+        out = {}
+        for proc in psutil.process_iter():
+            try:
+                kind = _KINDS.get(process_kind(proc.cmdline()))
+                if kind is None:
+                    continue
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            out[proc.pid] = [kind, t.user + t.system]
+        return out
+
+
+class _Sampler:
+    """Polled in a thread while the ranks read: peak plasma use and spilled MiB, and the CPU of raydl's
+    processes on every machine (`samples`, for `cpu_window`); one sample when it starts and one at the end."""
+
+    def __init__(self, probes: list, period_s: float = 0.5) -> None:
         import threading
 
         self.period_s, self.peak, self.spilled = period_s, 0, 0
+        self.probes = probes
+        self.samples: list[tuple[float, dict]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -233,15 +403,24 @@ class _StoreSampler:
             used, spilled = parse_store_stats(
                 memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
             )
+            self.peak, self.spilled = max(self.peak, used), max(self.spilled, spilled)
         except Exception:  # noqa: BLE001 - a missed sample is not worth failing the run
-            return
-        self.peak, self.spilled = max(self.peak, used), max(self.spilled, spilled)
+            pass
+        try:
+            t = time.time()
+            merged = {}
+            for got in ray.get([p.cpu.remote() for p in self.probes], timeout=10):
+                merged.update(got)
+            self.samples.append((t, merged))
+        except Exception:  # noqa: BLE001
+            pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             self._sample()
 
-    def __enter__(self) -> _StoreSampler:
+    def __enter__(self) -> _Sampler:
+        self._sample()
         self._thread.start()
         return self
 
@@ -262,7 +441,24 @@ def _node_ids(labels: bool, k: int) -> list[str]:
     return [n["NodeID"] for n in alive][:k]
 
 
-def _run_point(ds, loader_config, k: int, ranks: int, epochs: int, labels: bool) -> dict:
+def _probes() -> list:
+    """One _Probe on each machine of the cluster (simulated nodes share one)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    hosts: dict[str, str] = {}
+    for n in ray.nodes():
+        if n["Alive"]:
+            hosts.setdefault(n["NodeManagerAddress"], n["NodeID"])
+    return [
+        ray.remote(_Probe)
+        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+        .remote()
+        for node in hosts.values()
+    ]
+
+
+def _run_point(ds, loader_config, k: int, ranks: int, epochs: int, labels: bool, probes: list) -> dict:
     from dataclasses import replace
 
     import ray
@@ -272,7 +468,7 @@ def _run_point(ds, loader_config, k: int, ranks: int, epochs: int, labels: bool)
     resource = _LABEL.format(k) if labels else (None if k > 1 else f"node:{_node_ip(nodes[0])}")
     config = replace(loader_config, world_size=ranks, node_resource=resource)
     t0 = time.perf_counter()
-    with ds.loader_from_config(config) as loader, _StoreSampler() as store:
+    with ds.loader_from_config(config) as loader:
         actors = [
             ray.remote(_Rank)
             .options(
@@ -282,25 +478,46 @@ def _run_point(ds, loader_config, k: int, ranks: int, epochs: int, labels: bool)
             .remote(loader, r)
             for r in range(ranks)
         ]
-        per_rank = ray.get([a.run.remote(epochs) for a in actors])
+        with _Sampler(probes) as sampler:
+            per_rank = ray.get([a.run.remote(epochs) for a in actors])
         wall = time.perf_counter() - t0
         for a in actors:
             ray.kill(a)
-    images = sum(x["images"] for x in per_rank)
-    span = max(x["elapsed_s"] for x in per_rank)
+        loader.sync(1 << 62)  # the coordinator's worker list as it is now: every worker the epoch had
+        ready = ray.get([w.handle.ready.remote() for w in loader.workers() if not w.in_process])
+    node_of_pid = {i["pid"]: i["node_id"] for i in ready}
+    workers_by_node: dict[str, int] = {}
+    for i in ready:
+        workers_by_node[i["node_id"]] = workers_by_node.get(i["node_id"], 0) + 1
+    window = steady_window(per_rank)
+    cpu = cpu_window(sampler.samples, window["t0"], window["t1"], per_rank, node_of_pid)
+    seconds = max(window["seconds"], 1e-9)
     per_node: dict[str, float] = {}
-    for node in {x["node"] for x in per_rank}:  # its ranks' images over the longest of its ranks' reads
-        mine = [x for x in per_rank if x["node"] == node]
-        per_node[node] = sum(x["images"] for x in mine) / max(x["elapsed_s"] for x in mine)
+    for x in per_rank:  # each node's ranks' images in the steady window
+        inside = sum(n for t, n in x["times"] if window["t0"] < t <= window["t1"])
+        per_node[x["node"]] = per_node.get(x["node"], 0.0) + inside / seconds
+    used = set(workers_by_node)
+    if cpu:  # a node whose workers spent no CPU in the window made no batches in it
+        used = {n for n, s in cpu["worker_cpu_s_by_node"].items() if s > 0.01}
+    for x in per_rank:
+        del x["started"]
+        x["times"] = [[round(t - window["t0"], 4), n] for t, n in x["times"]]  # relative to t0, for --json
     return {
         "nodes": k,
         "node_ids": nodes,
-        "images": images,
-        "images_per_s": images / span,
+        "images": sum(x["images"] for x in per_rank),
+        "images_per_s": window["images"] / seconds,
+        "steady_images": window["images"],
+        "steady_s": window["seconds"],
+        "steady_ok": window["seconds"] >= _MIN_WINDOW_S and window["batches"] >= _MIN_WINDOW_BATCHES,
+        "start_s": window["start_s"],
         "wall_s": wall,
         "first_batch_s": min(x["first_batch_s"] or 0.0 for x in per_rank),
-        "store_peak_mib": store.peak,
-        "spilled_mib": store.spilled,
+        "store_peak_mib": sampler.peak,
+        "spilled_mib": sampler.spilled,
+        "cpu": cpu,
+        "workers_by_node": workers_by_node,
+        "nodes_used": len(used & set(nodes)),
         "per_rank": per_rank,
         "per_node_images_per_s": per_node,
     }
@@ -339,8 +556,29 @@ def _broadcast(mib: int) -> dict:
     }
 
 
-def _settings(args):
-    """Config defaults (configs/bench-cluster.yaml or built in), then the flags."""
+def first_images(root: str, n: int, into: str) -> str:
+    """A folder of the first `n` images of the local image folder `root` (sorted by path), hard-linked
+    (symlinked across filesystems) into `into`; a ValueError when `root` holds fewer."""
+    from raydl.bench._transform import list_images
+
+    files = list_images(root)
+    if len(files) < n:
+        raise ValueError(f"--images {n}: {root} holds {len(files)} images")
+    for src in files[:n]:
+        dst = os.path.join(into, os.path.relpath(src, root))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            os.symlink(os.path.abspath(src), dst)
+    return into
+
+
+def _settings(args, tmp: str):
+    """Config defaults (configs/bench-cluster.yaml or built in), then the flags. `tmp`: a folder of this
+    run, for the first --images images of an existing folder."""
+    from dataclasses import replace
+
     from raydl.config import BenchConfig, Config, ImagesSource, PipelineConfig, StageSpec, load_config
     from raydl.options import LoaderConfig
 
@@ -360,6 +598,8 @@ def _settings(args):
             bench=BenchConfig(),
         )
     b = cfg.bench
+    if args.images is not None and args.images < 1:
+        raise SystemExit(f"raydl bench cluster: --images must be at least 1, got {args.images}")
     source = cfg.source
     if args.data:
         source = ImagesSource(path=args.data, generate=args.images or b.images)
@@ -368,13 +608,16 @@ def _settings(args):
             path=os.path.join(tempfile.gettempdir(), "raydl-bench-cluster"), generate=args.images or b.images
         )
     elif args.images and isinstance(source, ImagesSource):
-        from dataclasses import replace
-
         source = replace(source, generate=args.images)
+    if args.images and os.path.exists(source.path):  # an existing folder: its first --images images
+        try:
+            source = replace(source, path=first_images(source.path, args.images, os.path.join(tmp, "images")))
+        except ValueError as exc:
+            raise SystemExit(f"raydl bench cluster: {exc}") from None
+    elif args.images and "://" in getattr(source, "path", ""):
+        raise SystemExit("raydl bench cluster: --images applies to local image folders only")
     loader = cfg.loader
     if args.batch_size:
-        from dataclasses import replace
-
         loader = replace(loader, batch_size=args.batch_size)
     return {
         "source": source,
@@ -386,7 +629,7 @@ def _settings(args):
         "cpus_per_node": args.cpus_per_node or b.cpus_per_node,
         "ranks": args.ranks or b.ranks,
         "epochs": args.epochs or b.epochs,
-        "checkpoint_mib": args.checkpoint_mib or b.checkpoint_mib,
+        "checkpoint_mib": 0 if args.no_checkpoint else (args.checkpoint_mib or b.checkpoint_mib),
     }
 
 
@@ -414,13 +657,26 @@ def run(s: dict, *, address: str | None, progress=None) -> dict:
         nodes = len([n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0])
         ds = s["pipeline"].apply(s["source"].read())
         points = scaling_points(nodes, relabel=cluster is not None)
-        steps = len(points) + (1 if s["checkpoint_mib"] else 0)
+        steps = len(points) + 1 + (1 if s["checkpoint_mib"] else 0)
+        probes = _probes()
+        labels = cluster is not None
+        t = time.perf_counter()
+        _run_point(ds, s["loader"], nodes, s["ranks"], 1, labels, probes)  # warm-up: not reported
+        warmup_s = time.perf_counter() - t
+        if progress:
+            progress(1, steps, f"warm-up at {nodes} node(s): {warmup_s:.0f} s")
         rows = []
         for i, k in enumerate(points):
-            rows.append(_run_point(ds, s["loader"], k, s["ranks"], s["epochs"], cluster is not None))
+            rows.append(_run_point(ds, s["loader"], k, s["ranks"], s["epochs"], labels, probes))
             if progress:
-                progress(i + 1, steps, f"{k} node(s): {rows[-1]['images_per_s']:.0f} images/s")
-        efficiency(rows)
+                progress(i + 2, steps, f"{k} node(s): {rows[-1]['images_per_s']:.0f} images/s")
+        if cluster is None:
+            efficiency(rows)
+        else:  # simulated nodes share cores: no scaling efficiency (docs/benchmarks.md)
+            for r in rows:
+                r["efficiency"] = None
+        for p in probes:
+            ray.kill(p)
         broadcast = _broadcast(s["checkpoint_mib"]) if s["checkpoint_mib"] else None
         if progress:
             progress(steps, steps, "done")
@@ -429,11 +685,14 @@ def run(s: dict, *, address: str | None, progress=None) -> dict:
                 "nodes": nodes,
                 "simulated": cluster is not None,
                 "cpus": ray.cluster_resources().get("CPU", 0),
+                "cpus_per_node": s["cpus_per_node"] if cluster is not None else None,
+                "machine_cores": os.cpu_count(),
             },
             "ranks": s["ranks"],
             "samples": len(ds),
             "batch_size": s["loader"].batch_size,
             "epochs": s["epochs"],
+            "warmup_s": warmup_s,
             "rows": rows,
             "broadcast": broadcast,
         }
@@ -446,13 +705,18 @@ def run(s: dict, *, address: str | None, progress=None) -> dict:
 def main(args) -> int:
     from raydl.bench.progress import Progress
 
-    s = _settings(args)
-    if not s["simulate_nodes"] and not args.address:
-        raise SystemExit("raydl bench cluster: give --address (an existing cluster) or --simulate-nodes N")
-    with Progress(
-        len(scaling_points(s["simulate_nodes"] or 2, relabel=bool(s["simulate_nodes"]))) + 1, "bench cluster"
-    ) as bar:
-        result = run(s, address=args.address, progress=lambda i, n, note: bar.update(i, note))
+    tmp = tempfile.mkdtemp(prefix="raydl-bench-cluster-")
+    try:
+        s = _settings(args, tmp)
+        if not s["simulate_nodes"] and not args.address:
+            raise SystemExit(
+                "raydl bench cluster: give --address (an existing cluster) or --simulate-nodes N"
+            )
+        points = len(scaling_points(s["simulate_nodes"] or 2, relabel=bool(s["simulate_nodes"])))
+        with Progress(points + 1 + (1 if s["checkpoint_mib"] else 0), "bench cluster") as bar:
+            result = run(s, address=args.address, progress=lambda i, n, note: bar.update(i, note))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(format_summary(result))
     if args.json:
         with open(args.json, "w") as f:
