@@ -582,6 +582,10 @@ def _settings(args, tmp: str):
     from raydl.config import BenchConfig, Config, ImagesSource, PipelineConfig, StageSpec, load_config
     from raydl.options import LoaderConfig
 
+    if args.set and not args.config:
+        raise SystemExit("raydl bench cluster: --set overrides a value of --config; give --config")
+    if args.cpus_per_node and args.address:
+        raise SystemExit("raydl bench cluster: --cpus-per-node sizes simulated nodes, not a real cluster's")
     if args.config:
         cfg = load_config(args.config, args.set)
     else:

@@ -140,3 +140,12 @@ def test_images_generates_n_where_data_is_missing_and_flags_win(tmp_path):
     assert s["source"].generate == 7 and s["source"].path == str(tmp_path / "new")
     assert (s["ranks"], s["epochs"], s["checkpoint_mib"], s["simulate_nodes"]) == (3, 2, 0, 2)
     assert first_images(_folder(tmp_path / "d", 3), 3, str(tmp_path / "o")) == str(tmp_path / "o")
+
+
+@pytest.mark.timeout(10)
+def test_flags_that_would_do_nothing_are_refused(tmp_path):
+    """--set without --config, and --cpus-per-node on a real cluster, would be ignored: they are refused."""
+    with pytest.raises(SystemExit, match="--set overrides"):
+        _settings(_args("--simulate-nodes", "2", "--set", "loader.batch_size=8"), str(tmp_path))
+    with pytest.raises(SystemExit, match="--cpus-per-node sizes simulated nodes"):
+        _settings(_args("--address", "auto", "--cpus-per-node", "2"), str(tmp_path))
