@@ -16,4 +16,11 @@ export RAYDL_TEST_STRICT_SKIPS="${RAYDL_TEST_STRICT_SKIPS:-1}"
 export RAYDL_FUZZ_SEED="${RAYDL_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"
 echo "test: RAYDL_FUZZ_SEED=$RAYDL_FUZZ_SEED (the fuzz targets' seed; set it to replay this run's fuzzing)"
 echo "test: RAYDL_TEST_STRICT_SKIPS=$RAYDL_TEST_STRICT_SKIPS"
-exec .venv/bin/python -m pytest "$@"
+# Two pytest processes (pytest-xdist), each test module whole in one of them: most tests wait on Ray, servers
+# and subprocesses, so two processes fill a 2-core machine. RAYDL_TEST_PROCESSES=0 runs them in this one.
+PROCESSES="${RAYDL_TEST_PROCESSES:-2}"
+echo "test: RAYDL_TEST_PROCESSES=$PROCESSES"
+if [ "$PROCESSES" = "0" ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+exec .venv/bin/python -m pytest -n "$PROCESSES" --dist loadfile "$@"

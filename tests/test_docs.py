@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = "# not run by tests:"  # first line of a bash block that cannot run here, then the reason
 RUN_BY_JOB_TEST = "ray job submit"  # README's job block: tests/ray/test_job.py runs it against its own head
+# README's Ray Train block: tests/ray/test_train_example.py runs it and checks what it prints (one run, not two)
+RUN_BY_TRAIN_TEST = "TorchTrainer"
+# examples run end to end by a test of their own, with more checks than "it runs"
+EXAMPLES_RUN_ELSEWHERE = {"llm_pretrain.py": "tests/ray/test_llm_pretrain_example.py"}
 
 
 def _blocks(path: Path, lang: str) -> list[str]:
@@ -65,6 +69,9 @@ def test_python_blocks_run(doc, tmp_path):
     """Every ```python block in README.md and docs/*.md runs to completion in a fresh interpreter."""
     blocks = _python_blocks(ROOT / doc)
     assert len(blocks) == BLOCKS[doc]["python"]
+    if doc == "README.md":
+        blocks = [b for b in blocks if RUN_BY_TRAIN_TEST not in b]
+        assert len(blocks) == BLOCKS[doc]["python"] - 1
     env = dict(os.environ, RAYDL_CHECKPOINT_BIND="127.0.0.1:0",  # checkpoint publishers: loopback only
                RAYDL_DEMO_DIR=str(tmp_path / "demo"))
     for code in blocks:
@@ -80,6 +87,11 @@ def test_readme_has_python_blocks_and_every_bash_block_runs_somewhere():
     assert _python_blocks(ROOT / "README.md"), "README.md has no python blocks"
     job_blocks = [b for d in DOCS for b in _blocks(d, "bash") if RUN_BY_JOB_TEST in b]
     assert len(job_blocks) == 1 and job_blocks[0] in _blocks(ROOT / "README.md", "bash")
+    train_blocks = [b for b in _python_blocks(ROOT / "README.md") if RUN_BY_TRAIN_TEST in b]
+    assert len(train_blocks) == 1 and "_readme_block(\"TorchTrainer\")" in (
+        ROOT / "tests" / "ray" / "test_train_example.py").read_text()
+    for example, test in EXAMPLES_RUN_ELSEWHERE.items():
+        assert (ROOT / "examples" / example).exists() and f"examples/{example}" in (ROOT / test).read_text()
     for doc in DOCS:
         for block in _blocks(doc, "bash"):
             if block.startswith(NOT_RUN):
@@ -146,15 +158,14 @@ def _example_args(name: str, tmp: Path) -> list[str]:
     if name == "train.py":
         return ["--set", f"source.path={tmp}/train", "--set", f"val.source.path={tmp}/val",
                 "--set", f"job.state_dir={tmp}/state", "--set", "job.epochs=1", "--set", "job.steps_per_epoch=1"]
-    if name == "llm_pretrain.py":  # 300 steps by default: a few minutes on 2 cores
-        return ["--steps", "30", "--checkpoint-every", "10", "--documents", "100", "--checkpoint-dir", f"{tmp}/llm"]
     return []
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")
+                                            if p.name not in EXAMPLES_RUN_ELSEWHERE))
 def test_examples_run(example, tmp_path):
-    """Each file in examples/ runs with its small defaults."""
+    """Each file in examples/ runs with its small defaults (those in EXAMPLES_RUN_ELSEWHERE in their own test)."""
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / example), *_example_args(example, tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, f"{example} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

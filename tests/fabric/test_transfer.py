@@ -53,7 +53,8 @@ def test_read_into_torch_tensor(provider, payload):
 
 
 def test_serve_connect_read_cycles_leak_no_fds_or_threads(provider):
-    """20 serve/connect/read/close cycles leave the fd count and the thread count as they were."""
+    """20 serve/connect/read/close cycles leave the fd count and the thread count no higher than they were (a
+    leak of one per cycle is 20; another part of this process may close fds of its own meanwhile)."""
     import threading
 
     def cycle() -> None:
@@ -64,7 +65,8 @@ def test_serve_connect_read_cycles_leak_no_fds_or_threads(provider):
     fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
     for _ in range(20):
         cycle()
-    assert (len(os.listdir("/proc/self/fd")), threading.active_count()) == (fds, threads)
+    after = (len(os.listdir("/proc/self/fd")), threading.active_count())
+    assert after[0] <= fds and after[1] <= threads, (after, (fds, threads))
 
 
 def test_non_contiguous_destination_is_refused(provider):

@@ -405,43 +405,24 @@ def test_clip_and_tokens_runs_pick_their_rows_and_notes(tmp_path):
     assert loader.main(_parse(["--data", str(tmp_path / "empty"), "--workload", "tokens"])) == 2
 
 
-@pytest.mark.timeout(300)
-def test_bench_tokens_runs_raydl_and_the_pyarrow_ceiling(tmp_path):
-    """--workload tokens on 256 rows: raydl (read_parquet with no image column, iter_torch_batches), raydl
-    without its shuffle and pyarrow deliver every row as int [B, 2048], and the notes give their tokens/s."""
+@pytest.mark.timeout(60)
+def test_bench_tokens_part_rows_measures_the_rows_table_alone(tmp_path, monkeypatch):
+    """--workload tokens --part rows: only the rows table, with raydl, raydl without its shuffle and the
+    pyarrow ceiling as its peers, and no Megatron corpus written (the peers' runs themselves are
+    test_bench_tokens_both_tables_every_peer_the_same_tokens's)."""
     from raydl.bench._tokens import write_token_parquet
 
     write_token_parquet(str(tmp_path / "tok"), rows=256, files=2, row_group=64)
+    tables = []
+    monkeypatch.setattr(loader, "_table", lambda part, peers, skipped, files, plot: (
+        tables.append((part.workload, list(peers), len(files))) or (0, {"rows": True})))
     out = tmp_path / "bench.json"
-    args = _parse(
-        [
-            "--data",
-            str(tmp_path / "tok"),
-            "--workload",
-            "tokens",
-            "--compare",
-            "",
-            "--rounds",
-            "1",
-            "--cpus",
-            "1",
-            "--batch-size",
-            "32",
-            "--part",
-            "rows",
-            "--json",
-            str(out),
-        ]
-    )
+    args = _parse(["--data", str(tmp_path / "tok"), "--workload", "tokens", "--compare", "", "--rounds", "1",
+                   "--cpus", "1", "--batch-size", "32", "--part", "rows", "--json", str(out)])  # fmt: skip
     assert loader.main(args) == 0
-    report = json.loads(out.read_text())
-    assert "windows" not in report
-    assert [(r["peer"], r["ok"], r["images"], r["batch_shape"]) for r in report["runs"]] == [
-        ("raydl", True, 256, [32, 2048]),
-        ("raydl-ordered", True, 256, [32, 2048]),
-        ("ceiling", True, 256, [32, 2048]),
-    ], report["runs"]
-    assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
+    assert tables == [("tokens", ["raydl", "raydl-ordered", "ceiling"], 256)]
+    assert json.loads(out.read_text()) == {"workload": "tokens", "rows": True}
+    assert not (tmp_path / "megatron").exists()
 
 
 @pytest.mark.timeout(600)
@@ -483,6 +464,7 @@ def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
     assert any("megatron-core's IndexedDataset reads Megatron corpora" in n for n in report["notes"])
     assert any(n.startswith("raydl / peer, after the first batch") for n in windows["notes"])
     assert windows["unit"] == "windows" and report["unit"] == "rows"
+    assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
 
 
 @pytest.mark.timeout(300)
