@@ -45,7 +45,7 @@ from raydl.sources._parquet_fields import BATCH_HOWS, MISSING, RowGroupValues, S
 from raydl.sources._parquet_file import chunk_span, footer_of, needed_leaves, parse_footer, read_row_group
 from raydl.sources._version import mtime_ns
 from raydl.storage import ObjectInfo, Storage
-from raydl.util.arrow import StringColumn, int_column
+from raydl.util.arrow import StringColumn, int_column, one_array
 from raydl.util.threads import SharedPool
 
 __all__ = [
@@ -189,7 +189,8 @@ _pool = SharedPool(_FOOTER_THREADS, "raydl-parquet-footer")
 _decoders = SharedPool(_DECODE_THREADS, "raydl-parquet-decode")
 _decodes_lock = threading.Lock()
 _decodes: collections.Counter = collections.Counter()  # row groups decoded by this process: (uri, row group)
-_ahead: set = set()  # (catalog fingerprint, part) of the reads ahead queued or running, under _decodes_lock
+# (catalog fingerprint, part) -> the Future of its read ahead, queued or running, under _decodes_lock
+_ahead: dict = {}
 
 
 def clear_caches() -> None:
@@ -422,9 +423,15 @@ class ParquetSource(Source):
         parts = np.unique(part)
         pool = _decoders()
         reads = [self._row_group(catalog, files, footers, p) for p in parts.tolist()]
-        pending = [
-            _row_groups.peek(read.cache_key) or pool.submit(self._decoded, read, storage) for read in reads
-        ]
+        pending = []
+        for p, read in zip(parts.tolist(), reads, strict=True):
+            # decoded already, or being read ahead (a job of its own would hold a decode thread waiting on
+            # that one, and the row groups queued behind it would wait too), or a job of its own
+            got = _row_groups.peek(read.cache_key)
+            if got is None:
+                with _decodes_lock:
+                    got = _ahead.get((catalog.fingerprint, p))
+            pending.append(got or pool.submit(self._decoded, read, storage))
         if ahead is not None:
             self._read_ahead(catalog, storage, np.asarray(ahead, dtype=np.int64), parts)
         n = len(ids)
@@ -435,6 +442,8 @@ class ParquetSource(Source):
         groups = []
         for read, future, idx in zip(reads, pending, _members(part, parts), strict=True):
             values = future if isinstance(future, RowGroupValues) else future.result()
+            if values is None:  # its read ahead failed: this batch meets the error and settles it
+                values = self._decoded(read, storage)
             rows = row[idx]
             if len(rows) and int(rows.max()) >= values.rows:
                 raise DataSourceError(
@@ -479,22 +488,22 @@ class ParquetSource(Source):
         with _decodes_lock:
             if key in _ahead:
                 return
-            _ahead.add(key)
-        # a scope of its own: the batch's ends before this read does (a node cache still keeps its bytes)
-        _decoders().submit(self._ahead_of_need, catalog, storage.scoped(), p, key)
+            # a scope of its own: the batch's ends before this read does (a node cache still keeps its bytes)
+            _ahead[key] = _decoders().submit(self._ahead_of_need, catalog, storage.scoped(), p, key)
 
-    def _ahead_of_need(self, catalog: Catalog, storage: Storage, p: int, key: tuple) -> None:
+    def _ahead_of_need(self, catalog: Catalog, storage: Storage, p: int, key: tuple) -> RowGroupValues | None:
         """Decode part p into the cache ahead of need, its bytes read through `storage` (a node cache keeps
-        them); whatever fails here is met again, and settled, by the batch that needs it."""
+        them), and return it; whatever fails here (None) is met again, and settled, by the batch that needs
+        it."""
         try:
             files = _Files(catalog, catalog.column("shard")[p : p + 1].astype(np.int64))
             read = self._row_group(catalog, files, self._footers(catalog, files), p)
-            self._decoded(read, storage)
+            return self._decoded(read, storage)
         except (DataSourceError, OSError, ValueError):
-            pass
+            return None
         finally:
             with _decodes_lock:
-                _ahead.discard(key)
+                _ahead.pop(key, None)
 
     # -- read and cut -----------------------------------------------------------------------------------
     def read_block(self, storage: Storage, shard: ObjectInfo, offset: int, length: int) -> bytes:
@@ -545,7 +554,7 @@ class ParquetSource(Source):
             table = read_row_group(
                 read.uri, read.size, read.file.meta, pieces, read.rg, read.file.leaves, threads=threads
             )
-            decoded = {c: table.column(c).combine_chunks() for c in columns}
+            decoded = {c: one_array(table.column(c)) for c in columns}
             rows = read.file.footer.row_groups[read.rg].num_rows
             values = RowGroupValues(self.selection, decoded, rows)
             with _decodes_lock:

@@ -33,7 +33,7 @@ from raydl.sources._parquet_source import BoundedLRU
 from raydl.sources._version import mtime_ns
 from raydl.sources.parquet import read_footer
 from raydl.storage import ObjectInfo, Storage, split_scheme
-from raydl.util.arrow import StringColumn, int_column, numbers
+from raydl.util.arrow import StringColumn, int_column, numbers, one_array
 from raydl.util.threads import SharedPool
 
 __all__ = ["ROW_GROUP_CACHE_BYTES", "TOKEN_PARTS", "TokenSource", "clear_token_caches", "parquet_token_leaf"]
@@ -342,7 +342,7 @@ class TokenSource(Source):
         data = storage.read_range(info.uri, start, chunk.total_compressed_size, etag=info.etag or None)
         try:
             table = read_row_group(info.uri, info.size, md, {start: data}, rg, (leaf,))
-            column = table.column(self.column).combine_chunks()
+            column = one_array(table.column(self.column))
             lengths = numbers(pc.list_value_length(column), fill=0)[0].astype(np.int64)
             values = column.flatten()
         except (OSError, pa.ArrowException, ValueError, KeyError) as exc:

@@ -47,7 +47,7 @@ from raydl.sources._parquet_file import (
 )
 from raydl.sources._parquet_source import CHUNK_GAP, PARTS_COLUMNS, BoundedLRU, ParquetSource, clear_caches
 from raydl.storage import ObjectInfo, Storage, split_scheme
-from raydl.util.arrow import StringColumn, int_column, numbers
+from raydl.util.arrow import StringColumn, int_column, numbers, one_array
 
 # The worker's side is re-exported: callers and tests name ParquetSource, clear_caches and PARTS_COLUMNS
 # from here.
@@ -325,7 +325,7 @@ def read_column(catalog: Catalog, name: str) -> np.ndarray:
             raise ValueError(
                 f"column {name!r} of {uri} has {column.null_count} nulls; every sample needs one"
             )
-        out.append(numbers(column.combine_chunks())[0].astype(np.float64))
+        out.append(numbers(one_array(column))[0].astype(np.float64))
     values = np.concatenate(out) if out else np.zeros(0)
     if len(values) != len(catalog):
         raise ValueError(

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["StringColumn", "int_array", "int_column", "numbers", "string_array", "valid_mask"]
+__all__ = ["StringColumn", "int_array", "int_column", "numbers", "one_array", "string_array", "valid_mask"]
 
 
 def int_array(values, dtype=np.int64) -> pa.Array:
@@ -82,12 +82,19 @@ def string_array(values: Sequence[str]) -> pa.Array:
     )
 
 
+def one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (combine_chunks copies even one chunk), else its
+    chunks concatenated."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 class StringColumn:
     """A string column's values by row number, read through numpy views of its buffers."""
 
     def __init__(self, column: pa.Array | pa.ChunkedArray) -> None:
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        column = one_array(column)
         if column.null_count:
             raise ValueError("a string column with nulls")
         _validity, offsets, data = column.buffers()

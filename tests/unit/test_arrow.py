@@ -64,3 +64,15 @@ def test_numbers_are_views_without_nulls_and_filled_copies_with_them(dtype):
         assert copied and got.tolist() == [0 if v is None else v for v in a.to_pylist()]
         assert valid_mask(a).tolist() == [v is not None for v in a.to_pylist()]
     assert valid_mask(plain.slice(2, 5)).tolist() == [True] * 5
+
+
+@pytest.mark.timeout(10)
+def test_one_array_keeps_a_single_chunk_without_a_copy():
+    """A one-chunk column is its chunk (combine_chunks would copy it); several chunks are concatenated."""
+    from raydl.util.arrow import one_array
+
+    chunk = pa.array(np.arange(1000, dtype=np.int32))
+    got = one_array(pa.chunked_array([chunk]))
+    assert got.buffers()[1].address == chunk.buffers()[1].address
+    assert one_array(pa.chunked_array([chunk, chunk])).to_pylist() == chunk.to_pylist() * 2
+    assert one_array(chunk) is chunk and len(one_array(pa.chunked_array([], pa.int32()))) == 0

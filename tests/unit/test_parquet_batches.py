@@ -224,6 +224,34 @@ def test_row_groups_read_ahead_are_read_through_the_batchs_storage(data):
     assert len(decodes()) == len(storage.reads) == len(own) + len(later)  # one read a row group, all here
 
 
+def test_a_batch_waits_for_its_row_groups_read_ahead_instead_of_queueing_another(data, monkeypatch):
+    """A batch whose row group is being read ahead waits for that read: a second decode job of its own would
+    hold a decode thread waiting on the first, and the row groups queued behind it would wait too."""
+    from counting_storage import CountingStorage
+
+    cat = raydl.read_parquet(str(data) + "/").catalog
+    parts = cat.locate(np.arange(len(cat)))[0]
+    rows = np.flatnonzero(parts == 1)[:5]
+    calls = []
+    decoded = ps.ParquetSource._decoded
+
+    def counted(self, read, storage):
+        calls.append((read.uri.rsplit("/", 1)[-1], read.rg))
+        return decoded(self, read, storage)
+
+    monkeypatch.setattr(ps.ParquetSource, "_decoded", counted)
+    clear_caches()
+    cat.source._queue_ahead(cat, CountingStorage(delay_s=1.0), 1)  # in flight for a second
+    batch = cat.source.read_batch(cat, cat.storage, rows)
+    # part 1 is part-0.parquet's row group 1: the read ahead's decode, not a second job for it (the parts
+    # after it are an ordered read's prefetch)
+    assert calls.count(("part-0.parquet", 1)) == 1, calls
+    assert max(decodes().values()) == 1
+    clear_caches()
+    again = cat.source.read_batch(cat, cat.storage, rows)
+    assert np.array_equal(batch["tokens"], again["tokens"]) and batch["key"] == again["key"]
+
+
 def test_a_batch_with_a_changed_file_or_a_null_cell_is_settled_sample_by_sample(data, tmp_path):
     """read_batch fails on a file rewritten after listing and on a null cell; the worker then makes the batch
     sample by sample, where on_error settles just the rows at fault."""
