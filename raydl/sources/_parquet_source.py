@@ -189,7 +189,7 @@ _pool = SharedPool(_FOOTER_THREADS, "raydl-parquet-footer")
 _decoders = SharedPool(_DECODE_THREADS, "raydl-parquet-decode")
 _decodes_lock = threading.Lock()
 _decodes: collections.Counter = collections.Counter()  # row groups decoded by this process: (uri, row group)
-# (catalog fingerprint, part) -> the Future of its read ahead, queued or running, under _decodes_lock
+# (catalog fingerprint, selection, part) -> the Future of its read ahead, queued or running (_decodes_lock)
 _ahead: dict = {}
 
 
@@ -430,7 +430,7 @@ class ParquetSource(Source):
             got = _row_groups.peek(read.cache_key)
             if got is None:
                 with _decodes_lock:
-                    got = _ahead.get((catalog.fingerprint, p))
+                    got = _ahead.get((catalog.fingerprint, self.selection.key, p))
             pending.append(got or pool.submit(self._decoded, read, storage))
         if ahead is not None:
             self._read_ahead(catalog, storage, np.asarray(ahead, dtype=np.int64), parts)
@@ -484,7 +484,8 @@ class ParquetSource(Source):
     def _queue_ahead(self, catalog: Catalog, storage: Storage, p: int) -> None:
         """Queue the decode of part p ahead of need, unless one is queued or running: a second would hold a
         decode thread waiting for the first (BoundedLRU makes a value once)."""
-        key = (catalog.fingerprint, p)
+        # the selection too: tables of the same files that select other columns share the fingerprint
+        key = (catalog.fingerprint, self.selection.key, p)
         with _decodes_lock:
             if key in _ahead:
                 return

@@ -252,6 +252,21 @@ def test_a_batch_waits_for_its_row_groups_read_ahead_instead_of_queueing_another
     assert np.array_equal(batch["tokens"], again["tokens"]) and batch["key"] == again["key"]
 
 
+def test_a_read_ahead_of_other_columns_of_the_same_files_is_not_taken_for_a_batchs(data):
+    """Tables of the same files that select other columns share a fingerprint: a batch never takes another
+    selection's read ahead of its row group, whose values lack its columns."""
+    from counting_storage import CountingStorage
+
+    wide = raydl.read_parquet(str(data) + "/").catalog
+    narrow = raydl.read_parquet(str(data) + "/", columns=["n"]).catalog
+    assert wide.fingerprint == narrow.fingerprint and wide.source.selection.key != narrow.source.selection.key
+    rows = np.flatnonzero(wide.locate(np.arange(len(wide)))[0] == 1)[:5]
+    clear_caches()
+    narrow.source._queue_ahead(narrow, CountingStorage(delay_s=1.0), 1)  # in flight for a second
+    batch = wide.source.read_batch(wide, wide.storage, rows)
+    assert batch["tokens"].shape == (5, WIDTH) and batch["n"].tolist() == rows.tolist()
+
+
 def test_a_batch_with_a_changed_file_or_a_null_cell_is_settled_sample_by_sample(data, tmp_path):
     """read_batch fails on a file rewritten after listing and on a null cell; the worker then makes the batch
     sample by sample, where on_error settles just the rows at fault."""
