@@ -30,6 +30,7 @@ __all__ = [
     "CROP",
     "bucket_box",
     "bucket_transform",
+    "link_into",
     "list_images",
     "open_rgb",
     "rrc_params",
@@ -72,6 +73,19 @@ def list_images(root: str) -> list[str]:
         dirs.sort()
         found.extend(os.path.join(folder, name) for name in names if name.lower().endswith(IMAGE_EXTENSIONS))
     return sorted(found)
+
+
+def link_into(files: list[str], root: str, into) -> str:
+    """A folder `into` holding only `files` (of the folder `root`), each at its path under `root`, hard-linked
+    (symlinked across filesystems: every peer here follows them), so that a subset is a directory too."""
+    for src in files:
+        dst = os.path.join(into, os.path.relpath(src, root))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            os.symlink(os.path.abspath(src), dst)
+    return str(into)
 
 
 def rrc_params(width: int, height: int, rng: random.Random) -> tuple[int, int, int, int]:

@@ -348,7 +348,6 @@ class _Rank:
         return {
             "rank": s.rank,
             "node": ray.get_runtime_context().get_node_id(),
-            "pid": os.getpid(),
             "images": s.samples_delivered,
             "elapsed_s": s.elapsed_s,
             "wait_s": s.wait_s,
@@ -557,21 +556,14 @@ def _broadcast(mib: int) -> dict:
 
 
 def first_images(root: str, n: int, into: str) -> str:
-    """A folder of the first `n` images of the local image folder `root` (sorted by path), hard-linked
-    (symlinked across filesystems) into `into`; a ValueError when `root` holds fewer."""
-    from raydl.bench._transform import list_images
+    """A folder of the first `n` images of the local image folder `root` (sorted by path), linked into
+    `into`; a ValueError when `root` holds fewer."""
+    from raydl.bench._transform import link_into, list_images
 
     files = list_images(root)
     if len(files) < n:
         raise ValueError(f"--images {n}: {root} holds {len(files)} images")
-    for src in files[:n]:
-        dst = os.path.join(into, os.path.relpath(src, root))
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:
-            os.symlink(os.path.abspath(src), dst)
-    return into
+    return link_into(files[:n], root, into)
 
 
 def _settings(args, tmp: str):

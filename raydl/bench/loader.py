@@ -78,7 +78,7 @@ from pathlib import Path
 
 from raydl.bench._epochs_report import kill_tree as _kill_tree
 from raydl.bench._tokens import SEQ_LEN
-from raydl.bench._transform import list_images
+from raydl.bench._transform import link_into, list_images
 from raydl.bench._windows import DEFAULT_SEQ_LEN, DEFAULT_TOKENS, DEFAULT_WINDOW_BATCH
 from raydl.bench.peers import (
     BUCKET_NOTES,
@@ -246,18 +246,6 @@ def _missing(peer: str, workload: str = "train") -> str | None:
     modules, hint = WORKLOAD_REQUIRES.get(workload, {}).get(peer, REQUIRES[peer])
     absent = [m for m in modules if importlib.util.find_spec(m) is None]
     return f"{peer} skipped: {', '.join(absent)} not installed ({hint})" if absent else None
-
-
-def _subset(files: list[str], root: str, into: Path) -> str:
-    """A folder holding only `files`, linked, so that every peer can be given a directory."""
-    for src in files:
-        dst = into / os.path.relpath(src, root)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:  # another filesystem: a symlink (every peer here follows them)
-            os.symlink(os.path.abspath(src), dst)
-    return str(into)
 
 
 def _run_once(peer: str, args, data: str, expected: int, logdir: Path) -> dict:
@@ -674,7 +662,7 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
     --running-cluster, the raydl rows connect to a head started here first and stopped at the end)."""
     tmp = Path(tempfile.mkdtemp(prefix="raydl-bench-"))
     try:
-        data = _subset(files, args.data, tmp / "data") if args.limit else args.data
+        data = link_into(files, args.data, tmp / "data") if args.limit else args.data
         _log(
             f"{len(files)} {_UNITS.get(args.workload, 'images')}, batch {args.batch_size}, "
             f"{args.cpus} CPUs, "

@@ -82,16 +82,12 @@ def check_args(args: argparse.Namespace) -> None:
 def split_folder(folder: str, parts: int, out: Path) -> list[str]:
     """`folder`'s images, file i (in sorted order) into out/part-(i mod parts)/<same relative path>, hard
     linked (symlinked across filesystems); the part folders."""
-    from raydl.bench._transform import list_images
+    from raydl.bench._transform import link_into, list_images
 
+    files = list_images(folder)
     roots = [out / f"part-{k}" for k in range(parts)]
-    for i, src in enumerate(list_images(folder)):
-        dst = roots[i % parts] / os.path.relpath(src, folder)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:
-            os.symlink(os.path.abspath(src), dst)
+    for k, root in enumerate(roots):
+        link_into(files[k::parts], folder, root)
     return [str(r) for r in roots]
 
 
