@@ -4,10 +4,12 @@ A task names its samples and their augmentation seeds. The member's source says 
 (`Source.locate`: byte ranges of shards, loading a shard's index block where the source keeps one);
 neighbouring ranges are coalesced into blocks and fetched on the IO pool (`io_concurrency` threads: many
 for S3, a few for disk; several blocks per IO task when a batch has many, as an image folder's one-file
-blocks). As each block lands, its samples are cut out and queued for the decode threads, so IO and decode
-overlap within a batch; decode threads take the queued samples a chunk at a time, decode a chunk's JPEGs in
-one native call (libjpeg-turbo and the C kernel, the GIL released once per chunk) and write straight into
-each sample's slot of the batch's preallocated arrays.
+blocks). Through a node cache, a batch first reads what the cache holds (`Storage.hits_only`) on as
+few tasks as local disk has IO threads, and each block the cache lacks goes on to the IO pool's many tasks
+as it is found missing. As each block lands, its samples are cut out and queued for the decode threads, so
+IO and decode overlap within a batch; decode threads take the queued samples a chunk at a time, decode a
+chunk's JPEGs in one native call (libjpeg-turbo and the C kernel, the GIL released once per chunk) and
+write straight into each sample's slot of the batch's preallocated arrays.
 
 A sample that fails is settled by the error policy: replaced by a substitute drawn from its slot's seed
 ("replace"), or left out of the batch and recorded in the result for the iterator to skip or raise.
@@ -29,6 +31,7 @@ from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, DecodeError, LoaderError
 from raydl.plan.failures import Failure, Replaced
 from raydl.plan.tasks import BatchResult, BatchTask
+from raydl.storage.base import NotCached, Storage
 from raydl.storage.fetch import Block, coalesce
 
 __all__ = ["BatchRun", "run_together"]
@@ -57,7 +60,7 @@ def run_together(jobs: list[tuple[MemberReader, BatchTask, dict[str, np.ndarray]
     except BaseException:
         # The batch fails and its buffer goes back to the pool: none of its tasks may still be writing there.
         for run in runs:
-            futures_wait(run._io_tasks)
+            run._wait_io(raise_first=False)
             futures_wait(list(run._decode_tasks))
         raise
     return [run._result() for run in runs]
@@ -140,16 +143,46 @@ class BatchRun:
             blocks = [
                 Block(b.shard, b.offset, b.length, tuple(todo[list(b.members)].tolist())) for b in blocks
             ]
-        per = max(1, len(blocks) // max(1, round(IO_TASKS_PER_THREAD * io.concurrency * self._share)))
+        self._per_task = self._blocks_per_task(len(blocks), io.concurrency)
+        hits = self._storage.hits_only()
+        if hits is None:
+            for k in range(0, len(blocks), self._per_task):
+                self._submit_io(self.fetch, blocks[k : k + self._per_task])
+            return
+        # One task per thread of the view's: hits are local reads; more threads at them only wait for the GIL
+        per = max(1, len(blocks) // max(1, round(hits.default_io_concurrency * self._share)))
         for k in range(0, len(blocks), per):
-            self._io_tasks.append(io.submit(self.fetch, blocks[k : k + per]))
+            self._submit_io(self.fetch_hits, hits, blocks[k : k + per])
+
+    def _blocks_per_task(self, blocks: int, concurrency: int) -> int:
+        return max(1, blocks // max(1, round(IO_TASKS_PER_THREAD * concurrency * self._share)))
+
+    def _submit_io(self, fn, *args) -> None:
+        future = self._member.pools.io.submit(fn, *args)
+        with self._lock:
+            self._io_tasks.append(future)
 
     def _wait(self) -> None:
         """Until every IO task, then every decode task, has ended; the first error of one is raised here."""
-        for done in as_completed(self._io_tasks):
-            done.result()
+        self._wait_io(raise_first=True)
         for f in self._decode_tasks:  # complete: only the IO tasks, all done now, submit decode tasks
             f.result()  # a LoaderError (not the sample's fault) fails the batch here
+
+    def _wait_io(self, *, raise_first: bool) -> None:
+        """Until every IO task has ended, those that IO tasks submit included (a cache's misses, submitted by
+        the task that found them missing before it ends); with `raise_first`, the first error is raised."""
+        seen = 0
+        while True:
+            with self._lock:
+                pending = self._io_tasks[seen:]
+            if not pending:
+                return
+            seen += len(pending)
+            if not raise_first:
+                futures_wait(pending)
+                continue
+            for done in as_completed(pending):
+                done.result()
 
     # -- the steps ------------------------------------------------------------------------
     def fetch(self, blocks: list[Block]) -> None:
@@ -161,6 +194,27 @@ class BatchRun:
             data = self._read(block)
             if data is not None:
                 self.enqueue(self._cut(block, data))
+
+    def fetch_hits(self, hits: Storage, blocks: list[Block]) -> None:
+        """One IO task through a node cache: read `blocks` from the cache's `hits` view, each one's samples
+        queued for decode as it lands; the blocks it does not hold go to IO tasks of their own (`fetch`), as
+        many blocks a task as a batch of them all would give, each submitted once that many are missing."""
+        missed: list[Block] = []
+        for block in blocks:
+            if self._stop.is_set():
+                return
+            try:
+                data = self._read(block, hits)
+            except NotCached:
+                missed.append(block)
+                if len(missed) >= self._per_task:
+                    self._submit_io(self.fetch, missed)
+                    missed = []
+                continue
+            if data is not None:
+                self.enqueue(self._cut(block, data))
+        if missed:
+            self._submit_io(self.fetch, missed)
 
     def enqueue(self, samples: list[tuple[int, dict]]) -> None:
         """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""
@@ -198,14 +252,17 @@ class BatchRun:
         self._replaced.append(Replaced(sid, failure.uri, failure.reason, int(self._ids[i])))
 
     # -- inside the steps -----------------------------------------------------------------
-    def _read(self, block: Block) -> bytes | None:
-        """The block's bytes; None when they cannot be read, its samples then settled as unreadable."""
+    def _read(self, block: Block, storage: Storage | None = None) -> bytes | None:
+        """The block's bytes read through `storage` (the batch's by default); None when they cannot be read,
+        its samples then settled as unreadable. NotCached from a cache's `hits_only` view goes to the
+        caller."""
         shard = self._shards[block.shard]
-        if self._storage.uses_plans:  # a cache keeps a block as its samples' ranges, which every epoch reads
+        storage = self._storage if storage is None else storage
+        if storage.uses_plans and len(block.members) > 1:  # a cache keeps a block as its samples' ranges
             where = self._where[list(block.members), 1:3]
-            self._storage.plan(shard.uri, block.offset, block.length, sorted(set(map(tuple, where.tolist()))))
+            storage.plan(shard.uri, block.offset, block.length, sorted(set(map(tuple, where.tolist()))))
         try:
-            return self._member.source.read_block(self._storage, shard, block.offset, block.length)
+            return self._member.source.read_block(storage, shard, block.offset, block.length)
         except DataSourceError as exc:
             self._unreadable(block.members, shard.uri, exc)
             return None

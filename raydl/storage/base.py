@@ -9,8 +9,8 @@ offset when there is one, raised `from` the lower-level error.
 
 Beside reading, every storage says which store it reads (`identity`: two storages of one identity
 read the same bytes at the same URI, so a node cache keys its entries by it) and answers what a reader
-asks of a node cache (`uses_plans`, `scoped`, `plan`, `flush`, `take_cache_counts`): `BaseStorage` gives the
-answers of a storage with no cache, and the cache's wrapper
+asks of a node cache (`uses_plans`, `scoped`, `hits_only`, `plan`, `flush`, `take_cache_counts`):
+`BaseStorage` gives the answers of a storage with no cache, and the cache's wrapper
 (raydl/storage/cache.py, `CachedStorage`) overrides them. A caller asks any
 storage alike and never tests which one it holds. Listing and cutting samples
 (raydl/sources/) use only the reading half, so a stand-in that only lists or
@@ -23,9 +23,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
-__all__ = ["STREAM_CHUNK", "BaseStorage", "ObjectInfo", "Storage", "split_scheme", "stream_object"]
+__all__ = [
+    "STREAM_CHUNK",
+    "BaseStorage",
+    "NotCached",
+    "ObjectInfo",
+    "Storage",
+    "split_scheme",
+    "stream_object",
+]
 
 STREAM_CHUNK = 8 << 20  # one streamed read hands its bytes on in pieces of this size
+
+
+class NotCached(Exception):  # noqa: N818 - a signal between a cache's view and its reader, not an error
+    """A read of a node cache's `hits_only` view that the cache does not hold: nothing was fetched or counted,
+    and the reader reads it through the storage itself."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,12 @@ class Storage(Protocol):
         counters of their own, and with `behind` a miss's entries written after its bytes are handed on."""
         ...
 
+    def hits_only(self) -> Storage | None:
+        """This scope's view of what its node cache holds, or None without a cache. Its ranged reads are
+        served from the cache or raise NotCached (nothing fetched, nothing counted); its
+        `default_io_concurrency` is local disk's, since that is where its reads go."""
+        ...
+
     def plan(self, uri: str, offset: int, length: int, pieces: list[tuple[int, int]]) -> None:
         """The next read of exactly (uri, offset, length) is made of the (offset, length) `pieces` (sorted,
         inside it): a cache keeps and looks it up piece by piece."""
@@ -116,6 +135,10 @@ class BaseStorage:
     def scoped(self, *, behind: bool = False) -> Storage:
         """This storage itself: with no cache, a scope has nothing of its own."""
         return self
+
+    def hits_only(self) -> Storage | None:
+        """None: no cache, nothing to serve apart from the store."""
+        return None
 
     def plan(self, uri: str, offset: int, length: int, pieces: list[tuple[int, int]]) -> None:
         """Nothing: without a cache, a read is one read whatever it is made of."""

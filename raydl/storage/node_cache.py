@@ -38,6 +38,7 @@ bytes it read from the store as they are.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -68,6 +69,11 @@ SEEN_MAX = 1 << 16  # (store, uri, etag) a process remembers having cleaned of o
 WHOLE = -1  # the length of a whole-object entry (a streamed read)
 COUNTERS = ("hits", "misses", "bytes_from_store", "bytes_from_cache", "evictions", "corrupt")
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Shard folders (entries/<shard>) whose descriptors a process keeps open for its reads, the first it reads:
+# an object's entries share a shard, so a WebDataset or Parquet dataset's hits go through a few folders,
+# each opened and checked once instead of at every hit (each system call lets the GIL go, which on a
+# busy worker costs more than the call). Shard folders are never removed.
+READ_DIRS = 64
 
 
 class CacheCounts:
@@ -92,6 +98,7 @@ class CacheCounts:
             return dict(self._c)
 
 
+@functools.lru_cache(maxsize=4096)  # a worker names the same objects, stores and etags over and over
 def _hex(text: str, n: int) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=n).hexdigest()
 
@@ -115,6 +122,8 @@ class NodeCache:
         self._behind_lock = threading.Lock()
         self._evicted_behind = 0  # entries that pass removed, not yet counted by take_evicted_behind
         self._seen: set[tuple[str, str, str]] = set()  # (store, uri, etag) whose other-etag entries are gone
+        self._read_dirs: dict[str, int] = {}  # shard -> its folder's descriptor, kept open (READ_DIRS)
+        self._read_dirs_lock = threading.Lock()
         self._warned = False
         self._warned_refused = False
         self._ns = pid_namespace()
@@ -181,6 +190,9 @@ class NodeCache:
         folder = self._open()
         shard, name = self._names(store, uri, etag, offset, length)
         key = self._key(store, uri, etag, offset, length)
+        shard_fd = self._read_dirs.get(shard)
+        if shard_fd is not None:
+            return self._read(folder, shard_fd, name, key, counts, whole)
         try:
             shard_fd = folder.open_shard(shard)
         except FileNotFoundError:
@@ -188,10 +200,15 @@ class NodeCache:
         except OSError as exc:
             self._refused(exc)
             return None
+        with self._read_dirs_lock:
+            keep = len(self._read_dirs) < READ_DIRS and shard not in self._read_dirs
+            if keep:
+                self._read_dirs[shard] = shard_fd
         try:
             return self._read(folder, shard_fd, name, key, counts, whole)
         finally:
-            os.close(shard_fd)
+            if not keep:
+                os.close(shard_fd)
 
     def _read(self, folder: CacheFolder, shard_fd: int, name: str, key: bytes, counts, whole: bool):
         path = os.path.join(folder.shard_path(name[:3]), name)
@@ -537,19 +554,29 @@ class NodeCache:
 
 
 def _read_range(fd: int, key: bytes, size: int) -> tuple[bytes | None, str | None]:
-    """(payload, None) of a verified entry file, or (None, why not)."""
-    with open(fd, "rb", closefd=False) as f:
-        head = f.read(_HEAD.size + len(key))
-        why = _bad_head(head, key, size)
-        if why is not None:
-            return None, why
-        n = _HEAD.unpack_from(head)[2]
-        data = f.read(n)
+    """(payload, None) of a verified entry file of `size` bytes, or (None, why not). Header and payload
+    come in one read: each system call lets the GIL go."""
+    start = _HEAD.size + len(key)
+    if size < start:
+        return None, "it is truncated"
+    head, data = bytearray(start), bytearray(size - start)
+    got = os.readv(fd, [head, data])
+    if got < start:
+        return None, "it is truncated"
+    why = _bad_head(head, key, size)
+    if why is not None:
+        return None, why
+    if got < size:  # a single read returns less only past 2 GiB, or for a file cut meanwhile
+        rest = memoryview(data)[got - start :]
+        while rest and (n := os.readv(fd, [rest])) > 0:
+            rest, got = rest[n:], got + n
+        if got < size:
+            return None, "it is truncated"
     h = xxhash.xxh3_128(key)
     h.update(data)
-    if len(data) != n or h.digest() != _HEAD.unpack_from(head)[3]:
+    if h.digest() != _HEAD.unpack_from(head)[3]:
         return None, "its digest does not match its bytes"
-    return data, None
+    return bytes(data), None
 
 
 def _read_whole(fd: int, key: bytes, size: int) -> tuple[mmap.mmap | None, str | None]:
