@@ -125,6 +125,12 @@ def _objects_of(url: str, listing: Listing) -> list[ObjectInfo]:
         return [literal]
     if has_magic(url):
         return [storage.stat(p) for p in local_glob(url)]
+    if scheme == "file" and os.path.isdir(url):
+        raise DataSourceError(
+            f"{url!r} is a folder, not a shard: name its shards, e.g. {os.path.join(url, '*.tar')!r} or a "
+            "brace pattern",
+            uri=url,
+        )
     if scheme == "file" and os.path.exists(url):
         return [storage.stat(url)]  # not a file: its error says what it is
     return []

@@ -79,3 +79,14 @@ def test_a_pattern_that_matches_nothing_is_still_a_value_error(data):
     (data / "empty").mkdir()
     with pytest.raises(ValueError, match=r"matches nothing \(no \*.parquet files below it\)"):
         raydl.read_parquet(str(data / "empty"))
+
+
+def test_a_folder_named_as_a_shard_says_it_is_a_folder(data):
+    """read_webdataset of a folder (alone or in a list): a DataSourceError naming it as a folder and showing a
+    pattern that names its shards, before anything is read (it was an 'Is a directory' read error)."""
+    folder = str(data)
+    for urls in (folder, [str(data / "ok.tar"), folder]):
+        with pytest.raises(DataSourceError) as info:
+            raydl.read_webdataset(urls)
+        assert info.value.uri == folder and "is a folder, not a shard" in str(info.value)
+        assert repr(str(data / "*.tar")) in str(info.value)
