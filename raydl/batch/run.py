@@ -204,17 +204,31 @@ class BatchRun:
             if self._stop.is_set():
                 return
             try:
-                data = self._read(block, hits)
+                got = [(piece, self._read(piece, hits)) for piece in self._pieces(block)]
             except NotCached:
                 missed.append(block)
                 if len(missed) >= self._per_task:
                     self._submit_io(self.fetch, missed)
                     missed = []
                 continue
-            if data is not None:
-                self.enqueue(self._cut(block, data))
+            # the block's samples queued at once, as a block read from the store queues them
+            samples = [one for piece, data in got if data is not None for one in self._cut(piece, data)]
+            if samples:
+                self.enqueue(samples)
         if missed:
             self._submit_io(self.fetch, missed)
+
+    def _pieces(self, block: Block) -> list[Block]:
+        """The block as its samples' own ranges, one block per range (with the members that share it): the
+        cache keeps each range apart, so a hit is cut from its own bytes, never pasted into a block first."""
+        if len(block.members) == 1:
+            return [block]
+        by_range: dict[tuple[int, int], list[int]] = {}
+        for i in block.members:
+            by_range.setdefault((int(self._where[i, 1]), int(self._where[i, 2])), []).append(i)
+        if len(by_range) == 1:
+            return [block]
+        return [Block(block.shard, o, n, tuple(m)) for (o, n), m in by_range.items()]
 
     def enqueue(self, samples: list[tuple[int, dict]]) -> None:
         """Queue the samples for the decode threads; start a drain task if fewer than `threads` are on it."""

@@ -27,8 +27,9 @@ class IteratorStats:
     driver_batches: int = (
         0  # made in this process while the loader's workers started (counted in local_batches)
     )
-    # The node cache (LoaderConfig.cache) while this rank's batches were made: reads served from the node's
-    # disk and from the store, their bytes, entries evicted for room and entries found corrupt (refetched).
+    # The node cache (LoaderConfig.cache) while this rank's batches were made: entries (a sample's range, or a
+    # whole read) served from the node's disk and missing there, the bytes from each, entries evicted for room
+    # and entries found corrupt (refetched).
     cache_hits: int = 0
     cache_misses: int = 0
     bytes_from_cache: int = 0

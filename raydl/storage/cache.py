@@ -156,8 +156,10 @@ class CachedStorage(BaseStorage):
         return data
 
     def read_range(self, uri: str, offset: int, length: int, *, etag: str | None = None) -> bytes:
-        with self._plans_lock:
-            pieces = self._plans.pop((uri, offset, length), None) if self._plans else None
+        pieces = None
+        if self._plans:  # the lock only where a plan was made (a read of several samples' ranges)
+            with self._plans_lock:
+                pieces = self._plans.pop((uri, offset, length), None)
         if not etag or length <= 0:
             if self._hits_only:
                 raise NotCached(uri)
@@ -169,7 +171,7 @@ class CachedStorage(BaseStorage):
         store = self.inner.identity
         got = [self.cache.get(uri, etag, o, n, self.counts, store=store) for o, n in pieces]
         if all(g is not None for g in got):
-            self.counts.add(hits=1, bytes_from_cache=sum(map(len, got)))
+            self.counts.add(hits=len(got), bytes_from_cache=sum(map(len, got)))
             if len(got) == 1:
                 return got[0]
             block = bytearray(length)  # the gaps between the pieces (tar headers) are never cut from
@@ -189,7 +191,8 @@ class CachedStorage(BaseStorage):
                         self._behind.append(future)
                 else:
                     evicted += self._put(uri, etag, o, n, piece) or 0
-        self.counts.add(misses=1, bytes_from_store=len(data), evictions=evicted)
+        missed = sum(g is None for g in got)  # a piece it had counts as neither: the store's bytes go on
+        self.counts.add(misses=missed, bytes_from_store=len(data), evictions=evicted)
         return data
 
     def stream(self, uri: str, *, etag: str | None = None, chunk: int = STREAM_CHUNK) -> Iterator[bytes]:

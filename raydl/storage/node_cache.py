@@ -211,13 +211,13 @@ class NodeCache:
                 os.close(shard_fd)
 
     def _read(self, folder: CacheFolder, shard_fd: int, name: str, key: bytes, counts, whole: bool):
-        path = os.path.join(folder.shard_path(name[:3]), name)
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
+                path = os.path.join(folder.shard_path(name[:3]), name)
                 self._refused(
                     PermissionError(f"node cache entry {path!r} is a symbolic link: never followed")
                 )
@@ -228,6 +228,7 @@ class NodeCache:
         try:
             st = os.fstat(fd)
             if not folder.ours(st):
+                path = os.path.join(folder.shard_path(name[:3]), name)
                 self._refused(
                     PermissionError(f"node cache entry {path!r} is not a regular file of the cache's own")
                 )

@@ -176,3 +176,54 @@ def test_the_hits_only_view_serves_hits_and_refuses_the_rest_without_a_request(t
     assert len(inner.reads) == 1
     counts = scope.take_cache_counts()
     assert (counts["hits"], counts["misses"], counts["bytes_from_store"]) == (1, 0, 0)
+
+
+@pytest.fixture
+def far_shard(image_folder, tmp_path):
+    """(worker reading one WebDataset shard of 24 samples through a far store and a node cache, the store, a
+    worker reading the shard from local disk, the cache folder)."""
+    import io
+    import tarfile
+
+    files = sorted(p for p in image_folder.rglob("*.jpg"))[:24]
+    shard = tmp_path / "shard-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i, path in enumerate(files):
+            for name, payload in ((f"s{i:03d}.jpg", path.read_bytes()), (f"s{i:03d}.cls", str(i % 4).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    ds = raydl.read_webdataset(str(shard)).decode().center_crop(16)
+    program = compile_stages(ds.stages)
+    store = FarStorage()
+    shards = ds.catalog.shards
+    catalog = dataclasses.replace(
+        ds.catalog,
+        storage=store,
+        shards=shards.set_column(shards.schema.get_field_index("etag"), "etag", pa.array(["etag0"])),
+    )
+    cache = Cache(str(tmp_path / "cache"), max_bytes=64 << 20)
+    cached = LoaderWorker(WorkerSpec(program=program, threads=2, cache=cache), catalog)
+    plain = LoaderWorker(WorkerSpec(program=program, threads=2), ds.catalog)
+    return cached, store, plain, tmp_path / "cache"
+
+
+def test_a_block_of_neighbouring_samples_is_read_from_the_cache_sample_by_sample(far_shard):
+    """24 neighbours of one shard are one block: one request to the store, kept as 24 entries; read again,
+    each sample comes from its own entry with no request; with one entry gone the block is read from the
+    store again in one request. Every time, the pixels of a read without a cache."""
+    cached, store, plain, folder = far_shard
+    ids = list(range(24))
+    want = plain.run_batch(_task(ids)).batch["image"]
+    assert np.array_equal(cached.run_batch(_task(ids)).batch["image"], want)
+    # the worker's index of the shard (one streamed read of it whole), then the block, in one request
+    assert len(store.local.reads) == 2 and store.local.reads[1][1] > 0
+    block = store.local.reads[1]
+    entries = sorted(p for p in (folder / "entries").rglob("*") if p.is_file())
+    assert len(entries) == 24 + 1  # the samples' ranges, and the index's streamed read
+    result = cached.run_batch(_task(ids, 1))
+    assert np.array_equal(result.batch["image"], want) and len(store.local.reads) == 2
+    assert result.cache["hits"] == 24 and result.cache["misses"] == 0
+    next(p for p in entries if p.stat().st_size < 100_000).unlink()  # a sample's entry, not the shard's
+    assert np.array_equal(cached.run_batch(_task(ids, 2)).batch["image"], want)
+    assert store.local.reads[2:] == [block]
