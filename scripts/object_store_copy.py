@@ -8,7 +8,8 @@ faults per batch, against a plain copy of the same bytes in that actor.
 An actor returns one reused, already faulted-in batch of a train workload's size (256 x 3 x 224 x 224
 float32) again and again, while this process keeps three in flight and drops each once it has it, as a rank
 does. Ray copies the array once into the node's store; the actor's page faults are its first touches of the
-store's pages. It starts its own local Ray (`address="local"`) and stops it.
+store's pages, and its resident shared memory (psutil) is the store's pages it has written so far, which
+its PSS counts. It starts its own local Ray (`address="local"`) and stops it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class _Maker:
     def usage(self) -> tuple[float, int]:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime, r.ru_minflt
+
+    def shared_mib(self) -> float:
+        import psutil
+
+        return psutil.Process().memory_info().shared / 2**20
 
     def memcpy(self, n: int) -> float:
         dst = np.full(SIZE, 1, np.uint8)  # written once: its pages are in before the clock starts
@@ -70,9 +76,11 @@ def main() -> None:
                     refs.append(maker.run.remote(k + 3))
             c1, f1 = ray.get(maker.usage.remote())
             n = args.batches
+            shared = ray.get(maker.shared_mib.remote())
             print(
                 f"round {rnd}: actor {1e3 * (c1 - c0) / n:.1f} ms CPU and {(f1 - f0) / n:.0f} minor faults a "
-                f"batch ({SIZE // 4096} pages), {1e3 * (time.perf_counter() - t0) / n:.1f} ms wall"
+                f"batch ({SIZE // 4096} pages), {1e3 * (time.perf_counter() - t0) / n:.1f} ms wall; "
+                f"the store's pages it has written: {shared:.0f} MiB ({shared * 2**20 / SIZE:.1f} batches)"
             )
     finally:
         ray.shutdown()
