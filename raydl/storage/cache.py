@@ -65,8 +65,8 @@ def with_node_cache(storage: Storage, cache: Cache | None) -> Storage:
 WRITER_THREADS = 4  # a process's threads writing entries behind the reads (each mostly waits in fsync)
 # The IO tasks a batch reads the cache's hits on (`hits_only().default_io_concurrency`, local disk's default):
 # a hit is a read of a local file, with no wait to hide behind more tasks. Spread over a remote store's many
-# IO threads, a batch's hits ran on a dozen threads at once, each system call of each hit waiting for the
-# GIL: 0.2 ms more worker CPU per image than local disk, and 0.74-0.80x its images/s (docs/benchmarks.md).
+# IO threads, a batch's hits would run on a dozen threads at once, each system call of each hit waiting for
+# the GIL: 0.2 ms more worker CPU per image than local disk (docs/benchmarks.md, the node cache).
 HIT_IO_CONCURRENCY = 4
 _writer = SharedPool(WRITER_THREADS, "raydl-cache-write")  # this process's entry writers
 
