@@ -11,8 +11,9 @@ __all__ = ["Pools"]
 
 
 class Pools:
-    """`threads` decode threads and an IO pool of `io_concurrency`; each thread's native id is noted as it
-    starts (to lower the priority of a process's loader threads)."""
+    """`threads` decode threads, an IO pool of `io_concurrency` and, through a node cache, a small pool for
+    its hits; each thread's native id is noted as it starts (to lower the priority of a process's loader
+    threads)."""
 
     def __init__(self, threads: int, io_concurrency: int) -> None:
         self.threads = threads
@@ -22,6 +23,15 @@ class Pools:
             max_workers=threads, thread_name_prefix="raydl-decode", initializer=self._started
         )
         self.io = IOPool(io_concurrency, initializer=self._started)
+        self._hits: IOPool | None = None
+
+    def hits_io(self, concurrency: int) -> IOPool:
+        """The IO pool for reads of the node cache's hits (local files): `concurrency` threads, made on first
+        use and shared by every batch this maker runs at once, as local disk's IO pool is."""
+        with self._lock:
+            if self._hits is None:
+                self._hits = IOPool(concurrency, initializer=self._started)
+            return self._hits
 
     def _started(self) -> None:
         with self._lock:

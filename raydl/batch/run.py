@@ -149,16 +149,19 @@ class BatchRun:
             for k in range(0, len(blocks), self._per_task):
                 self._submit_io(self.fetch, blocks[k : k + self._per_task])
             return
-        # One task per thread of the view's: hits are local reads; more threads at them only wait for the GIL
-        per = max(1, len(blocks) // max(1, round(hits.default_io_concurrency * self._share)))
+        # One task per thread of the view's, on a pool of that many threads shared by the batches a worker
+        # makes at once: hits are local reads, and more threads at them only wait for the GIL
+        concurrency = hits.default_io_concurrency
+        pool = self._member.pools.hits_io(concurrency)
+        per = max(1, len(blocks) // max(1, round(concurrency * self._share)))
         for k in range(0, len(blocks), per):
-            self._submit_io(self.fetch_hits, hits, blocks[k : k + per])
+            self._submit_io(self.fetch_hits, hits, blocks[k : k + per], pool=pool)
 
     def _blocks_per_task(self, blocks: int, concurrency: int) -> int:
         return max(1, blocks // max(1, round(IO_TASKS_PER_THREAD * concurrency * self._share)))
 
-    def _submit_io(self, fn, *args) -> None:
-        future = self._member.pools.io.submit(fn, *args)
+    def _submit_io(self, fn, *args, pool=None) -> None:
+        future = (pool or self._member.pools.io).submit(fn, *args)
         with self._lock:
             self._io_tasks.append(future)
 

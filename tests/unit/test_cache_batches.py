@@ -84,10 +84,10 @@ def io_tasks(monkeypatch):
     lock = threading.Lock()
     submit = batch_run.BatchRun._submit_io
 
-    def counted(self, fn, *args):
+    def counted(self, fn, *args, **kw):
         with lock:
             seen.append(fn.__name__)
-        return submit(self, fn, *args)
+        return submit(self, fn, *args, **kw)
 
     monkeypatch.setattr(batch_run.BatchRun, "_submit_io", counted)
     return seen
