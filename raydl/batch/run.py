@@ -4,12 +4,12 @@ A task names its samples and their augmentation seeds. The member's source says 
 (`Source.locate`: byte ranges of shards, loading a shard's index block where the source keeps one);
 neighbouring ranges are coalesced into blocks and fetched on the IO pool (`io_concurrency` threads: many
 for S3, a few for disk; several blocks per IO task when a batch has many, as an image folder's one-file
-blocks). Through a node cache, a batch first reads what the cache holds (`Storage.hits_only`) on as
-few tasks as local disk has IO threads, and each block the cache lacks goes on to the IO pool's many tasks
-as it is found missing. As each block lands, its samples are cut out and queued for the decode threads, so
-IO and decode overlap within a batch; decode threads take the queued samples a chunk at a time, decode a
-chunk's JPEGs in one native call (libjpeg-turbo and the C kernel, the GIL released once per chunk) and
-write straight into each sample's slot of the batch's preallocated arrays.
+blocks). Through a node cache, a batch first reads what the cache holds (`Storage.hits_only`) on a small
+pool of its own (as many threads as local disk's), and each block the cache lacks goes on to the IO pool's
+many tasks as it is found missing. As each block lands, its samples are cut out and queued for the decode
+threads, so IO and decode overlap within a batch; decode threads take the queued samples a chunk at a time,
+decode a chunk's JPEGs in one native call (libjpeg-turbo and the C kernel, the GIL released once per chunk)
+and write straight into each sample's slot of the batch's preallocated arrays.
 
 A sample that fails is settled by the error policy: replaced by a substitute drawn from its slot's seed
 ("replace"), or left out of the batch and recorded in the result for the iterator to skip or raise.
