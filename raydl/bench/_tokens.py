@@ -78,10 +78,9 @@ def token_rows(data: str) -> int:
 
 def _to_numpy(column) -> np.ndarray:
     """A list<int32> column of SEQ_LEN-long rows as one (rows, SEQ_LEN) array (a view where one chunk)."""
-    import pyarrow as pa
+    from raydl.util.arrow import one_array
 
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    column = one_array(column)  # combine_chunks would copy even a single chunk
     values = column.flatten()  # respects a slice, unlike .values
     if len(values) != len(column) * SEQ_LEN:
         raise ValueError(f"{len(column)} rows hold {len(values)} tokens, not {SEQ_LEN} each")
