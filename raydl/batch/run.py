@@ -207,6 +207,9 @@ class BatchRun:
             if self._stop.is_set():
                 return
             try:
+                # No piece is settled as unreadable and then read again: the view raises NotCached only for a
+                # ranged read, which never fails with a DataSourceError (a bad entry is a miss), and a block's
+                # pieces all share its shard, so they are all ranged reads or all a compressed shard's.
                 got = [(piece, self._read(piece, hits)) for piece in self._pieces(block)]
             except NotCached:
                 missed.append(block)
