@@ -212,6 +212,25 @@ def test_epoch_clock_keeps_the_first_epoch_and_times_the_later_ones_apart():
     assert one.result().later_images == 0  # one epoch: nothing apart, as before
 
 
+@pytest.mark.timeout(30)
+def test_process_start_is_when_the_process_started_not_a_second_early():
+    """"From start" figures count from the process's start: a child's start as the helper gives it is at
+    most a few ticks before the first line of its script runs (psutil's create_time can be a second early
+    where the boot time is not whole seconds)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import time; t = time.time()\n"
+        "from raydl.bench._clock import process_start_time\n"
+        "print(t - process_start_time())\n"
+    )
+    for _ in range(3):
+        lead = float(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                    check=True).stdout)
+        assert -0.02 <= lead < 0.3, lead  # interpreter start-up only; a tick of rounding either way
+
+
 @pytest.mark.timeout(10)
 def test_table_shows_own_and_ray_memory_next_to_the_total():
     """'own PSS MiB' and 'Ray PSS MiB' follow 'peak PSS MiB', medians over the rounds; '-' where a row has none."""
