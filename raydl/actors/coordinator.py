@@ -8,7 +8,8 @@ changes it tells the workers the list's new version, every batch carries that
 version back to its rank, and only a rank holding an older list calls here
 (one call per rank per change). It is a plain class; `start_coordinator` applies
 `ray.remote` and starts it. The first workers are started by the Loader itself,
-at the same time as this actor, and handed to it; later ones it starts itself.
+before this actor (which the Loader starts a few seconds later, or when a call needs it), and handed to
+it; later ones it starts itself.
 
 What it has to say (a worker died and is replaced, a node is gone, a worker did
 not start) it logs here and also keeps as numbered events that every Loader

@@ -7,10 +7,10 @@ raydl/consume/pool.py) where batches are made.
 The catalogs go into the object store once and every worker maps them. The
 workers (raydl/actors/worker.py), `num_workers` per eligible node (one
 with CPUs, room for `cpus_per_worker`, and the `node_resource` label when one is
-given), are started here at the same time as the coordinator actor
-(raydl/actors/coordinator.py), which then owns them: it starts workers on
-nodes that join and replaces a dead one once, on the live node with the
-fewest. The constructor does not wait for them: until the first is up, the
+given), are started here, and the coordinator actor (raydl/actors/coordinator.py)
+COORDINATOR_DELAY_S later, or at once when a call needs it; it then owns
+them: it starts workers on nodes that join and replaces a dead one once, on
+the live node with the fewest. The constructor does not wait for them: until the first is up, the
 Loader that started them makes the first batches in its own process (the same
 code, the same pixels) when its node is one the workers may use, so the first
 batch does not wait for Ray to start worker processes.
@@ -68,6 +68,7 @@ __all__ = ["Loader"]
 _DEFAULT_BUDGET_FRACTION = 0.25
 _NO_WORKERS_WAIT_S = 60.0  # how long a rank waits for a replacement when no worker is left
 LAUNCH_DELAY_S = 1.0  # how long the launch waits for a first batch to be asked of this process
+COORDINATOR_DELAY_S = 5.0  # how long the coordinator's start waits after the workers', unless a call needs it
 
 
 class Loader:
@@ -115,6 +116,8 @@ class Loader:
         self._starting: dict = {}  # ready() ref -> handle of the workers started here, until they are up
         self._started_at = time.monotonic()
         self._launch_now = threading.Event()
+        self._coordinator_now = threading.Event()
+        self._launched: list = []  # handles of the workers started here, for shutdown() until a coordinator
         threads = scheduling.bootstrap_threads(
             config.threads_per_worker, usable_cores=len(os.sched_getaffinity(0))
         )
@@ -143,14 +146,19 @@ class Loader:
         cpus: dict[str, float],
         here: str,
     ) -> None:
-        """Start the workers and the coordinator (on the thread "raydl-launch").
+        """Start the workers, then the coordinator (on the thread "raydl-launch").
 
         When this process makes the first batch itself, the launch waits for it
         (or LAUNCH_DELAY_S when no batch is asked for): on a small node, worker
         processes booting and Ray's own start-up (serializing the catalog,
-        exporting the actor classes) would take CPU from that batch. A call that
-        needs the coordinator (refresh, pickling, shutdown, waiting for workers)
-        launches at once.
+        exporting the actor classes) would take CPU from that batch. The
+        coordinator starts COORDINATOR_DELAY_S after the workers: until then the
+        workers started here serve this Loader as they come up, and nothing
+        needs it, while its process start (a Ray worker process, Ray's
+        serializers, 0.4-0.7 s of CPU) would be taken from the first batches and
+        from the workers' own start. A call that needs the coordinator (refresh,
+        a dead worker, pickling, waiting for workers) starts everything at once;
+        shutdown() before it started kills the workers itself.
         """
         try:
             if self._bootstrap is not None and not self._launch_now.wait(LAUNCH_DELAY_S):
@@ -167,10 +175,14 @@ class Loader:
                     spec_ref, catalog_ref, self.config, node, k, node_cpus=cpus[node], soft=False
                 )
                 started += [(h, node) for h in handles]
+                with self._lock:
+                    self._launched += handles
+            with self._lock:
+                self._starting = {h.ready.remote(): h for h, _node in started}
+            self._coordinator_now.wait(COORDINATOR_DELAY_S)
             self._check_ray()
             coordinator = start_coordinator(spec_ref, catalog_ref, self.config, started, here)
             with self._lock:
-                self._starting = {h.ready.remote(): h for h, _node in started}
                 self._coordinator = coordinator
             self._launch.set_result(coordinator)
         except _Stopped:  # shut down, or Ray went away first: nothing to start, and nothing to say
@@ -196,6 +208,7 @@ class Loader:
         """The coordinator, launching the workers now if they are not yet (see `_run_launch`)."""
         if self._coordinator is None:
             self._launch_now.set()
+            self._coordinator_now.set()
             try:
                 coordinator = self._launch.result(timeout=READY_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - named below
@@ -396,22 +409,32 @@ class Loader:
             self._close_bootstrap()
         if not self._owner:
             return
-        self._launch_now.set()  # a launch still waiting sees _closed and starts nothing
+        self._launch_now.set()  # a launch still waiting sees _closed and starts nothing more
+        self._coordinator_now.set()
         try:
             coordinator = self._launch.result(timeout=READY_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a failed launch left nothing to stop
+        except Exception:  # noqa: BLE001 - a failed launch left no coordinator
             coordinator = None
-        if coordinator is None or not self._ray_is_ours():  # after ray.shutdown(): the actors went with it
+        if not self._ray_is_ours():  # after ray.shutdown(): the actors went with it
             return
-        try:
-            workers = ray.get(coordinator.shutdown.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - a dead coordinator took its workers with it
-            workers = []
-        ray.kill(coordinator, no_restart=True)
+        if coordinator is not None:
+            try:
+                workers = [w.handle for w in ray.get(coordinator.shutdown.remote(), timeout=30)]
+            except Exception:  # noqa: BLE001 - a dead coordinator took its workers with it
+                workers = []
+            ray.kill(coordinator, no_restart=True)
+        else:  # shut down before the coordinator started: the workers started here are this Loader's
+            with self._lock:
+                workers = list(self._launched)
+            for handle in workers:
+                try:
+                    ray.kill(handle, no_restart=True)
+                except Exception:  # noqa: BLE001 - already dead is fine
+                    pass
         deadline = time.monotonic() + 10.0
-        pending = list(workers)
+        pending = workers
         while pending and time.monotonic() < deadline:  # kill is asynchronous: wait until they are gone
-            pending = [w for w in pending if actor_alive(w.handle)]
+            pending = [h for h in pending if actor_alive(h)]
             if pending:
                 time.sleep(0.05)
 
@@ -428,11 +451,12 @@ class Loader:
     def __getstate__(self) -> dict:
         coordinator = self._coordinator_handle() if not self._closed else self._coordinator
         state = self.__dict__.copy()
-        for name in ("_lock", "_launch", "_launch_now"):
+        for name in ("_lock", "_launch", "_launch_now", "_coordinator_now"):
             del state[name]
         state["_coordinator"] = coordinator
         state["_owner"] = False
         state["_starting"] = {}
+        state["_launched"] = []
         state["_bootstrap"] = None  # only the Loader that started the workers makes batches itself
         return state
 
@@ -440,6 +464,7 @@ class Loader:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._launch_now = threading.Event()
+        self._coordinator_now = threading.Event()
         self._launch = Future()
         self._launch.set_result(self._coordinator)
 

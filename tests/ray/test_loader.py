@@ -272,6 +272,42 @@ def test_shutdown_frees_the_actors(ray_local, image_folder):
         next(it.iter_batches())
 
 
+def test_the_coordinator_starts_after_the_workers_or_when_a_call_needs_it(ray_local, image_folder, monkeypatch):
+    """The workers serve the loader before its coordinator starts (COORDINATOR_DELAY_S later); shutdown()
+    before then kills the workers itself; a call that needs the coordinator (refresh) starts it at once, and
+    without one it starts on its own after the delay."""
+    import raydl.execute.loader as loader_module
+
+    total = ray.cluster_resources()["CPU"]
+    assert _wait_for_free_cpus(total)
+    monkeypatch.setattr(loader_module, "COORDINATOR_DELAY_S", 300.0)
+    loader = _pipeline(image_folder).loader(batch_size=8, num_workers=2, cpus_per_worker=1, seed=1)
+    deadline = time.monotonic() + 60
+    while len(loader.workers()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(loader.workers()) == 2 and loader._coordinator is None
+    batches = _epoch(loader.iterator(0))  # made by the workers the loader started, with no coordinator
+    assert sum(len(b["id"]) for b in batches) == 61 and loader._coordinator is None
+    assert ray.available_resources().get("CPU", 0) == total - 2
+    loader.shutdown()
+    assert _wait_for_free_cpus(total) and loader._coordinator is None
+
+    with _pipeline(image_folder).loader(batch_size=8, num_workers=1, seed=1) as loader:
+        next(loader.iterator(0).iter_batches())
+        loader.refresh()  # needs the coordinator: started now, not 300 s later
+        assert loader._coordinator is not None and len(loader.workers()) == 1
+        assert ray.get(loader._coordinator.workers.remote())[0] > 0  # it has taken the worker over
+
+    monkeypatch.setattr(loader_module, "COORDINATOR_DELAY_S", 0.5)
+    with _pipeline(image_folder).loader(batch_size=8, num_workers=1, seed=1) as loader:
+        next(loader.iterator(0).iter_batches())
+        deadline = time.monotonic() + 60
+        while loader._coordinator is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert loader._coordinator is not None
+    assert _wait_for_free_cpus(total)
+
+
 def test_a_killed_actor_is_replaced_and_its_batches_rerun(ray_local, image_folder):
     """Killing a loader actor mid-epoch: its batches run again on a replacement and the epoch is complete."""
     with _pipeline(image_folder).loader(batch_size=8, seed=5, num_workers=1) as loader:
