@@ -53,6 +53,23 @@ def test_pyfi_names_rxm_queue_size_unless_the_user_did(monkeypatch):
     assert os.environ["FI_OFI_RXM_MSG_RX_SIZE"] == "4096"
 
 
+def test_pyfi_names_rxm_bounce_buffers_with_the_eager_limit_or_neither(monkeypatch):
+    """4 KiB bounce buffers (rxm's 16 KiB made every endpoint and connection slower to open), and the
+    eager limit with them; a user who set either keeps rxm's own choice of the other."""
+    from raydl.native.pyfi._env import PROVIDER_DEFAULTS, apply_provider_defaults
+
+    both = ("FI_OFI_RXM_BUFFER_SIZE", "FI_OFI_RXM_EAGER_LIMIT")
+    for name in both:
+        monkeypatch.delenv(name, raising=False)
+    apply_provider_defaults()
+    assert [os.environ[n] for n in both] == [PROVIDER_DEFAULTS[n] for n in both] == ["4096", "4096"]
+    for name in both:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("FI_OFI_RXM_BUFFER_SIZE", "16384")
+    apply_provider_defaults()
+    assert os.environ["FI_OFI_RXM_BUFFER_SIZE"] == "16384" and "FI_OFI_RXM_EAGER_LIMIT" not in os.environ
+
+
 def test_the_cold_table_heads_with_the_default_and_keeps_each_approach():
     """The default (import-only) first fetch is the first column and the first goal, with its ratio to
     ray.get; the --approaches columns each get a ratio too; a bad RAYDL_CHECKPOINT_FAULTS is named."""

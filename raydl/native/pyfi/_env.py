@@ -24,13 +24,30 @@ from dataclasses import dataclass
 # here) that it never uses: pyfi moves bytes with one-sided reads and writes only. Naming the size
 # (its documented 128; 16 costs the same) brings that to ~5,000 faults and ~15-20 ms. A chain
 # broadcast opens one server per peer, so this was a fifth of a peer's CPU.
-PROVIDER_DEFAULTS = {"FI_OFI_RXM_MSG_RX_SIZE": "128"}
+# Those buffers are rxm's bounce buffers (16 KiB each, for messages and injected data), and every
+# connection posts its own too: at 4 KiB, opening an endpoint went from 12-15 to 3-4 ms and a first
+# read to a new peer (rxm connects on first use) from 21-24 to 11-12 ms, here; RMA reads and writes
+# do not pass through them. The eager limit goes with the buffer size (over verbs they must be
+# equal), both or neither.
+PROVIDER_DEFAULTS = {
+    "FI_OFI_RXM_MSG_RX_SIZE": "128",
+    "FI_OFI_RXM_BUFFER_SIZE": "4096",
+    "FI_OFI_RXM_EAGER_LIMIT": "4096",
+}
+_TOGETHER = (("FI_OFI_RXM_BUFFER_SIZE", "FI_OFI_RXM_EAGER_LIMIT"),)  # set as a group, or not at all
 
 
 def apply_provider_defaults() -> None:
-    """Set PROVIDER_DEFAULTS where the environment has no value (libfabric reads them when it starts)."""
+    """Set PROVIDER_DEFAULTS where the environment has no value (libfabric reads them when it starts);
+    of a group in _TOGETHER, none where any is set."""
+    grouped = {name for group in _TOGETHER for name in group}
     for name, value in PROVIDER_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+        if name not in grouped:
+            os.environ.setdefault(name, value)
+    for group in _TOGETHER:
+        if not any(name in os.environ for name in group):
+            for name in group:
+                os.environ[name] = PROVIDER_DEFAULTS[name]
 
 
 @dataclass(frozen=True)
