@@ -185,7 +185,7 @@ class LoaderCoordinator:
                 info = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
                 with self._lock:
-                    self._warn(f"raydl: a loader worker died while starting: {exc}")
+                    self._warn(f"raydl: a loader worker died before this coordinator took it over: {exc}")
                 continue
             out.append(WorkerInfo(h, info["node_id"], info["name"], info["node_ip"]))
         return out

@@ -184,6 +184,7 @@ class Loader:
             coordinator = start_coordinator(spec_ref, catalog_ref, self.config, started, here)
             with self._lock:
                 self._coordinator = coordinator
+                self._launched = []  # the coordinator owns them now (shutdown() asks it)
             self._launch.set_result(coordinator)
         except _Stopped:  # shut down, or Ray went away first: nothing to start, and nothing to say
             self._launch.set_result(None)
