@@ -186,3 +186,25 @@ def test_sizes_of_a_source_without_image_files_are_a_value_error(tmp_path):
     cat = dataclasses.replace(read_images(str(tmp_path)).catalog, source=WebDatasetSource())
     with pytest.raises(ValueError, match="webdataset"):
         cat.with_sizes()
+
+
+def test_a_catalog_pickles_its_tables_as_arrow_buffers_out_of_band(tree):
+    """Pickled (as Ray puts it in the object store) a catalog's tables go as Arrow IPC buffers handed over
+    out of band, never as tables for Ray's own Arrow serializer (which imports pandas), and come back
+    equal, sizes and all."""
+    import pickle
+
+    import numpy as np
+    import pyarrow as pa
+
+    catalog = read_images(str(tree)).catalog.with_sizes()  # the files are no images: size_errors too
+    _rebuild, (fields,) = catalog.__reduce__()
+    assert isinstance(fields["parts"], pa.Buffer) and isinstance(fields["shards"], pa.Buffer)
+    assert not any(isinstance(v, pa.Table) for v in fields.values())
+    buffers = []
+    data = pickle.dumps(catalog, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) >= 2  # the two tables' bytes, outside the pickle
+    back = pickle.loads(data, buffers=buffers)
+    assert back == catalog and back.parts.equals(catalog.parts) and back.shards.equals(catalog.shards)
+    assert back.parts.schema == catalog.parts.schema and np.array_equal(back.starts, catalog.starts)
+    assert back.size_errors == catalog.size_errors and len(back) == len(catalog)
