@@ -157,6 +157,15 @@ class EpochClock:
         if self._n >= self._expected * self._epochs:
             self.finish()
 
+    def resume_later(self) -> None:
+        """The later epochs' window starts now, not at the first epoch's last batch: the peer paused
+        between them for a one-off start-up that a long run pays once (raydl's `refresh()`, which starts its
+        coordinator if it has not started yet). Their time and the sampler's CPU baseline are taken again."""
+        if self._epoch1 is not None and self._epochs > 1:
+            self._epoch1_last = time.perf_counter()
+            if self._on_first_epoch is not None:
+                self._on_first_epoch()
+
     def finish(self) -> None:
         if not self._finished:
             self._finished = True

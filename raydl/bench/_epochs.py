@@ -140,6 +140,13 @@ class _Epochs:
         self._kinds_at = self._cpu.by_kind()
         self._start = time.perf_counter()
 
+    def resume(self) -> None:
+        """After an untimed pause between epochs: the next epoch's clock, CPU and request baselines start
+        now."""
+        self._counts, self._cpu_at = self._requests(), (self._cpu.loader(), self._cpu.store())
+        self._kinds_at = self._cpu.by_kind()
+        self._start = time.perf_counter()
+
     def batch(self, n: int) -> None:
         if self._first is None:
             self._first, self._n_first = time.perf_counter(), n
@@ -217,10 +224,15 @@ def run_raydl(spec: dict, epochs: _Epochs, s3_url: str | None) -> dict:
         )
         try:
             it = loader.iterator(0)
-            for _ in range(spec["epochs"]):
+            for epoch in range(spec["epochs"]):
                 for batch in it.iter_batches():
                     epochs.batch(batch["image"].shape[0])
                 epochs.end(_cache_counters(it.stats()))
+                if epoch == 0 and spec["epochs"] > 1:
+                    # The coordinator starts COORDINATOR_DELAY_S after the workers: its one-off start must
+                    # not land in epoch 2 after a short epoch 1. refresh() starts it now, untimed.
+                    loader.refresh()
+                    epochs.resume()
             out["driver_batches"] = it.stats().driver_batches
         finally:
             loader.shutdown()

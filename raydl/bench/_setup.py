@@ -93,9 +93,14 @@ def raydl_epochs(loader, spec: PeerSpec, clock: EpochClock, timed, *, torch: boo
     torch: batches from iter_torch_batches, else iter_batches."""
     try:
         it = loader.iterator(0)
-        for _epoch in range(spec.epochs):
+        for epoch in range(spec.epochs):
             for batch in it.iter_torch_batches() if torch else it.iter_batches():
                 clock.batch(timed(batch))
+            if epoch == 0 and spec.epochs > 1:
+                # The coordinator starts COORDINATOR_DELAY_S after the workers: after a short first epoch,
+                # its one-off start would land in the later epochs. refresh() starts it now, untimed.
+                loader.refresh()
+                clock.resume_later()
         result = clock.result()
         clock.extra["memory"] = loader.memory()
         clock.extra["driver_batches"] = it.stats().driver_batches

@@ -9,7 +9,8 @@ The image set (`raydl make-images`' in1k-like crops, or --data) is split, file i
 `read_images(DIR)`; "mix" reads `raydl.mix({"s0": ds0, ...}, weights={each 1/N}, batching=...)`, each
 source with its own copy of the train pipeline (decode, RandomResizedCrop 224, flip, ImageNet
 normalize). The epoch is the same size (the sources' sizes summed) and every image is read once per
-epoch in both. Each run is --epochs epochs in a fresh process (`raydl.bench._epochs`), the two rows
+epoch in both. Each run is --epochs epochs in a fresh process (`raydl.bench._epochs`; between epochs 1
+and 2 the loader is `refresh()`ed, untimed, so that its coordinator's start is in no epoch), the two rows
 taking turns round by round (one, mix; then mix, one; ...). The cost is the mix's extra loader CPU per
 image in epochs 2-N (mix/one - 1), per round and its median; the goal is <= 3%. Beside it, 1 - mix/one of
 images/s, which on a shared machine swings more from round to round.

@@ -212,6 +212,29 @@ def test_epoch_clock_keeps_the_first_epoch_and_times_the_later_ones_apart():
     assert one.result().later_images == 0  # one epoch: nothing apart, as before
 
 
+@pytest.mark.timeout(10)
+def test_a_pause_after_the_first_epoch_is_in_no_epochs_window():
+    """resume_later(): the later epochs' time starts after the pause (raydl's refresh() between epochs 1
+    and 2, a one-off start-up), and the sampler's baseline is taken again then."""
+    import time
+
+    from raydl.bench._clock import EpochClock, stand_in
+
+    marks = []
+    clock = EpochClock(20, on_start=lambda: None, on_finish=lambda: None, epochs=2,
+                       on_first_epoch=lambda: marks.append(time.perf_counter()))
+    clock.start()
+    for _ in range(2):
+        clock.batch(stand_in(10, (3,)))
+    time.sleep(0.3)  # the pause
+    clock.resume_later()
+    for _ in range(2):
+        clock.batch(stand_in(10, (3,)))
+    m = clock.result()
+    assert len(marks) == 2 and marks[1] - marks[0] >= 0.3
+    assert m.later_images == 20 and m.later_s < 0.2  # the pause is not in it
+
+
 @pytest.mark.timeout(30)
 def test_process_start_is_when_the_process_started_not_a_second_early():
     """"From start" figures count from the process's start: a child's start as the helper gives it is at
