@@ -56,10 +56,11 @@ in the table is the median over the rounds:
 With `--epochs N` (N > 1) each run goes on for N epochs of the same loader (for the
 peers that can: raydl, torch, dataio, ceiling, floor) and two more columns show the
 epochs after the first: "later img/s" (their images / the time from the first
-epoch's last batch, or from raydl's refresh() after it, to the last one) and "later CPU ms/img" (the tree's CPU over that
-time, per image). They leave out the one-off start-up (Ray, actor processes, the
-first batches), which a long run pays once: between epochs 1 and 2 raydl's loader is
-`refresh()`ed, untimed, which starts its coordinator if it has not started yet. Every other column keeps its meaning:
+epoch's last batch, or from raydl's refresh() after it, to the last one) and "later
+CPU ms/img" (the tree's CPU over that time, per image). They leave out the one-off
+start-up (Ray, actor processes, the first batches), which a long run pays once:
+between epochs 1 and 2 raydl's loader is `refresh()`ed, untimed, which starts its
+coordinator if it has not started yet. Every other column keeps its meaning:
 it is the first epoch's, as without --epochs.
 """
 
