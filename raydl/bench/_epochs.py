@@ -143,9 +143,8 @@ class _Epochs:
     def resume(self) -> None:
         """After an untimed pause between epochs: the next epoch's clock, CPU and request baselines start
         now."""
-        self._counts, self._cpu_at = self._requests(), (self._cpu.loader(), self._cpu.store())
-        self._kinds_at = self._cpu.by_kind()
-        self._start = time.perf_counter()
+        self._counts = self._requests()
+        self.begin()
 
     def batch(self, n: int) -> None:
         if self._first is None:

@@ -252,6 +252,7 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
             sampler.peak_ray,
         )
     )
+    started = process_start_time()
     row = {
         "peer": peer,
         "ok": True,
@@ -259,14 +260,14 @@ def _row(peer: str, spec: PeerSpec, sampler: TreeSampler, clock: EpochClock, wal
         "images_per_s": m.images_per_s,
         "first_batch_s": m.first_batch_s,
         # From this process's start: imports, ray.init and the loader, as a user's script sees it.
-        "first_batch_from_start_s": m.first_batch_at - process_start_time(),
+        "first_batch_from_start_s": m.first_batch_at - started,
         "steady_images": m.steady_images,
         "steady_s": m.steady_s,
         "steady_batches": max(0, m.batches - 1),
         # Start-up included: what a short job sees, and what prefetch cannot flatter.
         "epoch_images_per_s": m.images / (m.first_batch_s + m.steady_s),
         # The whole epoch from this process's start (imports, Ray, the loader, every batch).
-        "epoch_from_start_per_s": m.images / (m.first_batch_at - process_start_time() + m.steady_s),
+        "epoch_from_start_per_s": m.images / (m.first_batch_at - started + m.steady_s),
         "peak_pss_mib": peak / _MIB,
         # The same peak of the loader's own processes alone, and of Ray's services alone (ray_service)
         "own_pss_mib": own / _MIB,
