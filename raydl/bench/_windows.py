@@ -19,7 +19,11 @@ shuffled epoch by every peer:
 * raydata: `ray.data.from_numpy` of the shuffled window numbers, the packing in `map_batches`
   (window i's tokens copied out of the memory-mapped `.bin`), `iter_torch_batches(batch_size=B)`;
 * ceiling: one thread, no loader: each window of a shuffled order copied out of the memory-mapped
-  `.bin` into the batch array (int64, as the loaders deliver).
+  `.bin` into the batch array (int64, as the loaders deliver);
+* floor: what Ray's object store alone carries here: one Ray actor returns batches of the same three
+  (B, L) int64 arrays as raydl's (made once; no reading, no plan), as many to an object as raydl puts
+  in one, the same number of objects in flight, each turned into torch tensors in this process. Every
+  loader that hands its batches over through the object store stays below this rate on the same cores.
 """
 
 from __future__ import annotations
@@ -280,6 +284,57 @@ class _Pack:
         return {"input_ids": out[:, :-1], "labels": out[:, 1:]}
 
 
+def run_floor_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
+    """The object store alone: batches of raydl's shape, made once in a Ray actor, returned `per_task` to
+    an object (what raydl's plan puts in one) with as many objects in flight as raydl's default prefetch,
+    each batch's three arrays turned into torch tensors here. No reading, no plan, no bookkeeping."""
+    import ray
+    import torch
+
+    from raydl.options import LoaderConfig
+    from raydl.plan.scheduling import MAX_BATCHES_PER_TASK, TASK_BYTES
+
+    L, B = spec.seq_len, spec.batch_size
+    per_task = max(1, min(MAX_BATCHES_PER_TASK, TASK_BYTES // (3 * B * L * 8)))
+    depth = LoaderConfig.prefetch_batches  # objects in flight while one is consumed
+    ray_init(spec.cpus)
+    try:
+
+        @ray.remote(num_cpus=1)
+        class Batches:
+            def __init__(self):
+                tokens = _bin(spec.data)
+                self.batch = {
+                    "input_ids": np.array(tokens[: B * L], np.int64).reshape(B, L),
+                    "labels": np.array(tokens[1 : B * L + 1], np.int64).reshape(B, L),
+                    "position_ids": np.tile(np.arange(L, dtype=np.int64), (B, 1)),
+                }
+
+            def make(self, sizes: list[int]) -> list[dict]:
+                # a view each (pickle would send one object once): Ray copies every batch into the store
+                return [{k: v[:rows] for k, v in self.batch.items()} for rows in sizes]
+
+        actor = Batches.remote()
+        ray.get(actor.make.remote([1]))  # the actor's start is Ray's, not the hand-over's
+        clock.start()
+        n = corpus_windows(spec.data, spec.seq_len)
+        sizes = [B] * (n // B) + ([n % B] if n % B else [])
+        for _epoch in range(spec.epochs):
+            tasks = [sizes[i : i + per_task] for i in range(0, len(sizes), per_task)]
+            inflight = [actor.make.remote(t) for t in tasks[:depth]]
+            for t in tasks[depth:] + [None] * min(depth, len(tasks)):
+                ref = inflight.pop(0)
+                if t is not None:
+                    inflight.append(actor.make.remote(t))
+                for batch in ray.get(ref):
+                    out = {k: torch.as_tensor(v) for k, v in batch.items()}
+                    clock.batch(out["input_ids"])
+                del ref
+        return clock.result()
+    finally:
+        ray.shutdown()
+
+
 def run_raydata_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import ray
     import ray.data
@@ -305,6 +360,7 @@ WINDOW_PEERS = {
     "megatron": run_megatron_windows,
     "raydata": run_raydata_windows,
     "ceiling": run_ceiling_windows,
+    "floor": run_floor_windows,
 }
 
 WINDOW_NOTES = {
@@ -318,4 +374,8 @@ WINDOW_NOTES = {
     "window's tokens copied out of the memory-mapped .bin) + iter_torch_batches(batch_size=B).",
     "ceiling": "ceiling: one thread, no loader: each window of a shuffled order copied out of the "
     "memory-mapped .bin into a (B, L + 1) int64 batch array.",
+    "floor": "floor: the object store alone: a Ray actor returns batches of raydl's three (B, L) int64 "
+    "arrays (made once; no reading, no plan) as many to an object as raydl puts in one, as many objects in "
+    "flight, each turned into torch tensors here; no loader that hands batches over through the object "
+    "store runs faster on these cores.",
 }

@@ -833,15 +833,27 @@ def _workload_notes(workload: str, summary: list[dict], *, seq_len: int = 0) -> 
         if first is not None:
             notes.append(f"raydl first batch after ray.init: {first:.2f} s (goal <= 1 s)")
         raw = {r["peer"]: r for r in summary if r["images_per_s"]}  # short windows too, said so
+        short = " (the peer's epoch took under 1 s after its first batch: indicative)"
         for peer, what, goal in (
             ("torch", "memory-mapped torch DataLoader", 1.0),
             ("ceiling", "one-thread ceiling", 0.3),
         ):
             if raydl and peer in raw:
-                short = " (the peer's epoch took under 1 s after its first batch: indicative)"
                 notes.append(
                     f"raydl / {what}, after the first batch: {raydl / raw[peer]['images_per_s']:.3f} "
                     f"(goal >= {goal})" + (short if raw[peer]["short_window"] else "")
+                )
+        for top, bottom, what in (
+            ("raydl", "floor", "raydl / the object-store floor"),
+            ("floor", "ceiling", "the object-store floor / one-thread ceiling (the most a loader handing its "
+             "batches over through the object store can reach here)"),
+        ):  # fmt: skip
+            if top in raw and bottom in raw:
+                brief = short.replace("the peer's epoch", "an epoch")
+                notes.append(
+                    f"{what}, after the first batch: "
+                    f"{raw[top]['images_per_s'] / raw[bottom]['images_per_s']:.3f}"
+                    + (brief if raw[top]["short_window"] or raw[bottom]["short_window"] else "")
                 )
         return notes + _ratio_notes(summary)
     if workload != "tokens":

@@ -366,7 +366,7 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "dali": ("train", "buckets"),
     "spdl": ("train", "buckets"),
     "ceiling": ("train", "buckets", "tokens", "windows"),
-    "floor": ("train",),
+    "floor": ("train", "windows"),
 }
 
 # Why a peer cannot run a workload, where there is more to say than that it has none.
@@ -411,7 +411,10 @@ REQUIRES: dict[str, tuple[tuple[str, ...], str]] = {
 WORKLOAD_REQUIRES: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
     "clip": {"torch": (("torch", "webdataset"), "pip install torch webdataset")},
     "tokens": {"ceiling": (("pyarrow",), "pip install pyarrow")},
-    "windows": {"ceiling": (("numpy",), "pip install numpy")},
+    "windows": {
+        "ceiling": (("numpy",), "pip install numpy"),
+        "floor": (("ray", "torch"), "pip install ray torch"),
+    },
 }
 
 # What each peer does differently from the workload; printed under the table.

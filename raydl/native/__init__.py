@@ -12,6 +12,9 @@ a resize whose filter would read more than `resample_bound(max_pixels, ...)`
 taps is refused by the kernel before it allocates or reads anything, so a
 20,000,000 x 1 image resized to 224 x 224 is a DecodeError, not 13 s of CPU.
 
+`token_windows_into` fills a batch of language-model windows (input ids,
+labels, document positions) out of a unit's token values in one pass.
+
 Masks are resampled nearest-neighbour in numpy (`crop_resize_nearest_into`):
 two index gathers over an already decoded uint8 label map, which read one
 source pixel per output pixel, so they need neither a C kernel nor a bound.
@@ -46,6 +49,7 @@ __all__ = [
     "resample_work",
     "simd",
     "simd_level",
+    "token_windows_into",
 ]
 
 _OK, _EINVAL, _ENOMEM, _EJPEG, _EUNSUPPORTED, _ETOOBIG, _EWORK = 0, -1, -2, -3, -4, -5, -6
@@ -468,3 +472,67 @@ def _crop_resize_python(src, box, out, *, flip, scale, bias) -> None:
             arr.transpose(2, 0, 1) * np.asarray(scale, np.float32)[:, None, None]
             + np.asarray(bias, np.float32)[:, None, None]
         )
+
+
+_TOKEN_TYPES = (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64)  # RAYDL_TOK_* order
+_TOKEN_IN = {np.dtype(t): k for k, t in enumerate(_TOKEN_TYPES)}
+_TOKEN_OUT = {np.dtype(np.int32): 4, np.dtype(np.int64): 6}
+
+
+def token_windows_into(
+    values: np.ndarray,
+    starts: np.ndarray,
+    offsets: np.ndarray,
+    rows: np.ndarray,
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    positions: np.ndarray,
+) -> bool:
+    """Windows of seq + 1 tokens of `values`, window i starting at offsets[i], into row rows[i] of the
+    (n, seq) outputs: its first seq tokens into `inputs`, its last seq into `labels`, and each of its
+    first seq tokens' offset from the latest of the document `starts` (ascending, from 0) at or before
+    it into `positions`. Values are cast as numpy's unsafe cast does. One C pass with the GIL released;
+    False, with nothing written, where the kernels are not built or a type is not one it takes (the
+    caller then copies in numpy). A window or row out of bounds is a ValueError."""
+    ffi, lib, _ = _load()
+    kind = _TOKEN_IN.get(values.dtype)
+    out = _TOKEN_OUT.get(inputs.dtype)
+    if lib is None or kind is None or out is None or values.ndim != 1 or not values.flags.c_contiguous:
+        return False
+    seq = inputs.shape[1]
+    for a in (labels, positions):
+        if a.dtype != inputs.dtype or a.shape != inputs.shape or not a.flags.c_contiguous:
+            return False
+    if not inputs.flags.c_contiguous:
+        return False
+    starts = np.ascontiguousarray(starts, np.int64)
+    offsets = np.ascontiguousarray(offsets, np.int64)
+    rows = np.ascontiguousarray(rows, np.int64)
+    if len(offsets) != len(rows):
+        raise ValueError(f"{len(offsets)} window offsets for {len(rows)} rows")
+    if not len(rows):
+        return True
+    ll = "long long *"
+    rc = lib.raydl_token_windows(
+        ffi.cast("void *", values.ctypes.data),
+        kind,
+        len(values),
+        ffi.cast(ll, starts.ctypes.data),
+        len(starts),
+        ffi.cast(ll, offsets.ctypes.data),
+        ffi.cast(ll, rows.ctypes.data),
+        len(rows),
+        inputs.shape[0],
+        seq,
+        out,
+        ffi.from_buffer(inputs, require_writable=True),
+        ffi.from_buffer(labels, require_writable=True),
+        ffi.from_buffer(positions, require_writable=True),
+    )
+    if rc != _OK:
+        raise ValueError(
+            f"token windows out of bounds: {len(values)} values, {len(starts)} document starts, offsets in "
+            f"[{offsets.min(initial=0)}, {offsets.max(initial=0)}] of windows of {seq + 1}, rows of "
+            f"{inputs.shape[0]}"
+        )
+    return True

@@ -1,6 +1,6 @@
 """cffi builders for raydl's C kernels (API mode, out-of-line).
 
-- `ffibuilder` -> raydl.native._kernels: crop/resize/flip/normalize (always).
+- `ffibuilder` -> raydl.native._kernels: crop/resize/flip/normalize and token windows (always).
 - `jpeg_ffibuilder` -> raydl.native._jpeg: the same plus a libjpeg-turbo
   decoder of only the crop's region; needs jpeglib.h (Debian
   libjpeg62-turbo-dev). When it cannot be built raydl decodes JPEGs whole with
@@ -30,6 +30,10 @@ double raydl_resize_bound(long long max_pixels, int out_h, int out_w);
 double raydl_resize_work(int src_h, int src_w, double box_x0, double box_y0, double box_x1, double box_y1,
                          int out_h, int out_w);
 int raydl_simd(int mode);
+int raydl_token_windows(const void *values, int in_kind, long long n_values, const long long *starts,
+                        long long n_starts, const long long *offsets, const long long *rows, int n,
+                        long long n_rows, int seq, int out_kind, void *inputs, void *labels,
+                        void *positions);
 """
 _JPEG = """
 int raydl_jpeg_crop_resize(const uint8_t *data, size_t len,
@@ -54,7 +58,10 @@ _ARGS = dict(
 ffibuilder = FFI()
 ffibuilder.cdef(_COMMON)
 ffibuilder.set_source(
-    "raydl.native._kernels", '#include "kernels.h"', sources=["raydl/native/kernels.c"], **_ARGS
+    "raydl.native._kernels",
+    '#include "kernels.h"',
+    sources=["raydl/native/kernels.c", "raydl/native/tokens.c"],
+    **_ARGS,
 )
 
 jpeg_ffibuilder = FFI()
@@ -62,7 +69,7 @@ jpeg_ffibuilder.cdef(_COMMON + _JPEG)
 jpeg_ffibuilder.set_source(
     "raydl.native._jpeg",
     '#include "kernels.h"',
-    sources=["raydl/native/jpeg.c", "raydl/native/kernels.c"],
+    sources=["raydl/native/jpeg.c", "raydl/native/kernels.c", "raydl/native/tokens.c"],
     **{**_ARGS, "libraries": ["jpeg", "m"]},
 )
 

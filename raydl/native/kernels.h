@@ -96,4 +96,24 @@ void raydl_jpeg_crop_resize_many(int n, const uint8_t *const *data, const size_t
                                  const int *flip, const int *scale_denom, int out_h, int out_w, int out_format,
                                  const float *scale, const float *bias, void *const *dst, int fast,
                                  long long max_pixels, int *rc, char *errbuf, int errbuf_len);
+/* Token kinds of raydl_token_windows: the values' integer type in, the rows' type out. */
+#define RAYDL_TOK_I8 0
+#define RAYDL_TOK_U8 1
+#define RAYDL_TOK_I16 2
+#define RAYDL_TOK_U16 3
+#define RAYDL_TOK_I32 4
+#define RAYDL_TOK_U32 5
+#define RAYDL_TOK_I64 6
+
+/* n windows of seq + 1 tokens of `values` (n_values of in_kind), window r starting at offsets[r]: its
+ * first seq tokens into row rows[r] of `inputs`, its last seq into `labels`, and into `positions` each
+ * of its first seq tokens' offset from the latest document start at or before it (starts: the n_starts
+ * ascending document starts, starts[0] == 0). The outputs are C-contiguous (n_rows, seq) of out_kind
+ * (RAYDL_TOK_I32 or RAYDL_TOK_I64), values cast as C casts them (numpy's unsafe cast). RAYDL_EINVAL,
+ * with nothing written, when a window or row is out of bounds. */
+int raydl_token_windows(const void *values, int in_kind, long long n_values, const long long *starts,
+                        long long n_starts, const long long *offsets, const long long *rows, int n,
+                        long long n_rows, int seq, int out_kind, void *inputs, void *labels,
+                        void *positions);
+
 #endif

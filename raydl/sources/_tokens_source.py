@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from raydl.describe.catalog import Catalog, Located, Source
 from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, LoaderError, ObjectChangedError
+from raydl.native import token_windows_into
 from raydl.sources._megatron import map_file, parse_index, read_index
 from raydl.sources._parquet_file import parse_footer, read_row_group
 from raydl.sources._parquet_source import BoundedLRU
@@ -153,6 +154,9 @@ class TokenSource(Source):
             held = self._unit(catalog, storage, layout, u)
             if self.eod is None and held.values is not None:  # a mapped .bin: copy straight into the batch
                 at = local[rows]
+                inputs, labels, positions = batch["input_ids"], batch["labels"], batch["position_ids"]
+                if token_windows_into(held.values, held.starts, at, rows, inputs, labels, positions):
+                    continue
                 batch["position_ids"][into] = _positions(held.starts, at, width, False)[0]
                 inputs, labels, values, seq = batch["input_ids"], batch["labels"], held.values, self.seq_len
                 for r, a in zip(rows.tolist(), at.tolist(), strict=True):

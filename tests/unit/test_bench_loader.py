@@ -481,7 +481,7 @@ def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
     out = tmp_path / "bench.json"
     megatron = importlib.util.find_spec("megatron.core") is not None
     args = _parse(
-        ["--data", str(tmp_path / "d"), "--workload", "tokens", "--compare", "torch,raydata,megatron",
+        ["--data", str(tmp_path / "d"), "--workload", "tokens", "--compare", "torch,raydata,megatron,floor",
          "--rounds", "1", "--cpus", "2", "--batch-size", "8", "--megatron-tokens", "400000", "--seq-len", "512",
          "--window-batch-size", "8", "--checksum", "--json", str(out)]
     )  # fmt: skip
@@ -493,18 +493,23 @@ def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
     windows = report["windows"]
     for part, peers, n, shape in (
         (report, ["raydl", "raydl-ordered", "torch", "raydata", "ceiling"], 96, 2048),
-        (windows, ["raydl", "torch", "raydata", *(["megatron"] if megatron else []), "ceiling"], 781, 512),
+        (windows, ["raydl", "torch", "raydata", *(["megatron"] if megatron else []), "floor", "ceiling"], 781, 512),
     ):
         assert [r["peer"] for r in part["summary"]] == peers, part["summary"]
         for r in part["runs"]:
             assert r["ok"] and r["images"] == n and r["batch_shape"][1:] == [shape], r
             assert r["images_per_s"] > 0 and r["epoch_from_start_per_s"] > 0, r
         ceiling = next(r["checksum"] for r in part["runs"] if r["peer"] == "ceiling")
-        assert {r["peer"]: r["checksum"] for r in part["runs"]} == dict.fromkeys(peers, ceiling)
+        readers = [p for p in peers if p != "floor"]  # the floor hands over one batch again and again
+        got = {r["peer"]: r["checksum"] for r in part["runs"] if r["peer"] != "floor"}
+        assert got == dict.fromkeys(readers, ceiling)
     if not megatron:  # skipped with its reason, never silently
         assert any(n.startswith("megatron skipped") for n in windows["notes"]), windows["notes"]
     assert any("megatron-core's IndexedDataset reads Megatron corpora" in n for n in report["notes"])
     assert any(n.startswith("raydl / peer, after the first batch") for n in windows["notes"])
+    assert any(n.startswith("raydl / the object-store floor, after the first batch") for n in windows["notes"])
+    assert any(n.startswith("the object-store floor / one-thread ceiling") for n in windows["notes"])
+    assert any(n.startswith("floor skipped: it has no tokens workload") for n in report["notes"]), report["notes"]
     assert windows["unit"] == "windows" and report["unit"] == "rows"
     assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
 
