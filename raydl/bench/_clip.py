@@ -238,9 +238,10 @@ def run_raydata_clip(spec: PeerSpec, clock: EpochClock) -> Measurement:
         ds = ray.data.read_webdataset(
             clip_shards(spec.data), decoder=_raydata_decoder, shuffle="files"
         ).map_batches(_raydata_clip_transform, batch_format="numpy")
-        for batch in ds.iter_batches(batch_size=spec.batch_size, batch_format="numpy"):
-            _check_captions(list(batch["caption"]), batch["image"].shape[0])
-            clock.batch(batch["image"])
+        for _epoch in range(spec.epochs):  # each epoch runs the pipeline again
+            for batch in ds.iter_batches(batch_size=spec.batch_size, batch_format="numpy"):
+                _check_captions(list(batch["caption"]), batch["image"].shape[0])
+                clock.batch(batch["image"])
         return clock.result()
     finally:
         ray.shutdown()

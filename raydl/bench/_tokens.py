@@ -117,8 +117,9 @@ def run_raydata_tokens(spec: PeerSpec, clock: EpochClock) -> Measurement:
         ray.data.DataContext.get_current().enable_progress_bars = False
         clock.start()
         ds = ray.data.read_parquet(token_files(spec.data), columns=[COLUMN], shuffle="files")
-        for batch in ds.iter_torch_batches(batch_size=spec.batch_size):
-            clock.batch(batch[COLUMN])
+        for _epoch in range(spec.epochs):  # each epoch runs the pipeline again
+            for batch in ds.iter_torch_batches(batch_size=spec.batch_size):
+                clock.batch(batch[COLUMN])
         return clock.result()
     finally:
         ray.shutdown()

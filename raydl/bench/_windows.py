@@ -347,8 +347,9 @@ def run_raydata_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
         blocks = np.array_split(_order(n, spec.seed), max(1, min(n, 8 * spec.cpus)))
         pack = _Pack(spec.data, spec.seq_len)
         ds = ray.data.from_numpy(blocks).map_batches(pack, batch_size=spec.batch_size)
-        for batch in ds.iter_torch_batches(batch_size=spec.batch_size):
-            clock.batch(batch["input_ids"])
+        for _epoch in range(spec.epochs):  # each epoch runs the pipeline again
+            for batch in ds.iter_torch_batches(batch_size=spec.batch_size):
+                clock.batch(batch["input_ids"])
         return clock.result()
     finally:
         ray.shutdown()

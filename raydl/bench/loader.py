@@ -54,14 +54,14 @@ in the table is the median over the rounds:
 * x raydl: the peer's images/s over raydl's.
 
 With `--epochs N` (N > 1) each run goes on for N epochs of the same loader (for the
-peers that can: raydl, torch, dataio, ceiling, floor) and two more columns show the
-epochs after the first: "later img/s" (their images / the time from the first
-epoch's last batch, or from raydl's refresh() after it, to the last one) and "later
-CPU ms/img" (the tree's CPU over that time, per image). They leave out the one-off
-start-up (Ray, actor processes, the first batches), which a long run pays once:
-between epochs 1 and 2 raydl's loader is `refresh()`ed, untimed, which starts its
-coordinator if it has not started yet. Every other column keeps its meaning:
-it is the first epoch's, as without --epochs.
+peers that can: raydl, torch, raydata (its pipeline again each epoch), dataio, megatron,
+ceiling, floor) and two more columns show the epochs after the first: "later img/s"
+(their images / the time from the first epoch's last batch, or from raydl's refresh()
+after it, to the last one) and "later CPU ms/img" (the tree's CPU over that time, per
+image). They leave out the one-off start-up (Ray, actor processes, the first batches),
+which a long run pays once: between epochs 1 and 2 raydl's loader is `refresh()`ed,
+untimed, which starts its coordinator if it has not started yet. Every other column
+keeps its meaning: it is the first epoch's, as without --epochs.
 """
 
 from __future__ import annotations
@@ -867,10 +867,13 @@ def _workload_notes(workload: str, summary: list[dict], *, seq_len: int = 0) -> 
     notes.append(
         f"rows/s is {SEQ_LEN}-token rows per second; CPU ms/img is per row. tokens/s: {', '.join(tokens)}"
     )
+    later = {r["peer"]: r.get("later_images_per_s") for r in summary}
     for ours in ("raydl", "raydl-ordered"):
         for peer, what, goal in (("ceiling", "pyarrow ceiling", 0.7), ("raydata", "Ray Data", 1.0)):
             if rate.get(ours) and rate.get(peer):
                 notes.append(f"{ours} / {what}: {rate[ours] / rate[peer]:.2f} (goal >= {goal})")
+            if later.get(ours) and later.get(peer):  # --epochs N: the epochs after each start
+                notes.append(f"{ours} / {what} in the later epochs: {later[ours] / later[peer]:.2f}")
     whole = {r["peer"]: r.get("epoch_from_start_per_s") for r in summary}
     for ours in ("raydl", "raydl-ordered"):
         if whole.get(ours) and whole.get("torch"):

@@ -176,8 +176,9 @@ def run_raydata(spec: PeerSpec, clock: EpochClock) -> Measurement:
             shuffle="files",
             file_extensions=["jpg", "jpeg", "png", "webp", "bmp"],  # not labels.csv
         ).map_batches(_raydata_transform, batch_format="numpy")
-        for batch in ds.iter_batches(batch_size=spec.batch_size, batch_format="numpy"):
-            clock.batch(batch["image"])
+        for _epoch in range(spec.epochs):  # each epoch runs the pipeline again
+            for batch in ds.iter_batches(batch_size=spec.batch_size, batch_format="numpy"):
+                clock.batch(batch["image"])
         return clock.result()
     finally:
         ray.shutdown()
@@ -344,6 +345,7 @@ MULTI_EPOCH = frozenset(
         "raydl-image",
         "raydl-ordered",
         "torch",
+        "raydata",
         "dataio",
         "ceiling",
         "floor",

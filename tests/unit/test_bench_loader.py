@@ -470,8 +470,8 @@ def test_bench_tokens_part_rows_measures_the_rows_table_alone(tmp_path, monkeypa
 @pytest.mark.timeout(600)
 def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
     """--workload tokens on a tiny set: the rows table (Parquet) and the windows table (a Megatron corpus the
-    bench writes) each have every available peer with positive rates after the first batch and over the whole
-    epoch from process start; every peer of a table delivers the same rows or windows (the digest of every
+    bench writes) each have every available peer with positive rates after the first batch, over the whole
+    epoch from process start and over the second epoch (Ray Data's pipeline run again); every peer of a table delivers the same rows or windows (the digest of every
     token delivered over the epoch equals the ceiling's)."""
     import importlib.util
 
@@ -483,7 +483,7 @@ def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
     args = _parse(
         ["--data", str(tmp_path / "d"), "--workload", "tokens", "--compare", "torch,raydata,megatron,floor",
          "--rounds", "1", "--cpus", "2", "--batch-size", "8", "--megatron-tokens", "400000", "--seq-len", "512",
-         "--window-batch-size", "8", "--checksum", "--json", str(out)]
+         "--window-batch-size", "8", "--checksum", "--epochs", "2", "--json", str(out)]
     )  # fmt: skip
     assert loader.main(args) == 0
     assert (tmp_path / "d" / "megatron" / "corpus-400000.idx").exists()
@@ -499,6 +499,7 @@ def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
         for r in part["runs"]:
             assert r["ok"] and r["images"] == n and r["batch_shape"][1:] == [shape], r
             assert r["images_per_s"] > 0 and r["epoch_from_start_per_s"] > 0, r
+            assert r["later_images"] == n and r["later_images_per_s"] > 0, r  # --epochs 2: every peer here
         ceiling = next(r["checksum"] for r in part["runs"] if r["peer"] == "ceiling")
         readers = [p for p in peers if p != "floor"]  # the floor hands over one batch again and again
         got = {r["peer"]: r["checksum"] for r in part["runs"] if r["peer"] != "floor"}
@@ -510,6 +511,7 @@ def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
     assert any(n.startswith("raydl / the object-store floor, after the first batch") for n in windows["notes"])
     assert any(n.startswith("the object-store floor / one-thread ceiling") for n in windows["notes"])
     assert any(n.startswith("floor skipped: it has no tokens workload") for n in report["notes"]), report["notes"]
+    assert any(n.startswith("raydl / Ray Data in the later epochs: ") for n in report["notes"]), report["notes"]
     assert windows["unit"] == "windows" and report["unit"] == "rows"
     assert any(note.startswith("rows/s is 2048-token rows per second") for note in report["notes"])
 
