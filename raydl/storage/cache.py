@@ -10,9 +10,9 @@ the other's bucket of the same name, and an object rewritten in the store (a new
 gets its old bytes; its old entries are removed when the new etag is first read.
 
 The cache itself is three modules below this one: raydl/storage/node_cache.py (`NodeCache`: entries
-written by rename after fsync, verified by digest on read), raydl/storage/cache_folder.py (the folder's
-layout, who may use it, its lock and size ledger) and raydl/storage/cache_evict.py (least-recently-used
-eviction in short steps under the lock). Their names are re-exported here.
+written whole and published by rename, verified by digest on read), raydl/storage/cache_folder.py (the
+folder's layout, who may use it, its lock and size ledger) and raydl/storage/cache_evict.py
+(least-recently-used eviction in short steps under the lock). Their names are re-exported here.
 
 Faults: a write that fails (a full disk, a read-only folder) abandons the entry, and the bytes read from the
 store are returned as they are; the first such failure in a process is warned about.
@@ -62,7 +62,7 @@ def with_node_cache(storage: Storage, cache: Cache | None) -> Storage:
     return CachedStorage(storage, node_cache(cache.path, cache.max_bytes, cache.group))
 
 
-WRITER_THREADS = 4  # a process's threads writing entries behind the reads (each mostly waits in fsync)
+WRITER_THREADS = 4  # a process's threads writing entries behind the reads
 # The IO tasks a batch reads the cache's hits on (`hits_only().default_io_concurrency`, local disk's default):
 # a hit is a read of a local file, with no wait to hide behind more tasks. Spread over a remote store's many
 # IO threads, a batch's hits would run on a dozen threads at once, each system call of each hit waiting for
@@ -185,7 +185,7 @@ class CachedStorage(BaseStorage):
         for (o, n), g in zip(pieces, got, strict=True):
             if g is None:
                 piece = data if n == length else data[o - offset : o - offset + n]
-                if self._behind is not None:  # fsyncs (about 1 ms an entry) off the batch's critical path
+                if self._behind is not None:  # the entry's write (0.3 ms) off the batch's critical path
                     future = _writer().submit(self._put, uri, etag, o, n, piece)
                     with self._plans_lock:
                         self._behind.append(future)

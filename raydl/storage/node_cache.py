@@ -14,9 +14,11 @@ Entries of the key scheme before the store was part of it (magic RAYDLC1, names 
 hash) are never looked up: every lookup misses them, and they are evicted as usual, the least recently
 used first, so an upgraded node's old entries go first.
 
-Writes: a temporary file in PATH/tmp, written, fsync'ed, then renamed into place under the lock and the
-entry folder fsync'ed; a crash leaves a whole entry or none, and the temporary file of a dead writer is
-removed by the next process that opens the cache. Two writers of one entry: the first rename wins, the
+Writes: a temporary file in PATH/tmp, written whole with its digest, then renamed into place under the
+lock; never fsync'ed, as a cache of bytes the store still holds need not be. Another process never sees
+a partial entry (the rename publishes it whole); after a crash of the machine an entry whose bytes did not
+reach the disk fails its digest and is a miss, and the temporary file of a dead writer is removed by the
+next process that opens the cache. Two writers of one entry: the first rename wins, the
 second finds it there and drops its copy, so the accounting counts it once.
 
 Size: the entries' total (the ledger, PATH/state) stays <= max_bytes. A write that takes it past
@@ -385,9 +387,8 @@ class NodeCache:
         return fd, name
 
     def _finish(self, store, uri, etag, offset, length, key, tmp, n, digest) -> int | None:
-        """Fill in the header, fsync, rename into place under the lock (making room first where it does not
-        fit), fsync the folder, and evict past HIGH_WATER: the entries evicted, or None when the entry was
-        left out."""
+        """Fill in the header, rename into place under the lock (making room first where it does not fit),
+        and evict past HIGH_WATER: the entries evicted, or None when the entry was left out."""
         fd, tmp_name = tmp
         size = _HEAD.size + len(key) + n
         if size > self.max_bytes:
@@ -397,7 +398,6 @@ class NodeCache:
         shard, name = self._names(store, uri, etag, offset, length)
         try:
             os.pwrite(fd, _HEAD.pack(MAGIC, len(key), n, digest), 0)
-            os.fsync(fd)
             os.close(fd)
             fd = -1
             with folder.shard(shard, create=True) as shard_fd:
@@ -434,7 +434,6 @@ class NodeCache:
                 self._abandon((-1, tmp_name))
                 return None
             time.sleep(0.005)  # another process's pass frees room a step at a time
-        os.fsync(shard_fd)
         if high:
             self._evict_behind(LOW_WATER * self.max_bytes)
         return evicted

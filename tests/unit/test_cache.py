@@ -57,18 +57,24 @@ def test_a_miss_is_kept_and_the_next_read_is_a_hit(tmp_path, objects):
     assert fresh.read_range(objects[0], 100, 5000, etag="e1") == first and len(inner.reads) == 1
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "zeroed", "empty"])
 def test_a_corrupt_entry_is_named_removed_and_fetched_again(tmp_path, objects, caplog, damage):
     """A flipped byte or a cut-off entry fails its digest: a warning names the file, the store's bytes are
-    returned (never the damaged ones), and the entry is written anew."""
+    returned (never the damaged ones), and the entry is written anew. Entries are not fsync'ed, so a crash
+    of the machine can leave a renamed entry whose bytes never reached the disk (zeros, or nothing): the
+    same."""
     inner, storage = _cached(tmp_path)
     want = storage.read_range(objects[1], 0, 10_000, etag="e1")
     (entry,) = _entries(tmp_path / "cache")
     raw = bytearray(open(entry, "rb").read())
     if damage == "flip":
         raw[-100] ^= 0xFF
-    else:
+    elif damage == "truncate":
         del raw[-10:]
+    elif damage == "zeroed":
+        raw = bytearray(len(raw))
+    else:
+        raw = bytearray()
     open(entry, "wb").write(bytes(raw))
     with caplog.at_level(logging.WARNING, logger="raydl.storage.cache"):
         got = storage.read_range(objects[1], 0, 10_000, etag="e1")
