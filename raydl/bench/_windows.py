@@ -22,8 +22,9 @@ shuffled epoch by every peer:
   `.bin` into the batch array (int64, as the loaders deliver);
 * floor: what Ray's object store alone carries here: one Ray actor returns batches of the same three
   (B, L) int64 arrays as raydl's (made once; no reading, no plan), as many to an object as raydl puts
-  in one, the same number of objects in flight, each turned into torch tensors in this process. Every
-  loader that hands its batches over through the object store stays below this rate on the same cores.
+  in one, the same number of objects in flight, each turned into torch tensors in this process. A
+  loader that hands such batches over through the object store, as many to an object, stays below this
+  rate on the same cores.
 """
 
 from __future__ import annotations
@@ -377,6 +378,6 @@ WINDOW_NOTES = {
     "memory-mapped .bin into a (B, L + 1) int64 batch array.",
     "floor": "floor: the object store alone: a Ray actor returns batches of raydl's three (B, L) int64 "
     "arrays (made once; no reading, no plan) as many to an object as raydl puts in one, as many objects in "
-    "flight, each turned into torch tensors here; no loader that hands batches over through the object "
-    "store runs faster on these cores.",
+    "flight, each turned into torch tensors here; a loader handing such batches over through the object "
+    "store, as many to an object, runs no faster on these cores.",
 }

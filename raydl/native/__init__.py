@@ -499,6 +499,8 @@ def token_windows_into(
     out = _TOKEN_OUT.get(inputs.dtype)
     if lib is None or kind is None or out is None or values.ndim != 1 or not values.flags.c_contiguous:
         return False
+    if inputs.ndim != 2:
+        return False
     seq = inputs.shape[1]
     for a in (labels, positions):
         if a.dtype != inputs.dtype or a.shape != inputs.shape or not a.flags.c_contiguous:

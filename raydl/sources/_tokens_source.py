@@ -152,13 +152,13 @@ class TokenSource(Source):
             rows = np.flatnonzero(whole & (unit == u))
             into = slice(None) if len(rows) == n else rows
             held = self._unit(catalog, storage, layout, u)
-            if self.eod is None and held.values is not None:  # a mapped .bin: copy straight into the batch
+            if self.eod is None and held.values is not None:  # a mapped .bin or a decoded row group
                 at = local[rows]
                 inputs, labels, positions = batch["input_ids"], batch["labels"], batch["position_ids"]
                 if token_windows_into(held.values, held.starts, at, rows, inputs, labels, positions):
-                    continue
-                batch["position_ids"][into] = _positions(held.starts, at, width, False)[0]
-                inputs, labels, values, seq = batch["input_ids"], batch["labels"], held.values, self.seq_len
+                    continue  # one C pass straight into the batch; else the same in numpy
+                positions[into] = _positions(held.starts, at, width, False)[0]
+                values, seq = held.values, self.seq_len
                 for r, a in zip(rows.tolist(), at.tolist(), strict=True):
                     inputs[r] = values[a : a + seq]
                     labels[r] = values[a + 1 : a + 1 + seq]
