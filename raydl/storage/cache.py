@@ -185,7 +185,7 @@ class CachedStorage(BaseStorage):
         for (o, n), g in zip(pieces, got, strict=True):
             if g is None:
                 piece = data if n == length else data[o - offset : o - offset + n]
-                if self._behind is not None:  # the entry's write (0.3 ms) off the batch's critical path
+                if self._behind is not None:  # the entry's write (0.3-1 ms) off the batch's critical path
                     future = _writer().submit(self._put, uri, etag, o, n, piece)
                     with self._plans_lock:
                         self._behind.append(future)
