@@ -49,9 +49,9 @@ pins=()
 [[ "$extras" == *test* ]] && pins+=("torch==2.13.0")
 echo "setup: pip install -e $spec ${pins[*]:-}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$spec" "${pins[@]}"
-# An editable install leaves raydl's own modules uncompiled, and with PYTHONDONTWRITEBYTECODE set every
-# process (the driver, each Ray worker) would compile them again at import, as a wheel's install never lets
-# happen; compile them once here, as pip does for a wheel.
+# An editable install leaves raydl's own modules uncompiled; with PYTHONDONTWRITEBYTECODE set, every process
+# (the driver, each Ray worker) would compile them again at import. Compile them once here, as pip does when
+# it installs a wheel.
 .venv/bin/python -m compileall -q raydl >/dev/null
 if [[ "$extras" == *test* ]]; then
     # DALI's wds2idx (pure Python over tar) writes the .idx files the WebDataset index tests read; the rest of

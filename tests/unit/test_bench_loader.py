@@ -471,8 +471,9 @@ def test_bench_tokens_part_rows_measures_the_rows_table_alone(tmp_path, monkeypa
 def test_bench_tokens_both_tables_every_peer_the_same_tokens(tmp_path, capsys):
     """--workload tokens on a tiny set: the rows table (Parquet) and the windows table (a Megatron corpus the
     bench writes) each have every available peer with positive rates after the first batch, over the whole
-    epoch from process start and over the second epoch (Ray Data's pipeline run again); every peer of a table delivers the same rows or windows (the digest of every
-    token delivered over the epoch equals the ceiling's)."""
+    epoch from process start and over the second epoch (Ray Data's pipeline run again); every peer of a table
+    but the floor delivers the same rows or windows (the digest of every token delivered over the epoch equals
+    the ceiling's)."""
     import importlib.util
 
     from raydl.bench._tokens import write_token_parquet
