@@ -293,11 +293,12 @@ def run_floor_windows(spec: PeerSpec, clock: EpochClock) -> Measurement:
     import torch
 
     from raydl.options import LoaderConfig
-    from raydl.plan.scheduling import MAX_BATCHES_PER_TASK, TASK_BYTES
+    from raydl.plan.scheduling import batches_per_task
 
     L, B = spec.seq_len, spec.batch_size
-    per_task = max(1, min(MAX_BATCHES_PER_TASK, TASK_BYTES // (3 * B * L * 8)))
     depth = LoaderConfig.prefetch_batches  # objects in flight while one is consumed
+    # raydl's own rule, with a budget that binds nothing (as raydl's default does for batches this small)
+    per_task = batches_per_task(3 * B * L * 8, depth=depth, budget_bytes=1 << 40, world_size=1)
     ray_init(spec.cpus)
     try:
 
