@@ -20,6 +20,7 @@ store are returned as they are; the first such failure in a process is warned ab
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,7 +63,21 @@ def with_node_cache(storage: Storage, cache: Cache | None) -> Storage:
     return CachedStorage(storage, node_cache(cache.path, cache.max_bytes, cache.group))
 
 
-WRITER_THREADS = 4  # a process's threads writing entries behind the reads
+def _writer_threads() -> int:
+    """A process's threads writing entries behind the reads: one per two cores it may run on, 1 to 4.
+
+    A write is mostly system calls (creating a file, the ledger under its lock), each of which takes the
+    GIL back from the decode threads beside it: on 2 cores, 4 writers cost more CPU per entry than 1, and
+    cached epoch 1 ran at 0.80x an uncached one against 0.86x with 1 (docs/benchmarks.md, the node cache).
+    More cores decode faster, and a batch waits for its entries: there the writers keep up in parallel."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return min(4, max(1, cores // 2))
+
+
+WRITER_THREADS = _writer_threads()
 # The IO tasks a batch reads the cache's hits on (`hits_only().default_io_concurrency`, local disk's default):
 # a hit is a read of a local file, with no wait to hide behind more tasks. Spread over a remote store's many
 # IO threads, a batch's hits would run on a dozen threads at once, each system call of each hit waiting for
