@@ -2,9 +2,10 @@
 share, the scan of its entries, and the temporary files dead writers left.
 
     PATH/entries/abc/<uri hash>-<store hash>-<etag hash>-<offset>-<length>   an entry: a header, the bytes
-    PATH/tmp/<pid ns>-<pid>-<random>.tmp                 entries (and the ledger) being written
+    PATH/tmp/<pid ns>-<pid>-<random>.tmp                 entries (and a first ledger) being written
     PATH/lock                                            fcntl lock: the ledger, renames and removals
-    PATH/state                                           the ledger: "<bytes> <max_bytes> <bytes added>"
+    PATH/state                                           the ledger: "<bytes> <max_bytes> <bytes added>",
+                                                         rewritten in place by the lock's holder
     PATH/evicting                                        fcntl lock held by the one process evicting
 
 What it trusts. A cache folder is private to its user: PATH, entries/, tmp/ and every entries/abc/ are made
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 ENTRIES, TMP, LOCK, STATE, EVICTING = "entries", "tmp", "lock", "state", "evicting"
+STATE_WIDTH = 64  # bytes of the ledger's record as written in place: three numbers, padded, and a newline
 STALE_TMP_S = 3600.0  # a temporary file untouched this long is a dead writer's, whoever wrote it
 
 SHARD = re.compile(r"[0-9a-f]{3}")  # entries/abc: the first 3 hex digits of the URI's hash
@@ -120,12 +122,15 @@ class CacheFolder:
         and checked; its descriptor."""
         created = False
         try:
-            os.mkdir(name, self.dir_mode, dir_fd=parent)
-            created = True
-        except FileExistsError:
-            pass
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            try:  # an existing folder first: a shard is made once and opened at every entry's write
+                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(name, self.dir_mode, dir_fd=parent)
+                    created = True
+                except FileExistsError:  # another writer made it in between
+                    pass
+                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno in (errno.ENOTDIR, errno.ELOOP):
                 try:
@@ -313,6 +318,36 @@ class CacheFolder:
         finally:
             os.close(fd)
 
+    def open_state(self) -> tuple[int, tuple[int, int, int] | None]:
+        """The ledger opened for an update in place (by the holder of the lock) and read: (fd, its values),
+        or (-1, None) where it is missing or not a regular file of the cache's own (then `write_state`
+        replaces it); (fd, None) where it is torn."""
+        try:
+            fd = os.open(STATE, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.root)
+        except OSError:
+            return -1, None
+        try:
+            if not self.ours(os.fstat(fd)):
+                os.close(fd)
+                return -1, None
+            return fd, _parse_state(os.pread(fd, 128, 0))
+        except OSError:
+            os.close(fd)
+            return -1, None
+
+    def update_state(self, fd: int, total: int, max_bytes: int, added: int) -> bool:
+        """The ledger rewritten in place through `fd` (open_state's): one write of a fixed-width record that
+        covers whatever was there (the few bytes a ledger holds are written whole or not at all), so the
+        hold makes no file of its own; readers split on whitespace, as they always have. False, with
+        nothing written, for numbers too long for the record (a crafted ledger's): `write_state` then."""
+        record = f"{total} {max_bytes} {added}".encode()
+        if len(record) >= STATE_WIDTH:
+            return False
+        os.pwrite(fd, record.ljust(STATE_WIDTH - 1) + b"\n", 0)
+        if os.fstat(fd).st_size > STATE_WIDTH:  # a longer ledger before: nothing of it may follow the record
+            os.ftruncate(fd, STATE_WIDTH)
+        return True
+
     def write_state(self, total: int, max_bytes: int, added: int, ns: str) -> None:
         fd, name = self.temp(ns)
         try:
@@ -369,6 +404,7 @@ class StateLock:
         self._max_bytes = max_bytes
         self._ns = ns
         self._fd = -1
+        self._state_fd = -1  # the ledger, open for an update in place while the lock is held
         self.ledger = Ledger(0, 0, 0)
         self._written = (0, 0, 0)
 
@@ -379,7 +415,8 @@ class StateLock:
         try:
             self._fd = self._folder.open_lock(LOCK)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-            total, recorded_max, added = self._folder.read_state() or (0, 0, 0)
+            self._state_fd, values = self._folder.open_state()
+            total, recorded_max, added = values or (0, 0, 0)
             self.ledger = Ledger(total, self._max_bytes or recorded_max, added)
             self._written = (total, recorded_max, added)
         except BaseException:
@@ -393,7 +430,8 @@ class StateLock:
 
     def write(self) -> None:
         values = self._values()
-        self._folder.write_state(*values, self._ns)
+        if self._state_fd < 0 or not self._folder.update_state(self._state_fd, *values):
+            self._folder.write_state(*values, self._ns)  # no ledger yet, or not the cache's own: a new one
         self._written = values
 
     def __exit__(self, *exc) -> None:
@@ -406,6 +444,9 @@ class StateLock:
             self._release()
 
     def _release(self) -> None:
+        if self._state_fd >= 0:
+            os.close(self._state_fd)
+            self._state_fd = -1
         if self._fd >= 0:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = -1

@@ -487,3 +487,41 @@ def test_the_refusals_are_worded_as_docs_errors_md_says(tmp_path, monkeypatch):
     for text in got:
         pattern = [q for q in quoted if re.fullmatch(".*?".join(map(re.escape, q.split("…"))), text, re.S)]
         assert pattern, f"docs/errors.md quotes no message like {text!r}"
+
+
+def test_the_ledger_is_rewritten_in_place_as_one_record_that_covers_what_was_there(tmp_path):
+    """Each put rewrites the ledger through the descriptor it was read from (same file, no temporary ledger):
+    one 64-byte record, which replaces a longer ledger whole (nothing of it may follow the record), and which
+    readers that split on whitespace read as before."""
+    root = tmp_path / "cache"
+    cache = NodeCache(str(root), 1 << 30)
+    assert cache.put("s3://b/a", "e", 0, 50, b"a" * 50) == 0
+    state = root / "state"
+    inode = state.stat().st_ino
+    state.write_bytes(state.read_bytes().rstrip() + b" " + b"9" * 200 + b"\n")  # longer, trailing junk
+    assert cache.put("s3://b/b", "e", 0, 50, b"b" * 50) == 0
+    raw = state.read_bytes()
+    assert state.stat().st_ino == inode and len(raw) == 64 and raw.endswith(b"\n")
+    total, max_bytes, added = (int(v) for v in raw.split())
+    assert total == cache.info()["bytes"] == added and max_bytes == 1 << 30
+    assert not any((root / "tmp").iterdir())
+
+
+def test_a_ledger_whose_numbers_do_not_fit_the_record_is_replaced_by_a_new_file(tmp_path):
+    """Numbers too long for the in-place record (a crafted ledger) are written as a new ledger renamed into
+    place, never torn; and a ledger that is a link is replaced, not followed."""
+    root = tmp_path / "cache"
+    cache = NodeCache(str(root), 1 << 30)
+    assert cache.put("s3://b/a", "e", 0, 50, b"a" * 50) == 0
+    state = root / "state"
+    state.write_text(f"1 {1 << 30} {10**70}\n")
+    inode = state.stat().st_ino
+    assert cache.put("s3://b/b", "e", 0, 50, b"b" * 50) == 0
+    parts = state.read_text().split()
+    assert state.stat().st_ino != inode and int(parts[2]) > 10**70 and int(parts[1]) == 1 << 30
+    target = tmp_path / "elsewhere"
+    target.write_text("5 5 5\n")
+    state.unlink()
+    state.symlink_to(target)
+    assert cache.put("s3://b/c", "e", 0, 50, b"c" * 50) == 0
+    assert target.read_text() == "5 5 5\n" and not state.is_symlink()
