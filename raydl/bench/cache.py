@@ -2,7 +2,8 @@
 Ray Data.
 
     raydl bench cache [--images 2000 | --data DIR] [--per-shard 128] [--delay-ms 50] [--epochs 3]
-        [--batch-size 64] [--formats images,webdataset] [--rows local,s3,cached,raydata] [--json PATH]
+        [--batch-size 64] [--formats images,webdataset] [--rows local,s3,cached,raydata] [--cache-dir DIR]
+        [--json PATH]
 
 An in1k-like image set (`raydl make-images`' crops of the shared photos, or --data) is put in a moto
 S3 server started in a child process on 127.0.0.1, twice: as an image folder and as WebDataset shards
@@ -12,7 +13,8 @@ every request and counts the requests that reach the server, epoch by epoch. Row
 
 * local: raydl on the same images (or shards) from local disk: the speed the cache should reach;
 * s3: raydl from the store, no cache;
-* cached: raydl from the store with `loader(cache=raydl.Cache(fresh folder, max_bytes=...))`;
+* cached: raydl from the store with `loader(cache=raydl.Cache(fresh folder, max_bytes=...))`, the folder in
+  --cache-dir (default: the bench's temporary folder); the notes give what creating a file costs there;
 * raydata: Ray Data on the same objects (read_binary_files, or read_webdataset, with a pyarrow
   S3FileSystem pointed at the proxy) and the same transform in map_batches; each pass re-reads the store.
 
@@ -83,6 +85,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--cache-max-bytes", type=int, help="the cache's max_bytes (default: twice the data's bytes)"
     )
     p.add_argument(
+        "--cache-dir",
+        help="where the cached row's cache is made: a fresh folder in DIR, removed after the run (default: "
+        "the bench's temporary folder, under $TMPDIR); name the disk a node cache would use, as entry "
+        "writes cost what creating a file costs there",
+    )
+    p.add_argument(
         "--raydata-read-cpus",
         type=float,
         default=1.0,
@@ -129,7 +137,28 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         raise ValueError("--delay-ms and --raydata-images must be >= 0, --raydata-read-cpus > 0")
     if args.data is None and args.images < 2 * args.batch_size:
         raise ValueError(f"--images {args.images} make under 2 batches of {args.batch_size}")
+    if getattr(args, "cache_dir", None) is not None and not os.path.isdir(args.cache_dir):
+        raise ValueError(f"--cache-dir {args.cache_dir}: not a folder")
     return formats, rows
+
+
+def create_cost_us(folder: Path, size: int, n: int = 200) -> float:
+    """Microseconds to create, write (`size` bytes) and close a new file in `folder`, then rename it: what an
+    entry's write costs the file system there, over n files made in a fresh subfolder (removed after)."""
+    work = Path(tempfile.mkdtemp(prefix="create-cost-", dir=folder))
+    try:
+        data = b"\0" * size
+        t0 = time.perf_counter()
+        for i in range(n):
+            fd = os.open(work / f"t{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.rename(work / f"t{i}", work / f"e{i}")
+        return 1e6 * (time.perf_counter() - t0) / n
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _cache_available() -> bool:
@@ -164,9 +193,12 @@ def main(args: argparse.Namespace) -> int:
     from raydl.bench.storage import _CREDS, _start_moto
 
     tmp = Path(tempfile.mkdtemp(prefix="raydl-bench-cache-"))
+    cache_root = tmp
     env = child_env(_CREDS)
     moto = None
     try:
+        if args.cache_dir is not None:
+            cache_root = Path(tempfile.mkdtemp(prefix="raydl-bench-cache-", dir=args.cache_dir))
         t0 = time.perf_counter()
         folder = image_folder(args.data, args.images, tmp / "images", seed=args.seed)
         shards = write_webdataset(folder, str(tmp / "wds"), per_shard=args.per_shard)
@@ -181,6 +213,13 @@ def main(args: argparse.Namespace) -> int:
             f"({time.perf_counter() - t0:.0f} s); {args.epochs} epochs per row, batch {args.batch_size}, "
             f"{args.cpus} CPUs, {args.delay_ms:g} ms per request"
         )
+        if "cached" in rows:
+            cost = create_cost_us(cache_root, data_bytes // max(1, len(images)))
+            notes.append(
+                f"the cache's folder: {cache_root}; creating, writing and renaming a file of an image's mean "
+                f"size there took {cost:.0f} us (an entry's write makes one)"
+            )
+            _log(notes[-1])
         keys = [k for k in objects if k.startswith("images/")]
         data = {
             ("images", True): folder,
@@ -193,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
         for r in range(1, args.rounds + 1):
             for fmt in formats:
                 for row in rows:
-                    spec = _spec(args, fmt, row, data, endpoint, moto.pid, tmp, data_bytes)
+                    spec = _spec(args, fmt, row, data, endpoint, moto.pid, tmp, data_bytes, cache_root)
                     t1 = time.perf_counter()
                     out = run_measurement(spec, env, timeout_s=args.timeout, log=tmp / "run.log")
                     out.update(round=r, format=fmt, name=row)
@@ -205,6 +244,8 @@ def main(args: argparse.Namespace) -> int:
             moto.kill()
             moto.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+        if cache_root != tmp:
+            shutil.rmtree(cache_root, ignore_errors=True)
     if "raydata" in rows and "images" in formats and 0 < args.raydata_images < len(images):
         notes.append(
             f"Ray Data's image-folder row read the first {args.raydata_images} of the {len(images)} objects "
@@ -224,7 +265,9 @@ def main(args: argparse.Namespace) -> int:
     return 0 if all(r.get("ok") for r in runs) else 1
 
 
-def _spec(args, fmt: str, row: str, data: dict, endpoint: str, moto_pid: int, tmp: Path, size: int) -> dict:
+def _spec(
+    args, fmt: str, row: str, data: dict, endpoint: str, moto_pid: int, tmp: Path, size: int, cache_root: Path
+) -> dict:
     local = row == "local"
     spec = {
         "row": f"{fmt}/{row}",
@@ -240,7 +283,7 @@ def _spec(args, fmt: str, row: str, data: dict, endpoint: str, moto_pid: int, tm
     if not local:
         spec.update(endpoint=endpoint, delay_ms=args.delay_ms, store_pids=[moto_pid])
     if row == "cached":
-        spec.update(cache=str(tmp / f"cache-{fmt}"), cache_max_bytes=args.cache_max_bytes or 2 * size)
+        spec.update(cache=str(cache_root / f"cache-{fmt}"), cache_max_bytes=args.cache_max_bytes or 2 * size)
     # A fresh RAYDL_CACHE_DIR per run: read_webdataset keeps its shard indexes there, so each listing
     # starts cold and no run inherits another's.
     spec["env"] = {"RAYDL_CACHE_DIR": str(tmp / f"index-{fmt}-{row}")}

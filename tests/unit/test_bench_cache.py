@@ -48,9 +48,20 @@ def test_cache_defaults_are_the_issues_and_bad_flags_are_refused(capsys):
         (["--rows", "nfs"], "--rows"),
         (["--epochs", "0"], "--epochs"),
         (["--images", "100"], "--images"),
+        (["--cache-dir", "/nonexistent/raydl-bench"], "--cache-dir"),
     ):
         assert cache.main(_parse(cache, argv)) == 2
         assert flag in capsys.readouterr().err
+
+
+def test_cache_dir_names_where_the_cache_goes_and_its_file_cost_is_measured_there(tmp_path):
+    """--cache-dir is taken when it is a folder; create_cost_us makes and renames files of the given size in
+    a fresh subfolder of it, returns their mean cost, and leaves the folder as it found it."""
+    (tmp_path / "keep").write_text("theirs")
+    assert cache.check_args(_parse(cache, ["--cache-dir", str(tmp_path)]))[1] == list(cache.ROWS)
+    cost = cache.create_cost_us(tmp_path, 4096, n=20)
+    assert cost > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["keep"] and (tmp_path / "keep").read_text() == "theirs"
 
 
 def test_mix_defaults_and_bad_flags(capsys):
