@@ -336,10 +336,11 @@ class CacheFolder:
             return -1, None
 
     def update_state(self, fd: int, total: int, max_bytes: int, added: int) -> bool:
-        """The ledger rewritten in place through `fd` (open_state's): one write of a fixed-width record that
-        covers whatever was there (the few bytes a ledger holds are written whole or not at all), so the
-        hold makes no file of its own; readers split on whitespace, as they always have. False, with
-        nothing written, for numbers too long for the record (a crafted ledger's): `write_state` then."""
+        """The ledger rewritten in place through `fd` (open_state's): one 64-byte write at offset 0 of a
+        fixed-width record that covers whatever was there, so the hold makes no file of its own (a writer
+        killed mid-call leaves the old record or the new one, never part of each); readers split on
+        whitespace, as they always have. False, with nothing written, for numbers too long for the record
+        (a crafted ledger's): `write_state` then."""
         record = f"{total} {max_bytes} {added}".encode()
         if len(record) >= STATE_WIDTH:
             return False
@@ -432,6 +433,9 @@ class StateLock:
         values = self._values()
         if self._state_fd < 0 or not self._folder.update_state(self._state_fd, *values):
             self._folder.write_state(*values, self._ns)  # no ledger yet, or not the cache's own: a new one
+            if self._state_fd >= 0:  # the descriptor names the ledger renamed over: never write through it
+                os.close(self._state_fd)
+                self._state_fd = -1
         self._written = values
 
     def __exit__(self, *exc) -> None:
