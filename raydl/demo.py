@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 
+from raydl.env import local_ray_config
 from raydl.util.synthetic import make_images
 
 __all__ = ["make_images", "main"]
@@ -60,7 +61,13 @@ def _start_ray() -> None:
 
     t0 = time.perf_counter()
     if not ray.is_initialized():
-        ray.init(address="local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(
+            address="local",
+            include_dashboard=False,
+            logging_level="ERROR",
+            log_to_driver=False,
+            _system_config=local_ray_config(),
+        )
     print(
         f"raydl demo: local Ray up in {time.perf_counter() - t0:.1f} s "
         f"({int(ray.cluster_resources().get('CPU', 0))} CPUs)",

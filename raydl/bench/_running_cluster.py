@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from raydl.env import local_ray_config
+
 __all__ = ["RunningCluster"]
 
 _READY_TIMEOUT_S = 120.0
@@ -59,6 +61,8 @@ class RunningCluster:
         self._auth = os.environ.get("RAY_AUTH_MODE")
         os.environ["RAY_AUTH_MODE"] = "disabled"
         env = {**os.environ, "RAY_worker_niceness": os.environ.get("RAY_worker_niceness", "0")}
+        # the Ray settings docs/cluster.md asks of a cluster's `ray start`, where the environment sets none
+        env.update({f"RAY_{k}": str(v) for k, v in local_ray_config().items()})
         env.pop("RAY_ADDRESS", None)
         cores = sorted(os.sched_getaffinity(0))[: self.cpus]
         log = open(self.logdir / "ray-start.log", "w")  # noqa: SIM115 - closed in __exit__

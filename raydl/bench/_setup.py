@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from raydl.bench._clock import EpochClock, Measurement, PeerSpec
+from raydl.env import local_ray_config
 
 __all__ = ["first_batch_phases", "ray_init", "raydl_epochs", "raydl_ray", "torch_worker_init"]
 
@@ -17,7 +18,13 @@ def ray_init(cpus: int, tries: int = 3) -> None:
 
     for attempt in range(tries):
         try:
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
+            ray.init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                logging_level="ERROR",
+                _system_config=local_ray_config(),  # as raydl's own local Ray (raydl.env)
+            )
             return
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
             if "timed out during startup" not in str(exc) or attempt + 1 == tries:
@@ -49,7 +56,14 @@ def raydl_ray(spec: PeerSpec):
     from ray.cluster_utils import Cluster
 
     per_node = max(1, spec.cpus // spec.nodes)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": per_node, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": per_node,
+            "include_dashboard": False,
+            "_system_config": local_ray_config(),
+        },
+    )
     try:
         for _ in range(spec.nodes - 1):
             cluster.add_node(num_cpus=per_node)

@@ -51,7 +51,7 @@ from raydl.describe.catalog import Catalog
 from raydl.describe.mixing import Mixture
 from raydl.describe.records import Pipeline
 from raydl.describe.transforms import SampleProgram
-from raydl.env import ray_address
+from raydl.env import local_ray_config, ray_address
 from raydl.errors import LoaderError
 from raydl.execute.bootstrap import Bootstrap
 from raydl.execute.checks import check_mixture
@@ -100,7 +100,11 @@ class Loader:
             # Never a running cluster the user did not name: the one RAY_ADDRESS names (`ray job submit`
             # sets it for the job's driver), else a local Ray of this process's own. Actors' logs reach
             # the driver (Ray's default).
-            ray.init(address=ray_address() or "local", logging_level=logging.WARNING)
+            address = ray_address()
+            if address:
+                ray.init(address=address, logging_level=logging.WARNING)
+            else:
+                ray.init(address="local", logging_level=logging.WARNING, _system_config=local_ray_config())
         self._cluster = _cluster_now()  # the Ray this loader's actors live in: no call is made in another
         nodes = live_nodes()
         self.object_store_budget = config.object_store_budget or _default_budget(nodes)
