@@ -41,6 +41,7 @@ def _bash_blocks_to_run(path: Path) -> list[str]:
 BLOCKS = {
     "README.md": {"python": 6, "bash": 2, "bash run": 1},
     "docs/benchmarks.md": {"bash": 19},
+    "docs/cluster.md": {"bash": 1},
     "docs/configs.md": {"python": 1, "bash": 1, "bash run": 1, "yaml": 2},
     "docs/data.md": {"python": 6, "bash": 1},
     "docs/errors.md": {"python": 1},
