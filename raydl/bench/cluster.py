@@ -43,6 +43,8 @@ import sys
 import tempfile
 import time
 
+from raydl.env import local_ray_config
+
 __all__ = [
     "add_parser",
     "cpu_window",
@@ -640,11 +642,13 @@ def run(s: dict, *, address: str | None, progress=None) -> dict:
         cluster = Cluster()
         for i in range(n):
             labels = {_LABEL.format(k): 1 for k in range(i + 1, n + 1)}
+            head = {"_system_config": local_ray_config()} if i == 0 else {}  # as raydl's own local Ray
             cluster.add_node(
                 num_cpus=s["cpus_per_node"],
                 resources=labels,
                 object_store_memory=256 << 20,
                 include_dashboard=False,
+                **head,
             )
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     else:
