@@ -45,7 +45,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raydl import checkpoint
 from raydl.config import load_config
-from raydl.env import ray_address
+from raydl.env import local_ray_config, ray_address
 from raydl.errors import DataSourceError
 
 PREFIX = "raydl-train"
@@ -238,7 +238,12 @@ def start_local_ray() -> None:
     os.environ.setdefault("RAY_API_SERVER_ADDRESS", f"http://127.0.0.1:{port}")
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     ray.init(
-        address="local", num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port
+        address="local",
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=port,
+        _system_config=local_ray_config(),  # the store frees dropped batches within 10 ms
     )
 
 
