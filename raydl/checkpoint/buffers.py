@@ -23,11 +23,12 @@ import atexit
 import ctypes
 import logging
 import mmap
-import os
 import threading
 import weakref
 
 import numpy as np
+
+from raydl.util.threads import usable_cores
 
 __all__ = ["BufferPool", "Toucher", "fresh", "populate", "populate_in_slices", "populate_on_threads"]
 
@@ -42,11 +43,7 @@ EXIT_WAIT_S = 1.0  # at exit, how long a toucher may take to finish its slice
 
 def touch_threads() -> int:
     """Threads that fault a fresh buffer in: two where there are two cores or more."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(2, cores))
+    return max(1, min(2, usable_cores()))
 
 
 def fresh(n: int, huge: bool = False) -> mmap.mmap:

@@ -20,7 +20,6 @@ store are returned as they are; the first such failure in a process is warned ab
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from raydl.options import Cache
 from raydl.storage.base import STREAM_CHUNK, BaseStorage, NotCached, ObjectInfo, Storage
 from raydl.storage.cache_folder import ENTRIES, LOCK, STATE, TMP, check_cache_folder
 from raydl.storage.node_cache import COUNTERS, WHOLE, CacheCounts, NodeCache, node_cache
-from raydl.util.threads import SharedPool
+from raydl.util.threads import SharedPool, usable_cores
 
 __all__ = [
     "COUNTERS",
@@ -70,11 +69,7 @@ def _writer_threads() -> int:
     GIL back from the decode threads beside it: on 2 cores, 4 writers cost more CPU per entry than 1, and
     cached epoch 1 ran at 0.80x an uncached one against 0.86x with 1 (docs/benchmarks.md, the node cache).
     More cores decode faster, and a batch waits for its entries: there the writers keep up in parallel."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return min(4, max(1, cores // 2))
+    return min(4, max(1, usable_cores() // 2))
 
 
 WRITER_THREADS = _writer_threads()

@@ -3,10 +3,19 @@ the Parquet footers and decodes, token ranges, the node cache's writers)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["SharedPool"]
+__all__ = ["SharedPool", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's count, at least 1."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class SharedPool:
