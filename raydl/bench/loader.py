@@ -28,8 +28,9 @@ tokens from a Megatron .bin/.idx corpus (raydl/bench/_windows.py), rates in rows
 windows/s and tokens/s, after the first batch and over the whole epoch from the
 run's process start. Every run is one
 epoch of the workload in a fresh subprocess
-(`python -m raydl.bench._runner`), and the peers take turns, A B C A B C ..., so
-that a noisy neighbour or a warming page cache hits them all alike (Ray's workers
+(`python -m raydl.bench._runner`), and the peers take turns, their order turned by one
+place each round (A B C, B C A, C A B, ...), so that a noisy neighbour, a warming page
+cache or the previous run's exit hits them all alike (Ray's workers
 run at niceness 0 here, as every other peer's threads, not Ray's default 15). Each figure
 in the table is the median over the rounds:
 
@@ -684,7 +685,7 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
                 )
             runs = []
             for i in range(1, args.rounds + 1):
-                for peer in peers:
+                for peer in round_order(peers, i):
                     t0 = time.perf_counter()
                     row = _run_once(
                         peer, args, args.baseline_data if peer == "raydl-base" else data, len(files), tmp
@@ -695,6 +696,14 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return runs
+
+
+def round_order(peers: list[str], round_no: int) -> list[str]:
+    """The peers' order in round `round_no` (from 1): the list turned by one place a round (A B C, B C A,
+    C A B, ...), so that no peer always runs first, after the bench's own set-up, or right after the
+    same neighbour, whose exit (a Ray shutting down, pages written back) lands on the next run."""
+    k = (round_no - 1) % len(peers) if peers else 0
+    return peers[k:] + peers[:k]
 
 
 def _startup_notes(args: argparse.Namespace, runs: list[dict]) -> list[str]:

@@ -539,3 +539,18 @@ def test_bench_runs_raydl_against_a_running_cluster_and_stops_it(tmp_path):
         assert head.status() == psutil.STATUS_ZOMBIE, head
     except psutil.NoSuchProcess:
         pass
+
+
+def test_each_round_turns_the_peers_order_by_one_place():
+    """No peer always runs first, or always right after the same neighbour; every round runs each peer once."""
+    peers = ["raydl", "dataio", "torch"]
+    orders = [loader.round_order(peers, i) for i in range(1, 5)]
+    assert orders == [
+        ["raydl", "dataio", "torch"],
+        ["dataio", "torch", "raydl"],
+        ["torch", "raydl", "dataio"],
+        ["raydl", "dataio", "torch"],
+    ]
+    assert all(sorted(o) == sorted(peers) for o in orders)
+    assert loader.round_order(["raydl"], 3) == ["raydl"]
+    assert loader.round_order([], 2) == []
