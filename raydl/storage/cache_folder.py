@@ -57,6 +57,7 @@ __all__ = [
 
 ENTRIES, TMP, LOCK, STATE, EVICTING = "entries", "tmp", "lock", "state", "evicting"
 STATE_WIDTH = 64  # bytes of the ledger's record as written in place: three numbers, padded, and a newline
+STATE_READS = 3  # reads of the ledger without the lock, each against the one before, before giving up
 STALE_TMP_S = 3600.0  # a temporary file untouched this long is a dead writer's, whoever wrote it
 
 SHARD = re.compile(r"[0-9a-f]{3}")  # entries/abc: the first 3 hex digits of the URI's hash
@@ -304,7 +305,10 @@ class CacheFolder:
 
     # -- the ledger ---------------------------------------------------------------------------------
     def read_state(self) -> tuple[int, int, int] | None:
-        """The ledger as (total, max_bytes, bytes added); None when it is missing or torn."""
+        """The ledger as (total, max_bytes, bytes added); None when missing, torn or not the cache's own.
+
+        Read without the lock, while its holder may rewrite the record in place: two reads that agree are
+        the answer (a read that raced a write differs from the next), else None."""
         try:
             fd = os.open(STATE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.root)
         except OSError:
@@ -312,28 +316,44 @@ class CacheFolder:
         try:
             if not self.ours(os.fstat(fd)):
                 return None
-            return _parse_state(os.read(fd, 128))
+            last = os.pread(fd, 128, 0)
+            for _ in range(STATE_READS):
+                again = os.pread(fd, 128, 0)
+                if again == last:
+                    return _parse_state(again)
+                last = again
+            return None
         except OSError:
             return None
         finally:
             os.close(fd)
 
     def open_state(self) -> tuple[int, tuple[int, int, int] | None]:
-        """The ledger opened for an update in place (by the holder of the lock) and read: (fd, its values),
-        or (-1, None) where it is missing or not a regular file of the cache's own (then `write_state`
-        replaces it); (fd, None) where it is torn."""
+        """The ledger opened for an update in place (by the holder of the lock) and read: (fd, its values).
+
+        (-1, its values) where it may be read but not written through: a file with other names (a hard
+        link: writing it would change every folder that shares it) or one this process may not open for
+        writing; `write_state` then renames a new ledger over it. (-1, None) where it is missing or not a
+        regular file of the cache's own; (fd, None) where it is torn."""
         try:
             fd = os.open(STATE, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.root)
-        except OSError:
+        except FileNotFoundError:
             return -1, None
+        except OSError:  # a link (ELOOP), a ledger made read-only, out of descriptors: read it if it can be
+            return -1, self.read_state()
         try:
-            if not self.ours(os.fstat(fd)):
+            st = os.fstat(fd)
+            if not self.ours(st):
                 os.close(fd)
                 return -1, None
-            return fd, _parse_state(os.pread(fd, 128, 0))
+            values = _parse_state(os.pread(fd, 128, 0))
+            if st.st_nlink != 1:
+                os.close(fd)
+                return -1, values
+            return fd, values
         except OSError:
             os.close(fd)
-            return -1, None
+            return -1, self.read_state()
 
     def update_state(self, fd: int, total: int, max_bytes: int, added: int) -> bool:
         """The ledger rewritten in place through `fd` (open_state's): one 64-byte write at offset 0 of a
@@ -396,8 +416,8 @@ class StateLock:
 
     `thread_lock` is the cache's lock between this process's threads (a flock is per open file, so it does
     not keep two threads of one process apart); `max_bytes` of 0 keeps the max_bytes recorded by the last
-    writer (a tool's view of the folder, such as `raydl cache`). A missing ledger reads as empty: the
-    process that opens a folder without one counts the folder first (NodeCache._open), outside the lock."""
+    writer (a tool's view of the folder, such as `raydl cache`). A ledger that is missing, torn or not the
+    cache's own is replaced by the folder's bytes, counted under the lock."""
 
     def __init__(self, folder: CacheFolder, thread_lock: threading.Lock, max_bytes: int, ns: str) -> None:
         self._folder = folder
@@ -417,9 +437,15 @@ class StateLock:
             self._fd = self._folder.open_lock(LOCK)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             self._state_fd, values = self._folder.open_state()
-            total, recorded_max, added = values or (0, 0, 0)
-            self.ledger = Ledger(total, self._max_bytes or recorded_max, added)
-            self._written = (total, recorded_max, added)
+            if values is None:  # no ledger, a torn one, or not the cache's own: the folder's bytes, counted
+                # now under the lock (never 0 over a full folder: eviction would wait until it held twice
+                # its max_bytes); written on exit where there are any
+                self.ledger = Ledger(sum(size for _, size, _, _ in self._folder.scan()), self._max_bytes, 0)
+                self._written = (0, 0, 0)
+            else:
+                total, recorded_max, added = values
+                self.ledger = Ledger(total, self._max_bytes or recorded_max, added)
+                self._written = values
         except BaseException:
             self._release()
             raise

@@ -152,7 +152,7 @@ class NodeCache:
 
     def _open(self) -> CacheFolder:
         """The folder opened and checked, and what dead writers left in tmp/ removed (once per process); a
-        folder with no ledger is counted first, outside the lock."""
+        folder with no ledger is counted (under the lock) and given one."""
         folder = self._folder
         if folder is not None:
             return folder
@@ -161,10 +161,8 @@ class NodeCache:
                 folder = CacheFolder(self.path, self.group)
                 folder.clean_tmp(self._ns)
                 if folder.read_state() is None:
-                    counted = sum(size for _, size, _, _ in folder.scan())
-                    with StateLock(folder, self._lock, self.max_bytes, self._ns) as led:
-                        if folder.read_state() is None:
-                            led.total = counted
+                    with StateLock(folder, self._lock, self.max_bytes, self._ns):
+                        pass  # the lock counts a folder without a ledger and writes one
                 self._folder = folder
             return self._folder
 

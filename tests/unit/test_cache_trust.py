@@ -525,3 +525,27 @@ def test_a_ledger_whose_numbers_do_not_fit_the_record_is_replaced_by_a_new_file(
     state.symlink_to(target)
     assert cache.put("s3://b/c", "e", 0, 50, b"c" * 50) == 0
     assert target.read_text() == "5 5 5\n" and not state.is_symlink()
+    # the link's numbers were not the folder's: the new ledger counts the folder's own bytes
+    total, _max, _added = (int(v) for v in state.read_text().split())
+    assert total == cache.info()["bytes"] and total >= 3 * 50
+
+
+def test_a_hard_linked_or_missing_ledger_is_replaced_and_recounted(tmp_path):
+    """A ledger with another name (a hard link, as `cp -al` of a warm cache leaves) is never written through:
+    a new one is renamed over it and the other name keeps its bytes. A ledger removed while the cache runs
+    is counted again from the folder under the lock, not restarted at 0 over a folder full of entries."""
+    root = tmp_path / "cache"
+    cache = NodeCache(str(root), 1 << 30)
+    assert cache.put("s3://b/a", "e", 0, 50, b"a" * 50) == 0
+    state = root / "state"
+    other = tmp_path / "other-state"
+    os.link(state, other)
+    before = other.read_bytes()
+    assert cache.put("s3://b/b", "e", 0, 50, b"b" * 50) == 0
+    assert other.read_bytes() == before and state.stat().st_ino != other.stat().st_ino
+    assert int(state.read_text().split()[0]) == cache.info()["bytes"]
+    state.unlink()
+    assert cache.put("s3://b/c", "e", 0, 50, b"c" * 50) == 0
+    total = int(state.read_text().split()[0])
+    assert total == cache.info()["bytes"] and cache.info()["entries"] == 3
+    assert NodeCache(str(root), 1 << 30).info()["bytes"] == total  # another process's view agrees
