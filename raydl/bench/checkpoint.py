@@ -46,6 +46,7 @@ from pathlib import Path
 
 from raydl.bench._ckpt_report import LABELS, format_table, summarize, write_plot
 from raydl.bench.report import peer_versions
+from raydl.env import local_ray_config
 
 __all__ = ["add_parser", "main"]
 
@@ -204,7 +205,8 @@ class _Bench:
         self.args, self.provider, self.timeout = args, provider, args.timeout
         self.object_store = max(int(2.5 * args.size) + 4 * _WARM_SIZE, _MIN_OBJECT_STORE)
         node_args = {"num_cpus": 1, "object_store_memory": self.object_store}
-        self.cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
+        head_args = {**node_args, "include_dashboard": False, "_system_config": local_ray_config()}
+        self.cluster = Cluster(initialize_head=True, head_node_args=head_args)
         try:
             for _ in range(args.nodes - 1):
                 self.cluster.add_node(**node_args)

@@ -275,10 +275,17 @@ def measure(
     """Every (ranks, nodes) row, plus the Ray call and the decode time they are compared with."""
     import ray
 
+    from raydl.env import local_ray_config
+
     started_ray = not ray.is_initialized()
     if started_ray:  # also what the iterators ask for their node id: never someone else's cluster
         ray.init(
-            address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False
+            address="local",
+            num_cpus=1,
+            include_dashboard=False,
+            logging_level="ERROR",
+            log_to_driver=False,
+            _system_config=local_ray_config(),  # as raydl's own local Ray (raydl.env)
         )
     try:
         return _measure(

@@ -101,7 +101,7 @@ class Loader:
             # sets it for the job's driver), else a local Ray of this process's own. Actors' logs reach
             # the driver (Ray's default).
             address = ray_address()
-            if address:
+            if address and address != "local":  # RAY_ADDRESS=local asks for a local Ray: raydl's own
                 ray.init(address=address, logging_level=logging.WARNING)
             else:
                 ray.init(address="local", logging_level=logging.WARNING, _system_config=local_ray_config())
