@@ -28,9 +28,10 @@ tokens from a Megatron .bin/.idx corpus (raydl/bench/_windows.py), rates in rows
 windows/s and tokens/s, after the first batch and over the whole epoch from the
 run's process start. Every run is one
 epoch of the workload in a fresh subprocess
-(`python -m raydl.bench._runner`), and the peers take turns, their order turned by one
-place each round (A B C, B C A, C A B, ...), so that a noisy neighbour, a warming page
-cache or the previous run's exit hits them all alike (Ray's workers
+(`python -m raydl.bench._runner`), and the peers take turns, in another order each round
+(a balanced Latin square: over n rounds, 2n for an odd n of peers, each peer runs once
+in every place and right after every other peer equally often), so that a noisy
+neighbour, a warming page cache or the previous run's exit hits them all alike (Ray's workers
 run at niceness 0 here, as every other peer's threads, not Ray's default 15). Each figure
 in the table is the median over the rounds:
 
@@ -699,11 +700,24 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
 
 
 def round_order(peers: list[str], round_no: int) -> list[str]:
-    """The peers' order in round `round_no` (from 1): the list turned by one place a round (A B C, B C A,
-    C A B, ...), so that no peer always runs first, after the bench's own set-up, or right after the
-    same neighbour, whose exit (a Ray shutting down, pages written back) lands on the next run."""
-    k = (round_no - 1) % len(peers) if peers else 0
-    return peers[k:] + peers[:k]
+    """The peers' order in round `round_no` (from 1), a balanced Latin square (Williams' design): over n
+    rounds (2n for an odd number n of peers, each order then also reversed) every peer runs once in each
+    place and right after every other peer equally often, so that neither a place (first after the
+    bench's own set-up) nor a neighbour (whose exit, a Ray shutting down or pages written back, lands on
+    the next run) favours anyone. Later rounds repeat the cycle."""
+    n = len(peers)
+    if n < 3:
+        return peers[(round_no - 1) % n :] + peers[: (round_no - 1) % n] if n else []
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:  # 0, 1, n-1, 2, n-2, ...
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    r = (round_no - 1) % (n if n % 2 == 0 else 2 * n)
+    order = [peers[(b + r) % n] for b in base]
+    return order[::-1] if r >= n else order
 
 
 def _startup_notes(args: argparse.Namespace, runs: list[dict]) -> list[str]:

@@ -541,16 +541,21 @@ def test_bench_runs_raydl_against_a_running_cluster_and_stops_it(tmp_path):
         pass
 
 
-def test_each_round_turns_the_peers_order_by_one_place():
-    """No peer always runs first, or always right after the same neighbour; every round runs each peer once."""
-    peers = ["raydl", "dataio", "torch"]
-    orders = [loader.round_order(peers, i) for i in range(1, 5)]
-    assert orders == [
-        ["raydl", "dataio", "torch"],
-        ["dataio", "torch", "raydl"],
-        ["torch", "raydl", "dataio"],
-        ["raydl", "dataio", "torch"],
-    ]
-    assert all(sorted(o) == sorted(peers) for o in orders)
-    assert loader.round_order(["raydl"], 3) == ["raydl"]
+def test_the_rounds_balance_each_peers_place_and_neighbours():
+    """Over a cycle of rounds (n for an even number n of peers, 2n for an odd one) every peer runs once in
+    each place, and right after every other peer equally often; every round runs each peer once."""
+    for n in range(1, 8):
+        peers = [f"p{k}" for k in range(n)]
+        cycle = n if n % 2 == 0 or n < 3 else 2 * n
+        orders = [loader.round_order(peers, i) for i in range(1, cycle + 1)]
+        assert all(sorted(o) == peers for o in orders)
+        assert orders[0] == loader.round_order(peers, cycle + 1)  # the cycle repeats
+        for place in range(n):
+            firsts = [o[place] for o in orders]
+            assert all(firsts.count(p) == cycle // n for p in peers), (n, place, orders)
+        if n >= 2:
+            pairs = [(o[k], o[k + 1]) for o in orders for k in range(n - 1)]
+            counts = {(a, b): pairs.count((a, b)) for a in peers for b in peers if a != b}
+            assert len(set(counts.values())) == 1, (n, counts)
+    assert loader.round_order(["raydl", "dataio"], 2) == ["dataio", "raydl"]
     assert loader.round_order([], 2) == []
