@@ -95,7 +95,7 @@ from raydl.bench.peers import (
     WORKLOAD_REQUIRES,
     WORKLOADS,
 )
-from raydl.bench.report import format_table, peer_versions, ray_service, summarize, write_plot
+from raydl.bench.report import format_table, peer_versions, per_sample, ray_service, summarize, write_plot
 
 __all__ = ["add_parser", "main"]
 
@@ -363,12 +363,14 @@ def _own_count(workload: str, data: str, seq_len: int = 0) -> int:
     return token_rows(data)
 
 
-def _progress(i: int, rounds: int, row: dict, took: float) -> None:
+def _progress(i: int, rounds: int, row: dict, took: float, unit: str = "images") -> None:
     head = f"[round {i}/{rounds}] {row['peer']:<8}"
+    one = per_sample(unit)
     if row.get("ok"):
         _log(
-            f"{head} {row['images_per_s']:8.1f} img/s  first batch {row['first_batch_s']:6.2f} s  "
-            f"peak {row['peak_pss_mib']:7.0f} MiB  {1000 * row['cpu_s_per_image']:6.2f} CPU ms/img"
+            f"{head} {row['images_per_s']:8.1f} {'img' if one == 'img' else unit}/s  first batch "
+            f"{row['first_batch_s']:6.2f} s  peak {row['peak_pss_mib']:7.0f} MiB  "
+            f"{1000 * row['cpu_s_per_image']:6.2f} CPU ms/{one}"
             f"  ({took:.0f} s)" + (f"  WARNING {row['warning']}" if "warning" in row else "")
         )
     else:
@@ -691,7 +693,9 @@ def _rounds(args: argparse.Namespace, peers: list[str], files: list) -> list[dic
                     row = _run_once(
                         peer, args, args.baseline_data if peer == "raydl-base" else data, len(files), tmp
                     )
-                    _progress(i, args.rounds, row, time.perf_counter() - t0)
+                    _progress(
+                        i, args.rounds, row, time.perf_counter() - t0, _UNITS.get(args.workload, "images")
+                    )
                     runs.append({"round": i, **row})
             args.ray_address = None
     finally:
@@ -778,17 +782,18 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
             )
         )
     notes += _startup_notes(args, runs)
+    one = per_sample(_UNITS.get(args.workload, "images"))
     steady = [r for r in runs if r["peer"] == "raydl" and r.get("steady_cpu_ms_per_image_by_process")]
     if steady:
         notes.append(
-            "raydl steady CPU by process, ms/img (epoch 1 after its first batch; the sampler's own CPU "
+            f"raydl steady CPU by process, ms/{one} (epoch 1 after its first batch; the sampler's own CPU "
             "is in 'this process'), per round: "
             + "; ".join(_by_process(r["steady_cpu_ms_per_image_by_process"]) for r in steady)
         )
     later = [r for r in runs if r["peer"] == "raydl" and r.get("later_cpu_ms_per_image_by_process")]
     if later:
         notes.append(
-            f"raydl later CPU by process, ms/img (epochs 2-{args.epochs}), per round: "
+            f"raydl later CPU by process, ms/{one} (epochs 2-{args.epochs}), per round: "
             + "; ".join(_by_process(r["later_cpu_ms_per_image_by_process"]) for r in later)
         )
     driver = [
@@ -808,7 +813,8 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
         )
     if args.epochs > 1:
         notes.append(
-            f"later img/s, later CPU ms/img: epochs 2-{args.epochs} of the same loader, after its "
+            f"later {'img' if one == 'img' else _UNITS[args.workload]}/s, later CPU ms/{one}: epochs "
+            f"2-{args.epochs} of the same loader, after its "
             "start-up (the other columns are epoch 1's)"
             + "".join(f"; {p} runs one epoch only" for p in peers if p not in MULTI_EPOCH)
         )
@@ -848,7 +854,7 @@ def _workload_notes(workload: str, summary: list[dict], *, seq_len: int = 0) -> 
     if workload == "windows":
         notes.append(
             f"windows/s: windows of {seq_len} tokens (input ids; each reads {seq_len + 1} tokens, the "
-            f"labels its last {seq_len}); M tokens/s is {seq_len} x windows/s; CPU ms/img is per window; "
+            f"labels its last {seq_len}); M tokens/s is {seq_len} x windows/s; "
             "epoch .. from start: the epoch's windows over the time from the run's process start to its "
             "last batch"
         )
@@ -887,9 +893,7 @@ def _workload_notes(workload: str, summary: list[dict], *, seq_len: int = 0) -> 
         for r in summary
         if (ips := r["images_per_s"])
     ]
-    notes.append(
-        f"rows/s is {SEQ_LEN}-token rows per second; CPU ms/img is per row. tokens/s: {', '.join(tokens)}"
-    )
+    notes.append(f"rows/s is {SEQ_LEN}-token rows per second. tokens/s: {', '.join(tokens)}")
     later = {r["peer"]: r.get("later_images_per_s") for r in summary}
     for ours in ("raydl", "raydl-ordered"):
         for peer, what, goal in (("ceiling", "pyarrow ceiling", 0.7), ("raydata", "Ray Data", 1.0)):

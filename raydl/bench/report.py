@@ -77,6 +77,11 @@ def _cell(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def per_sample(unit: str) -> str:
+    """How a rate's unit reads per sample: images -> img, rows -> row, windows -> window."""
+    return {"images": "img", "rows": "row", "windows": "window"}.get(unit, unit)
+
+
 def format_table(
     summary: list[dict], *, header: str, rate: str = "images/s", tokens_per_sample: int | None = None
 ) -> str:
@@ -86,6 +91,7 @@ def format_table(
     later = any(row.get("later_images_per_s") is not None for row in summary)  # --epochs N
     tokens = tokens_per_sample is not None
     unit = rate.removesuffix("/s")
+    one = per_sample(unit)
     cols = (
         "peer",
         rate,
@@ -97,9 +103,9 @@ def format_table(
         "peak PSS MiB",
         "own PSS MiB",
         "Ray PSS MiB",
-        "CPU ms/img",
-        "steady CPU ms/img",
-        *(("later img/s", "later CPU ms/img") if later else ()),
+        f"CPU ms/{one}",
+        f"steady CPU ms/{one}",
+        *((f"later {'img' if one == 'img' else unit}/s", f"later CPU ms/{one}") if later else ()),
         "ok",
     )
     lines = [header, ""]

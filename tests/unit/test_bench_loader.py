@@ -300,6 +300,10 @@ def test_later_epoch_columns_show_only_with_several_epochs():
     ]
     table = format_table(summarize(["raydl", "datago"], runs), header="h")
     assert "later img/s" in table and "later CPU ms/img" in table
+    rows = format_table(summarize(["raydl", "datago"], runs), header="h", rate="rows/s", tokens_per_sample=8)
+    assert "later rows/s" in rows and "steady CPU ms/row" in rows and "ms/img" not in rows
+    windows = format_table(summarize(["raydl", "datago"], runs), header="h", rate="windows/s")
+    assert "CPU ms/window" in windows and "later windows/s" in windows and "img" not in windows
     raydl_line = next(line for line in table.splitlines() if line.startswith("raydl"))
     assert "150.0" in raydl_line and "1.50" in raydl_line
     for run in runs:
