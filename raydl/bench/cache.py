@@ -198,7 +198,8 @@ def main(args: argparse.Namespace) -> int:
     moto = None
     try:
         if args.cache_dir is not None:
-            cache_root = Path(tempfile.mkdtemp(prefix="raydl-bench-cache-", dir=args.cache_dir))
+            where = os.path.abspath(args.cache_dir)
+            cache_root = Path(tempfile.mkdtemp(prefix="raydl-bench-cache-", dir=where))
         t0 = time.perf_counter()
         folder = image_folder(args.data, args.images, tmp / "images", seed=args.seed)
         shards = write_webdataset(folder, str(tmp / "wds"), per_shard=args.per_shard)
