@@ -209,7 +209,7 @@ class CacheFolder:
 
     def shards(self) -> list[str]:
         """The names of entries/'s shard folders (links included: opening one refuses it, naming it)."""
-        return [n for n in os.listdir(self.entries) if SHARD.fullmatch(n)]
+        return [n for n in _names_in(self.entries) if SHARD.fullmatch(n)]
 
     def scan_shard(self, shard: str) -> list[tuple[int, int, str]]:
         """entries/<shard>'s entries as (mtime_ns, size, name): regular files of the cache's own names that
@@ -284,7 +284,7 @@ class CacheFolder:
         removed = 0
         now = time.time()
         try:
-            names = os.listdir(self.tmp)
+            names = _names_in(self.tmp)
         except OSError:
             return 0
         for name in names:
@@ -514,6 +514,17 @@ def _parse_state(raw: bytes) -> tuple[int, int, int] | None:
         return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
     except (ValueError, IndexError):
         return None
+
+
+def _names_in(dir_fd: int) -> list[str]:
+    """The names in the folder `dir_fd` holds open, listed through a descriptor of this call's own: a listing
+    through `dir_fd` itself shares its read position with every other thread listing it at the same time
+    (os.listdir dups the descriptor), and each would miss what the other read."""
+    fd = os.open(".", _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
 
 
 def write_all(fd: int, data) -> None:

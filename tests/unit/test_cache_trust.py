@@ -549,3 +549,48 @@ def test_a_hard_linked_or_missing_ledger_is_replaced_and_recounted(tmp_path):
     total = int(state.read_text().split()[0])
     assert total == cache.info()["bytes"] and cache.info()["entries"] == 3
     assert NodeCache(str(root), 1 << 30).info()["bytes"] == total  # another process's view agrees
+
+
+def test_listings_of_one_folder_from_two_threads_at_once_each_see_every_shard(tmp_path):
+    """A count of the folder (a lock holder replacing a lost ledger) while another thread lists its shards (an
+    eviction pass): each listing goes through a descriptor of its own, so neither misses what the other
+    read and the count is the folder's bytes every time."""
+    import threading
+
+    from raydl.storage.cache_folder import CacheFolder
+
+    root = tmp_path / "cache"
+    NodeCache(str(root), 1 << 30).put("s3://b/x", "e", 0, 1, b"x")  # makes the folder as a cache does
+    for f in (root / "entries").iterdir():
+        for e in f.iterdir():
+            e.unlink()
+        f.rmdir()
+    shards = [f"{k:03x}" for k in range(1500)]
+    for shard in shards:
+        (root / "entries" / shard).mkdir(mode=0o700)
+        name = f"{shard}{'0' * 21}-{'0' * 16}-{'0' * 16}-0-10"
+        (root / "entries" / shard / name).write_bytes(b"0123456789")
+        os.chmod(root / "entries" / shard / name, 0o600)
+    folder = CacheFolder(str(root))
+    try:
+        stop = threading.Event()
+        wrong = []
+
+        def lister():
+            while not stop.is_set():
+                if len(folder.shards()) != len(shards):
+                    wrong.append("shards")
+
+        t = threading.Thread(target=lister)
+        t.start()
+        try:
+            for _ in range(15):
+                total = sum(size for _, size, _, _ in folder.scan())
+                if total != 10 * len(shards):
+                    wrong.append(total)
+        finally:
+            stop.set()
+            t.join()
+        assert not wrong, wrong[:5]
+    finally:
+        folder.close()
