@@ -79,14 +79,13 @@ def _stop(pids: list[int]) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
-def _run_child(code: str, extra_env: dict | None = None) -> tuple[dict, str]:
+def _run_child(code: str) -> tuple[dict, str]:
     """`code` run in a child process with a Ray temp folder of its own and no RAY_ADDRESS or Ray setting of
-    this process's environment (but `extra_env`): its RAYDL-RESULT and its stderr. Every process it leaves behind (the result's
+    this process's environment: its RAYDL-RESULT and its stderr. Every process it leaves behind (the result's
     "left", or all its children when it hangs) is stopped by its PID."""
     tmp = tempfile.mkdtemp(prefix="rdls-", dir="/tmp")  # short: Ray's socket paths have a length limit
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_free_objects_period_milliseconds")}
     env["RAY_TMPDIR"] = tmp
-    env.update(extra_env or {})
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     started: set[int] = set()
@@ -121,10 +120,9 @@ def test_an_open_loader_does_not_reconnect_after_ray_shutdown():
     assert got["iterator"].startswith("Ray was shut down after this loader was built"), got
 
 
-@pytest.mark.parametrize("ray_address", [None, "local"])
-def test_the_local_ray_a_loader_starts_frees_dropped_batches_within_10_ms(ray_address):
-    """A loader in a process not connected to Ray (no RAY_ADDRESS, or RAY_ADDRESS=local) starts a local Ray
-    with free_objects_period_milliseconds=10, and takes its batches there."""
-    got, _stderr = _run_child(_CHILD_OWN_RAY, {"RAY_ADDRESS": ray_address} if ray_address else None)
+def test_the_local_ray_a_loader_starts_frees_dropped_batches_within_10_ms():
+    """A loader in a process not connected to Ray starts a local Ray with free_objects_period_milliseconds=10,
+    and takes its batches there."""
+    got, _stderr = _run_child(_CHILD_OWN_RAY)
     assert got["batches"] == 2
     assert got["config"].get("free_objects_period_milliseconds") == 10, got["config"]

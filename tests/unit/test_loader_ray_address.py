@@ -30,20 +30,31 @@ def init_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("address", [None, "10.0.0.7:6379"])
-def test_loader_starts_a_local_ray_unless_ray_address_names_one(image_folder, init_calls, monkeypatch, address):
-    """Without RAY_ADDRESS, ray.init(address="local"), so a cluster Ray recorded on this machine is not joined; with
-    it, the cluster it names."""
-    if address is None:
-        monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    else:
-        monkeypatch.setenv("RAY_ADDRESS", address)
+def _ray_init_kwargs(image_folder, init_calls, monkeypatch, **env) -> dict:
+    """The keyword arguments of the ray.init that loader() calls with `env` set (a None value unset)."""
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     ds = raydl.read_images(str(image_folder)).decode().center_crop(16)
     with pytest.raises(_Stop):
         ds.loader(batch_size=8)
+    args, kwargs = init_calls[-1]
+    assert args == ()
+    return kwargs
+
+
+@pytest.mark.parametrize("address", [None, "local", "10.0.0.7:6379"])
+def test_loader_starts_a_local_ray_unless_ray_address_names_one(image_folder, init_calls, monkeypatch, address):
+    """Without RAY_ADDRESS (or with RAY_ADDRESS=local), ray.init(address="local") with raydl's local Ray
+    settings, so a cluster Ray recorded on this machine is not joined; with an address, the cluster it names."""
+    kwargs = _ray_init_kwargs(
+        image_folder, init_calls, monkeypatch, RAY_ADDRESS=address, RAY_free_objects_period_milliseconds=None
+    )
     assert len(init_calls) == 1
-    args, kwargs = init_calls[0]
-    assert args == () and kwargs.get("address") == (address or "local")
+    assert kwargs.get("address") == (address or "local")
+    assert ("_system_config" in kwargs) == (address in (None, "local"))
 
 
 @pytest.mark.parametrize("env_value", [None, "50"])
@@ -52,18 +63,10 @@ def test_the_local_ray_gets_raydls_ray_settings_unless_the_environment_gives_the
 ):
     """A local Ray starts with raydl.env.RAY_SYSTEM_CONFIG (dropped batches freed within 10 ms); a setting the
     environment gives as RAY_<name> is left to Ray, which reads it itself; a named cluster gets none."""
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    if env_value is None:
-        monkeypatch.delenv("RAY_free_objects_period_milliseconds", raising=False)
-    else:
-        monkeypatch.setenv("RAY_free_objects_period_milliseconds", env_value)
-    ds = raydl.read_images(str(image_folder)).decode().center_crop(16)
-    with pytest.raises(_Stop):
-        ds.loader(batch_size=8)
-    _args, kwargs = init_calls[0]
+    kwargs = _ray_init_kwargs(
+        image_folder, init_calls, monkeypatch, RAY_ADDRESS=None, RAY_free_objects_period_milliseconds=env_value
+    )
     want = {"free_objects_period_milliseconds": 10} if env_value is None else {}
     assert kwargs["_system_config"] == want
-    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
-    with pytest.raises(_Stop):
-        ds.loader(batch_size=8)
-    assert "_system_config" not in init_calls[1][1]
+    kwargs = _ray_init_kwargs(image_folder, init_calls, monkeypatch, RAY_ADDRESS="10.0.0.7:6379")
+    assert "_system_config" not in kwargs
