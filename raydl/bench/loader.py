@@ -95,7 +95,15 @@ from raydl.bench.peers import (
     WORKLOAD_REQUIRES,
     WORKLOADS,
 )
-from raydl.bench.report import format_table, peer_versions, per_sample, ray_service, summarize, write_plot
+from raydl.bench.report import (
+    format_table,
+    peer_versions,
+    per_sample,
+    ray_service,
+    short_rate,
+    summarize,
+    write_plot,
+)
 
 __all__ = ["add_parser", "main"]
 
@@ -368,7 +376,7 @@ def _progress(i: int, rounds: int, row: dict, took: float, unit: str = "images")
     one = per_sample(unit)
     if row.get("ok"):
         _log(
-            f"{head} {row['images_per_s']:8.1f} {'img' if one == 'img' else unit}/s  first batch "
+            f"{head} {row['images_per_s']:8.1f} {short_rate(unit)}  first batch "
             f"{row['first_batch_s']:6.2f} s  peak {row['peak_pss_mib']:7.0f} MiB  "
             f"{1000 * row['cpu_s_per_image']:6.2f} CPU ms/{one}"
             f"  ({took:.0f} s)" + (f"  WARNING {row['warning']}" if "warning" in row else "")
@@ -813,7 +821,7 @@ def _notes(args: argparse.Namespace, peers: list[str], skipped: dict[str, str], 
         )
     if args.epochs > 1:
         notes.append(
-            f"later {'img' if one == 'img' else _UNITS[args.workload]}/s, later CPU ms/{one}: epochs "
+            f"later {short_rate(_UNITS.get(args.workload, 'images'))}, later CPU ms/{one}: epochs "
             f"2-{args.epochs} of the same loader, after its "
             "start-up (the other columns are epoch 1's)"
             + "".join(f"; {p} runs one epoch only" for p in peers if p not in MULTI_EPOCH)

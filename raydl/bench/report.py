@@ -82,6 +82,11 @@ def per_sample(unit: str) -> str:
     return {"images": "img", "rows": "row", "windows": "window"}.get(unit, unit)
 
 
+def short_rate(unit: str) -> str:
+    """A rate in a short column or line: img/s for images, else rows/s or windows/s."""
+    return "img/s" if unit == "images" else f"{unit}/s"
+
+
 def format_table(
     summary: list[dict], *, header: str, rate: str = "images/s", tokens_per_sample: int | None = None
 ) -> str:
@@ -105,7 +110,7 @@ def format_table(
         "Ray PSS MiB",
         f"CPU ms/{one}",
         f"steady CPU ms/{one}",
-        *((f"later {'img' if one == 'img' else unit}/s", f"later CPU ms/{one}") if later else ()),
+        *((f"later {short_rate(unit)}", f"later CPU ms/{one}") if later else ()),
         "ok",
     )
     lines = [header, ""]
