@@ -340,6 +340,10 @@ def test_no_room_names_who_holds_the_cpus(cluster, image_folder, monkeypatch):
     from raydl.errors import LoaderError
 
     monkeypatch.setattr(raydl.actors.launch, "ROOM_WAIT_S", 1.0)
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < 3:  # the last test's workers are gone, their CPUs
+        assert time.monotonic() < deadline, ray.available_resources()  # back in Ray's view a little later
+        time.sleep(0.2)
     with _loader(image_folder, batch_size=8, cpus_per_worker=1) as first:
         first.refresh()
         assert len(first.workers()) == 3
