@@ -246,7 +246,7 @@ def test_invalid_arguments_name_the_parameter(ray_local, image_folder):
         raydl.read_images(str(image_folder)).decode().loader(batch_size=4)
 
 
-def _wait_for_free_cpus(total: float, timeout_s: float = 10.0) -> bool:
+def _wait_for_free_cpus(total: float, timeout_s: float = 30.0) -> bool:
     """Ray returns a killed actor's CPUs asynchronously: poll, bounded in time."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
