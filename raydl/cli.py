@@ -13,7 +13,9 @@ __all__ = ["main"]
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="load a generated image folder with two ranks on a local Ray")
     p.add_argument("--images", type=int, default=512, help="images to generate (default 512)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="batch size of each rank without --config (default 64)"
+    )
     p.add_argument(
         "--config",
         default=None,
@@ -27,7 +29,18 @@ def _add_demo(sub) -> None:
         help="override one config value, e.g. --set loader.batch_size=32 (repeatable)",
     )
     p.add_argument("--dir", default=None, help="where to write the images (default: a temporary folder)")
-    p.set_defaults(func=lambda args: __import__("raydl.demo", fromlist=["main"]).main(args))
+    p.set_defaults(func=lambda args: _demo(p, args))
+
+
+def _demo(p, args) -> int:
+    """`raydl demo`, once its flags agree: --set changes a config, and a config sets the batch size."""
+    if args.set and not args.config:
+        p.error("--set changes values of a config file: give it with --config")
+    if args.config and args.batch_size is not None:
+        p.error("--batch-size is for a run without --config; with one, use --set loader.batch_size=N")
+    from raydl.demo import main as demo_main
+
+    return demo_main(args)
 
 
 def _add_make_images(sub) -> None:

@@ -435,8 +435,8 @@ class Dataset:
         Takes the fields of `raydl.options.LoaderConfig` as keywords, each documented there with its
         default: `batch_size` (required), `world_size`, `seed`, `shuffle`, `drop_last`, `on_error`,
         `num_workers`, `threads_per_worker`, `cpus_per_worker`, `node_resource`, `prefetch_batches`,
-        `object_store_budget`, `io_concurrency`, `max_sample_bytes`, `batch_timeout_s`, `shuffle_window`. A
-        keyword that is not one of them is a TypeError naming it.
+        `object_store_budget`, `io_concurrency`, `max_sample_bytes`, `batch_timeout_s`, `shuffle_window`,
+        `cache`. A keyword that is not one of them is a TypeError naming it.
         """
         return self.loader_from_config(loader_config(options, caller="Dataset.loader()"))
 

@@ -83,7 +83,8 @@ def _loader_config(args):
 
     if args.config:
         return load_config(args.config, args.set).loader
-    return LoaderConfig(batch_size=args.batch_size, world_size=2, seed=0)
+    batch_size = 64 if getattr(args, "batch_size", None) is None else args.batch_size
+    return LoaderConfig(batch_size=batch_size, world_size=2, seed=0)
 
 
 def _read_one_epoch(ds, config) -> tuple[list, float]:

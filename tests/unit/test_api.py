@@ -84,6 +84,13 @@ def test_loader_config_defaults_and_frozen():
         cfg.batch_size = 1  # type: ignore[misc]
 
 
+def test_dataset_loader_names_every_loader_config_field():
+    """Dataset.loader's docstring lists the keywords it takes: every LoaderConfig field, none missing."""
+    doc = raydl.Dataset.loader.__doc__
+    missing = [f.name for f in dataclasses.fields(LoaderConfig) if f"`{f.name}`" not in doc]
+    assert not missing, missing
+
+
 # ---------------------------------------------------------- error tree ----
 
 

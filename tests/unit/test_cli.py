@@ -19,6 +19,21 @@ def test_subcommands_answer_help(argv, capsys):
     assert "usage: raydl" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["demo", "--set", "loader.batch_size=8"], "--set changes values of a config file"),
+        (["demo", "--config", "configs/local-demo.yaml", "--batch-size", "8"], "--set loader.batch_size=N"),
+    ],
+)
+def test_demo_refuses_flags_it_would_ignore(argv, says, capsys):
+    """--set without --config, or --batch-size beside --config, is a usage error, before anything runs."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert says in capsys.readouterr().err
+
+
 def test_make_images_from_photos_and_without_them(tmp_path, capsys):
     """make-images writes DIR/cNNN/*.jpg + labels.csv, the same bytes for the same arguments; without photos it
     falls back to generated sources and says so."""
