@@ -126,6 +126,10 @@ class RowGroup:
     num_rows: int
     chunks: tuple[tuple[int, int], ...]  # per leaf column: (offset, length) of its column chunk
     decoded: tuple[int, ...] = ()  # per leaf column: about the bytes of its values decoded (`decoded_bytes`)
+    # per leaf column: the chunk's num_values (values and nulls, at the leaf: a list column's elements), and
+    # its statistics' null_count; -1 where the footer leaves them out
+    values: tuple[int, ...] = ()
+    nulls: tuple[int, ...] = ()
 
 
 _PHYSICAL = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")
@@ -181,6 +185,11 @@ def _field(d: object, fid: int, kind: type, what: str, default=None):
     if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
         raise _Corrupt(f"{what} is missing or not a {kind.__name__}")
     return value
+
+
+def _count(value: object) -> int:
+    """A count the footer may leave out: the int if it is one (>= 0), else -1."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
 
 
 def _leaf_type(element: object) -> LeafType:
@@ -260,7 +269,7 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
                 raise _Corrupt(
                     f"row group {g} has {len(columns)} column chunks for {len(leaves)} leaf columns"
                 )
-            chunks, decoded = [], []
+            chunks, decoded, values, nulls = [], [], [], []
             for c, column in enumerate(columns):
                 md = _field(column, 3, dict, f"row group {g} column {c}'s metadata")
                 start = _field(md, 9, int, "data_page_offset")
@@ -284,7 +293,10 @@ def read_footer_meta(meta: bytes, *, uri: str, file_size: int) -> Footer:
                     )
                 chunks.append((start, size))
                 decoded.append(decoded_bytes(md, types[c] if c < len(types) else None, rows))
-            groups.append(RowGroup(rows, tuple(chunks), tuple(decoded)))
+                values.append(_count(md.get(5)))
+                stats = md.get(12)
+                nulls.append(_count(stats.get(3)) if isinstance(stats, dict) else -1)
+            groups.append(RowGroup(rows, tuple(chunks), tuple(decoded), tuple(values), tuple(nulls)))
     except _Corrupt as exc:
         raise DataSourceError(f"{uri}: corrupt Parquet footer ({exc})", uri=uri) from None
     return Footer(leaves, tuple(groups), types)

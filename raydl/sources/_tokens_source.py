@@ -29,7 +29,7 @@ from raydl.describe.fields import Field
 from raydl.errors import DataSourceError, LoaderError, ObjectChangedError
 from raydl.native import token_windows_into
 from raydl.sources._megatron import map_file, parse_index, read_index
-from raydl.sources._parquet_file import parse_footer, read_row_group
+from raydl.sources._parquet_file import footer_of, parse_footer, read_row_group
 from raydl.sources._parquet_source import BoundedLRU
 from raydl.sources._version import mtime_ns
 from raydl.sources.parquet import read_footer
@@ -45,7 +45,7 @@ _READ_THREADS = 16  # ranged reads of remote .bin files at once
 
 _units = BoundedLRU(1 << 12, 1 << 40, size=lambda u: u.nbytes)  # Megatron units: their document starts
 _row_groups = BoundedLRU(1 << 12, ROW_GROUP_CACHE_BYTES, size=lambda u: u.nbytes)
-_footers = BoundedLRU(1 << 12, 64 << 20, size=lambda f: f[1])
+_footers = BoundedLRU(1 << 12, 64 << 20, size=lambda f: f[2])
 _reads = SharedPool(_READ_THREADS, "raydl-tokens")
 
 
@@ -330,7 +330,7 @@ class TokenSource(Source):
         )
 
     def _row_group(self, storage: Storage, info: ObjectInfo, rg: int) -> _Unit:
-        md, _n = _footers.get(
+        md, footer, _n = _footers.get(
             (info.uri, info.etag, info.size, mtime_ns(info)), lambda: _footer(storage, info)
         )
         if rg >= md.num_row_groups:
@@ -339,11 +339,8 @@ class TokenSource(Source):
             leaf = parquet_token_leaf(md, self.column, info.uri)
         except ValueError as exc:
             raise ObjectChangedError(f"{info.uri} changed after it was listed: {exc}", uri=info.uri) from None
-        chunk = md.row_group(rg).column(leaf)
-        start = chunk.data_page_offset
-        if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
-            start = min(start, chunk.dictionary_page_offset)
-        data = storage.read_range(info.uri, start, chunk.total_compressed_size, etag=info.etag or None)
+        start, stored = footer.row_groups[rg].chunks[leaf]  # raydl's reading: see _footer
+        data = storage.read_range(info.uri, start, stored, etag=info.etag or None)
         try:
             table = read_row_group(info.uri, info.size, md, {start: data}, rg, (leaf,))
             column = one_array(table.column(self.column))
@@ -398,9 +395,13 @@ class TokenSource(Source):
 
 
 def _footer(storage: Storage, info: ObjectInfo):
+    """(pyarrow's FileMetaData, raydl's Footer, bytes) of a file's footer. The chunks' ranges come from
+    raydl's reading, checked against the file: pyarrow's RowGroupMetaData.column() aborts the process on
+    some corrupt footers (raydl/sources/_footer.py)."""
     tail = read_footer(storage, info)
+    footer = footer_of(info.uri, info.size, tail)
     try:
-        return parse_footer(tail), len(tail)
+        return parse_footer(tail), footer, len(tail)
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise DataSourceError(f"{info.uri}: corrupt Parquet footer ({exc})", uri=info.uri) from exc
 

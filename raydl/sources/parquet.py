@@ -307,18 +307,25 @@ def read_column(catalog: Catalog, name: str) -> np.ndarray:
         strict=True,
     ):
         info = ObjectInfo(uri, int(size), etag)
-        md = parse_footer(read_footer(storage, info))
-        leaves = [i for i in range(md.num_columns) if md.schema.column(i).path == name]
+        tail = read_footer(storage, info)
+        # the chunks' ranges from raydl's reading of the footer, checked against the file: pyarrow's
+        # RowGroupMetaData.column() aborts the process on some corrupt footers
+        footer = footer_of(uri, info.size, tail)
+        try:
+            md = parse_footer(tail)
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise DataSourceError(f"{uri}: corrupt Parquet footer ({exc})", uri=uri) from exc
+        leaves = [i for i, leaf in enumerate(footer.leaves) if leaf == name]
         if not leaves:
             raise ValueError(f"{uri} has no column {name!r} (its columns: {md.schema.names})")
         pieces = {}
-        for g in range(md.num_row_groups):
-            col = md.row_group(g).column(leaves[0])
-            start = col.data_page_offset
-            if col.has_dictionary_page and col.dictionary_page_offset is not None:
-                start = min(start, col.dictionary_page_offset)
-            pieces[start] = storage.read_range(uri, start, col.total_compressed_size, etag=etag or None)
-        column = open_pieces(uri, info.size, md, pieces).read(columns=[name]).column(name)
+        for rg in footer.row_groups:
+            start, stored = rg.chunks[leaves[0]]
+            pieces[start] = storage.read_range(uri, start, stored, etag=etag or None)
+        try:
+            column = open_pieces(uri, info.size, md, pieces).read(columns=[name]).column(name)
+        except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
+            raise DataSourceError(f"{uri}: cannot decode column {name!r}: {exc}", uri=uri) from exc
         if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
             raise ValueError(f"column {name!r} of {uri} is {column.type}, not numbers")
         if column.null_count:

@@ -36,6 +36,12 @@ __all__ = ["CHUNK_TOKENS", "MAX_UNIT_TOKENS", "list_tokens"]
 
 CHUNK_TOKENS = 1 << 22  # a .bin's parts: stretches of its stream this long
 MAX_UNIT_TOKENS = 1 << 40  # a row group's footer claiming more is crafted: sums of such counts could overflow
+# How many tokens a row group's column chunk may claim for its bytes: MAX_TOKENS_PER_BYTE per byte, or
+# TOKENS_FLOOR, whichever is more. Token ids are near random (1-4 bytes a token stored); only long runs of
+# one token (padding) pack tighter, and a run-length page can hold millions in a few bytes, so no bound is
+# exact: this one lets a lie list at most that many windows, which the read then refuses.
+MAX_TOKENS_PER_BYTE = 256
+TOKENS_FLOOR = 1 << 24
 _MAX_WINDOW = 16  # Parquet row groups shuffled together, at most (fewer where they would not fit the cache)
 _LISTING_THREADS = 16
 
@@ -160,7 +166,9 @@ def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple
         return [(index.tokens + e * index.sequences, -1, index.dtype.itemsize)]
     info = unit[1]
     tail = read_footer(storage, info)
-    footer_of(info.uri, info.size, tail)  # raydl's own checks of the footer against the file first
+    # raydl's own reading of the footer, checked against the file, gives the counts: pyarrow's
+    # RowGroupMetaData.column() aborts the process on some corrupt footers
+    footer = footer_of(info.uri, info.size, tail)
     try:
         md = parse_footer(tail)
     except (OSError, pa.ArrowException, ValueError) as exc:
@@ -168,12 +176,21 @@ def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple
     leaf = parquet_token_leaf(md, column, info.uri)
     width = max(1, md.schema.to_arrow_schema().field(column).type.value_type.bit_width // 8)
     out = []
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        chunk = rg.column(leaf)
-        stats = chunk.statistics
-        nulls = stats.null_count if stats is not None and stats.has_null_count else 0
-        tokens = max(0, chunk.num_values - nulls) + e * rg.num_rows
+    for g, rg in enumerate(footer.row_groups):
+        values, nulls, (_start, stored) = rg.values[leaf], rg.nulls[leaf], rg.chunks[leaf]
+        if values < 0:
+            raise DataSourceError(
+                f"{info.uri}: corrupt Parquet footer (row group {g} column {column!r} says no num_values)",
+                uri=info.uri,
+            )
+        most = max(MAX_TOKENS_PER_BYTE * stored, TOKENS_FLOOR)
+        if values > most:
+            raise DataSourceError(
+                f"{info.uri}: row group {g} column {column!r} says it holds {values} tokens in {stored} "
+                f"bytes; raydl believes at most {most} ({MAX_TOKENS_PER_BYTE} a byte, or {TOKENS_FLOOR})",
+                uri=info.uri,
+            )
+        tokens = max(0, values - max(0, nulls)) + e * rg.num_rows
         if tokens > MAX_UNIT_TOKENS:
             raise DataSourceError(
                 f"{info.uri}: row group {g} says it holds {tokens} tokens, more than raydl reads in one "

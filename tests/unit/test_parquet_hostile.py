@@ -124,3 +124,59 @@ def test_a_valid_file_with_far_more_rows_than_bytes_lists(tmp_path):
                    path)
     assert n > 8 * path.stat().st_size
     assert len(raydl.read_parquet(str(path), image_column="img", label_column="label")) == n
+
+
+def _token_file_with(tmp_path, old: bytes, new: bytes):
+    """A token table (input_ids: list<int32>) whose footer has `old` rewritten to `new`."""
+    path = tmp_path / "tok.parquet"
+    path.write_bytes(rewrite(_raw_tokens(), old, new))
+    return path
+
+
+def test_token_and_weight_columns_of_a_footer_that_aborts_pyarrow_are_read_in_process(tmp_path):
+    """The REQUIRED-for-OPTIONAL footer on a token list's leaf and on a weight column: read_tokens lists it and
+    its window's read is a DataSourceError; with_weights on that column is a DataSourceError naming the file.
+    No process aborts (pyarrow's RowGroupMetaData.column() is never called on it)."""
+    path = _token_file_with(tmp_path, b"\x25\x02\x18\x07element", b"\x25\x00\x18\x07element")
+    weights = tmp_path / "w.parquet"
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"img": [b"x"] * 3, "w": [1.0, 2.0, 3.0]}), buf)
+    weights.write_bytes(rewrite(buf.getvalue(), b"\x25\x02\x18\x01w", b"\x25\x00\x18\x01w"))
+    code = f"""
+import numpy as np
+import raydl
+from raydl.errors import DataSourceError
+ds = raydl.read_tokens({str(path)!r}, seq_len=4)
+cat = ds.catalog
+try:
+    cat.source.read_batch(cat, cat.storage, np.arange(1))
+    print("read")
+except DataSourceError as exc:
+    print("refused tokens:", exc)
+try:
+    raydl.read_parquet({str(weights)!r}, image_column="img").with_weights("w")
+    print("weighted")
+except DataSourceError as exc:
+    print("refused weights:", exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"refused tokens: {path}" in proc.stdout and f"refused weights: {weights}" in proc.stdout, proc.stdout
+
+
+def test_a_token_count_past_what_the_chunk_can_hold_is_refused_at_listing(tmp_path):
+    """A row group's num_values rewritten to 2**40 - 1 (the chunk is a few hundred bytes): listing refuses it,
+    naming the file, the row group and the claim, rather than listing a trillion windows."""
+    md = pq.read_metadata(io.BytesIO(_raw_tokens()))
+    n = md.row_group(0).column(0).num_values
+    # ColumnMetaData: num_values (field 5, i64) follows path_in_schema (field 3, list<binary>)
+    path = _token_file_with(tmp_path, b"\x16" + varint(n), b"\x16" + varint((1 << 40) - 1))
+    with pytest.raises(DataSourceError, match=r"row group 0 column 'input_ids' says it holds 1099511627775 tokens"):
+        raydl.read_tokens(str(path), seq_len=4)
+
+
+def _raw_tokens() -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"input_ids": pa.array([list(range(10)), list(range(5)), [1, 2]], pa.list_(pa.int32())),
+                             "w": [1.0, 2.0, 3.0]}), buf)
+    return buf.getvalue()
