@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -444,6 +445,28 @@ def _cache_folder() -> str:
     return os.path.join(cache_dir(), "wds-index")
 
 
+def _our_folder(folder: str, *, create: bool) -> bool:
+    """Whether `folder` is a real folder of this user's (made, private, when `create` and missing): the
+    index cache is used only there, never through a link or in a folder someone else controls."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        if not create:
+            return False
+        try:
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            os.mkdir(folder, 0o700)
+            st = os.lstat(folder)
+        except OSError:
+            return False
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def cache_key(info: ObjectInfo) -> tuple[str, int] | None:
     """(file name in the cache, mtime_ns) of shard `info`: by (URI, etag), or a local file's (path, size,
     mtime_ns); None for a local file that is not there (its read will say so)."""
@@ -464,14 +487,31 @@ def _cache_match(e: IndexEntry, info: ObjectInfo, mtime_ns: int) -> bool:
 
 def cache_get(info: ObjectInfo, *, header_only: bool = False) -> tuple[IndexEntry, MemberBlock | None] | None:
     """The cached entry (and block, unless `header_only`) of shard `info`, or None on a miss. A cache file
-    that does not parse or names another shard is a miss (and is removed), never an error."""
+    that does not parse or names another shard is a miss (and is removed), never an error. Only a regular
+    file of this user's, in a real folder of this user's, is read (opened without following a link or
+    waiting on a FIFO); anything else there is a miss, and left alone."""
     key = cache_key(info)
     if key is None:
         return None
-    path = os.path.join(_cache_folder(), key[0])
+    folder = _cache_folder()
+    if not _our_folder(folder, create=False):
+        return None
+    path = os.path.join(folder, key[0])
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:  # missing, a link (ELOOP), unreadable
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            size = st.st_size
 
             def read(off: int, n: int) -> bytes:
                 f.seek(off)
@@ -505,7 +545,10 @@ def cache_put(info: ObjectInfo, block: MemberBlock, *, key: tuple[str, int] | No
     key = key or cache_key(info)
     if key is None:
         return
+    folder = _cache_folder()
+    if not _our_folder(folder, create=True):
+        return
     try:
-        write_index(os.path.join(_cache_folder(), key[0]), [(info.uri, info, key[1], block)], durable=False)
+        write_index(os.path.join(folder, key[0]), [(info.uri, info, key[1], block)], durable=False)
     except OSError:
         pass

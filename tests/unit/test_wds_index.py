@@ -211,6 +211,39 @@ def test_the_node_cache_is_keyed_by_path_size_and_mtime_and_ignores_junk(tmp_pat
     assert wi.cache_get(info) is None and not (f.parent / key).exists()
 
 
+def test_the_index_cache_never_follows_a_link_waits_on_a_fifo_or_removes_what_it_did_not_make(
+    tmp_path, monkeypatch
+):
+    """A FIFO at a shard's key is a miss at once (not a read that blocks forever); a link there is neither
+    followed nor removed; a folder that is a link is not used at all (nothing read or written through it)."""
+    import os
+    import time
+
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
+    path = tarwriter_shard(tmp_path / "a.tar", 4)
+    info = info_of(path)
+    wi.cache_put(info, reference_block(path))
+    folder = tmp_path / "cache" / "wds-index"
+    key = folder / wi.cache_key(info)[0]
+    good = key.read_bytes()
+    key.unlink()
+    os.mkfifo(key)
+    t0 = time.monotonic()
+    assert wi.cache_get(info) is None and time.monotonic() - t0 < 5 and key.exists()
+    key.unlink()
+    elsewhere = tmp_path / "elsewhere.rwi"
+    elsewhere.write_bytes(good)  # a valid entry: a followed link would be a hit
+    key.symlink_to(elsewhere)
+    assert wi.cache_get(info) is None and key.is_symlink() and elsewhere.read_bytes() == good
+    key.unlink()
+    os.rename(folder, tmp_path / "real")
+    folder.symlink_to(tmp_path / "real")
+    (tmp_path / "real" / key.name).write_bytes(good)
+    assert wi.cache_get(info) is None
+    wi.cache_put(info, reference_block(path))
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == [key.name]
+
+
 def test_samples_of_spans_image_and_label_members(tmp_path):
     """A sample's range covers its image and its label member; image_at/label_at point at their bytes."""
     path = tarwriter_shard(tmp_path / "a.tar", 6)
