@@ -130,7 +130,7 @@ def check_block(block: MemberBlock, shard: ObjectInfo, where: str) -> None:
     off, size = block.offsets, block.sizes
     if n == 0:
         return
-    bad = np.flatnonzero((off < BLOCK) | (size < 0) | (off + size > end))
+    bad = np.flatnonzero((off < BLOCK) | (size < 0) | (size > end - off))  # off + size could wrap int64
     if bad.size:
         i = int(bad[0])
         raise DataSourceError(

@@ -88,7 +88,7 @@ __all__ = [
 MAGIC = b"RAYDL-WDS-INDEX 1 "
 MAX_INDEX_BYTES = 1 << 30  # one .idx, JSON shard list or index header is read whole: never past this
 MAX_SIGNATURES = 256  # distinct field sets per shard kept in an index header (more: counted from the block)
-_INT = re.compile(r"[0-9]{1,19}")
+_INT = re.compile(r"[0-9]{1,18}")  # below 2**63: an int64
 
 
 # -- index files read whole ---------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def parse_dali(data: bytes, where: str, shard: ObjectInfo) -> MemberBlock:
             if not (_INT.fullmatch(off) and _INT.fullmatch(size)) or dot < 0 or name[dot + 1 :] != ext:
                 raise DataSourceError(
                     f"{where}: line {lineno}: member {k // 4} ({' '.join(parts[k : k + 4])[:80]!r}) is not "
-                    "'ext offset size name' (a name with a space?)",
+                    "'ext offset size name' with offset and size below 2**63 (a name with a space?)",
                     uri=where,
                 )
             names.append(name)
@@ -415,6 +415,12 @@ def read_header(read, size: int, where: str) -> list[IndexEntry]:
             if e.offset < data_at or e.length < 12 or e.offset + e.length > size or e.size < 0:
                 raise ValueError(
                     f"shard {i} ({e.path}): its block at {e.offset}+{e.length} is outside the file"
+                )
+            # a sample is one member at least
+            if e.sigs is not None and sum(e.sigs.values()) > member_limit(ObjectInfo(e.path, e.size))[0]:
+                raise ValueError(
+                    f"shard {i} ({e.path}): its signatures count {sum(e.sigs.values())} samples, more than "
+                    f"its {e.size} bytes can hold"
                 )
             out.append(e)
     except (ValueError, KeyError, TypeError, RecursionError) as exc:

@@ -21,7 +21,13 @@ from raydl.errors import DataSourceError
 from raydl.sources import _wds_index
 from raydl.sources._expand import Listing, stem
 from raydl.sources._version import mtime_ns  # an index file's entry of a local shard must match it
-from raydl.sources._wds_blocks import MemberBlock, count_from_signatures, decode_block, samples_of
+from raydl.sources._wds_blocks import (
+    MemberBlock,
+    count_from_signatures,
+    decode_block,
+    member_limit,
+    samples_of,
+)
 from raydl.sources._wds_index import IndexEntry, WidsShard
 from raydl.sources._wds_source import BUILD, DALI, EXPLICIT
 from raydl.storage import ObjectInfo, Storage, split_scheme
@@ -149,8 +155,18 @@ def from_explicit(
 
 
 def from_wids(s: Shard, listed: WidsShard) -> bool:
-    """Settle `s` with the count a wids shard list gives it; False where the list gives another size (a
-    warning: it is indexed)."""
+    """Settle `s` with the count a wids shard list gives it; False where the list gives another size, or
+    more samples than the shard's bytes can hold (a warning: it is indexed)."""
+    most = member_limit(s.info)[0]  # a sample is one tar member at least
+    if listed.nsamples > most:
+        logger.warning(
+            "raydl: the shard list says %s holds %d samples; its %d bytes hold at most %d; indexing it",
+            s.info.uri,
+            listed.nsamples,
+            s.info.size,
+            most,
+        )
+        return False
     if listed.filesize is None or listed.filesize == s.info.size:
         s.count = listed.nsamples
         return True

@@ -121,6 +121,7 @@ def _dali_text(block: wi.MemberBlock) -> bytes:
         (lambda t: t.replace(b"jpg 7680 101", b"jpg 7680 999999", 1), "lies outside"),
         (lambda t: t.replace(b"cls 5632", b"cls 3600", 1), "overlaps"),
         (lambda t: t.replace(b"jpg 3584 100", b"jpg x 100", 1), "is not 'ext offset size name'"),
+        (lambda t: t.replace(b"jpg 3584 100", b"jpg 9999999999999999999 100", 1), "below 2\\*\\*63"),
     ],
 )
 def test_crafted_dali_indexes_are_refused_naming_the_file(tmp_path, mutate, why):
@@ -133,6 +134,14 @@ def test_crafted_dali_indexes_are_refused_naming_the_file(tmp_path, mutate, why)
     with pytest.raises(DataSourceError, match=why) as exc:
         wi.parse_dali(mutate(text), where, info_of(path))
     assert where in str(exc.value)
+
+
+def test_a_member_whose_offset_plus_size_wraps_int64_is_outside_the_shard(tmp_path):
+    """offset 3 << 61 with size 1 << 62 sums past 2**63 and wraps negative in int64: still outside the shard."""
+    path = tarwriter_shard(tmp_path / "a.tar", 1)
+    block = wi.MemberBlock(["a.jpg"], np.array([3 << 61], np.int64), np.array([1 << 62], np.int64))
+    with pytest.raises(DataSourceError, match="lies outside"):
+        wi.check_block(block, info_of(path), "x.rwi")
 
 
 def test_raydl_index_files_round_trip_and_crafted_ones_are_refused(tmp_path):
@@ -187,6 +196,46 @@ def test_wids_shard_lists_resolve_urls_and_refuse_crafted_ones(tmp_path):
         with pytest.raises(DataSourceError, match=why) as exc:
             wi.parse_wids(bad, "/data/shards.json")
         assert "/data/shards.json" in str(exc.value)
+
+
+def test_sample_counts_past_what_a_shard_can_hold_are_not_believed(tmp_path, monkeypatch, caplog):
+    """A wids list without filesizes claiming 10**12 and 10**30 samples: each shard is indexed (a warning
+    naming it) and the dataset has its real samples; an index file whose signatures count more samples than
+    the shard's bytes can hold is a DataSourceError naming it; a node-cache entry doing so is a miss."""
+    import logging
+
+    import raydl
+
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
+    paths = [tarwriter_shard(tmp_path / f"{c}.tar", 3) for c in "ab"]
+    doc = {"__kind__": "wids-shard-index-v1",
+           "shardlist": [{"url": "a.tar", "nsamples": 10**12}, {"url": "b.tar", "nsamples": 10**30}]}
+    (tmp_path / "list.json").write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="raydl"):
+        assert len(raydl.read_webdataset(str(tmp_path / "list.json"))) == 6
+    assert sum("holds 1000000000000 samples" in r.getMessage() and paths[0] in r.getMessage()
+               for r in caplog.records) == 1
+    info = info_of(paths[0])
+    index = str(tmp_path / "lying.rwi")
+    wi.write_index(index, [("a.tar", info, 0, reference_block(paths[0]))])
+    data = _lying_sigs(Path(index).read_bytes())
+    Path(index).write_bytes(data)
+    with pytest.raises(DataSourceError, match="signatures count 1000000000000000 samples") as exc:
+        wi.read_header(lambda o, n: data[o:o + n], len(data), index)
+    assert index in str(exc.value)
+    wi.cache_put(info, reference_block(paths[0]))
+    key = tmp_path / "cache" / "wds-index" / wi.cache_key(info)[0]
+    key.write_bytes(_lying_sigs(key.read_bytes()))
+    assert wi.cache_get(info, header_only=True) is None
+
+
+def _lying_sigs(data: bytes) -> bytes:
+    """An index file whose first shard's signature counts 10**15 samples, its header length fixed up."""
+    nl = data.index(b"\n")
+    head_len = int(data[len(wi.MAGIC):nl])
+    head, rest = data[nl + 1:nl + 1 + head_len], data[nl + 1 + head_len:]
+    head = head.replace(b'"cls,jpg":3', b'"cls,jpg":1000000000000000', 1)
+    return wi.MAGIC + str(len(head)).encode() + b"\n" + head + rest
 
 
 def test_the_node_cache_is_keyed_by_path_size_and_mtime_and_ignores_junk(tmp_path, monkeypatch):
