@@ -313,7 +313,10 @@ class TokenSource(Source):
         index = parse_index(idx_info.uri, data, bin_info.uri, bin_info.size)
         e = 1 if self.eod is not None else 0
         starts = np.zeros(index.sequences + 1, np.int64)
-        np.cumsum(index.lengths + e if e else index.lengths, dtype=np.int64, out=starts[1:])
+        starts[1:] = index.lengths  # int32 in the index: the sums, and a length + 1, need int64
+        if e:
+            starts[1:] += e
+        np.cumsum(starts[1:], out=starts[1:])
         values = None
         if local and index.tokens:
             # a plain array over the mapping: np.memmap's slices cost microseconds each in Python

@@ -335,3 +335,22 @@ def test_many_short_documents_and_remote_reads_with_eod(tmp_path, monkeypatch, r
             [str(tmp_path / "short"), str(tmp_path / "long")], seq_len=seq_len, eod=-1 + 40000
         )
         _check(ds, short + long, seq_len, 39999, np.random.default_rng(seq_len).permutation(len(ds)))
+
+
+@pytest.mark.parametrize("eod", [None, 7])
+def test_a_sequence_of_the_longest_int32_length_reads_with_and_without_eod(tmp_path, eod):
+    """A Megatron sequence of 2**31 - 1 tokens (the index's int32 maximum; a sparse 2 GiB .bin of zeros) and one
+    of 1: its length + 1 (the eod) must not wrap int32, so the first and last windows read as the stream says."""
+    prefix = str(tmp_path / "big")
+    lengths = [2**31 - 1, 1]
+    with open(prefix + ".bin", "wb") as f:
+        f.truncate(sum(lengths))  # sparse: no disk used
+    write_index(prefix + ".idx", lengths, np.uint8)
+    ds = raydl.read_tokens(prefix, seq_len=8, eod=eod)
+    cat = ds.catalog
+    first, last = (cat.source.read_batch(cat, cat.storage, np.array([w]))["input_ids"][0] for w in (0, len(ds) - 1))
+    assert not first.any()
+    if eod is None:  # a stream of 2**31 zeros; a window's inputs are 8 tokens, its labels one further
+        assert len(ds) == (2**31 - 1) // 8 and not last.any()
+    else:  # 2**31 - 1 zeros, eod, a zero, eod: the last window's inputs end with the first eod
+        assert len(ds) == (2**31 + 2 - 1) // 8 and list(last[-2:]) == [0, 7]
