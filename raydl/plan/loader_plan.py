@@ -27,7 +27,7 @@ from raydl.options import LoaderConfig
 from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import EpochPlan, augmentation_seeds
 from raydl.plan.orders import Order
-from raydl.plan.state import check_mix_state
+from raydl.plan.state import brief, check_mix_state
 from raydl.plan.tasks import BatchTask
 
 __all__ = ["LoaderPlan", "Position"]
@@ -225,14 +225,14 @@ class LoaderPlan:
         for key, value in mine.items():
             if got[key] != value:
                 raise ValueError(
-                    f"cannot resume: the state's {key} is {state.get(key)!r}, this loader's is "
-                    f"{value!r}; build the loader over the same data with the same settings"
+                    f"cannot resume: the state's {key} is {brief(state.get(key))}, this loader's is "
+                    f"{brief(value)}; build the loader over the same data with the same settings"
                 )
         why = self.order.fixed_batch_size
         world, batch_size = got["world_size"], got["batch_size"]
         if why is not None and batch_size != c.batch_size:
             raise ValueError(
-                f"cannot resume: the state's batch_size is {state['batch_size']!r}, this loader's is "
+                f"cannot resume: the state's batch_size is {brief(state['batch_size'])}, this loader's is "
                 f"{c.batch_size!r}; with {why} the batches themselves depend on it"
             )
         # Same data and settings from here on: the state's start and batches_done must lie in its epoch.
@@ -262,7 +262,7 @@ def _state_fields(state: object) -> dict[str, Any]:
             f"cannot resume: a state is the dict state_dict() returned, got {type(state).__name__}"
         )
     if _integer(state.get("version")) != STATE_VERSION:
-        raise ValueError(f"unsupported iterator state version {state.get('version')!r}")
+        raise ValueError(f"unsupported iterator state version {brief(state.get('version'))}")
     got: dict[str, Any] = {"version": STATE_VERSION}
     for name, lo, hi in (
         ("epoch", 0, _MAX_EPOCH),
@@ -325,6 +325,4 @@ def _in_range(fields: Mapping, name: str, lo: int, hi: int | None, note: str = "
 
 
 def _refuse(fields: Mapping, name: str, what: str) -> None:
-    text = repr(fields[name])
-    text = text if len(text) <= 80 else text[:77] + "..."
-    raise ValueError(f"cannot resume: the state's {name} is {text}; it must be {what}")
+    raise ValueError(f"cannot resume: the state's {name} is {brief(fields[name])}; it must be {what}")

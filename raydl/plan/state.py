@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
-__all__ = ["check_mix_state"]
+__all__ = ["brief", "check_mix_state"]
+
+
+def brief(value: object, limit: int = 80) -> str:
+    """repr(value) for a message, at most `limit` characters; never raises (a state is input: an int of
+    5,000 digits has no repr in Python, a list of 200,000 pairs a long one)."""
+    try:
+        text = repr(value) if not isinstance(value, (list, tuple, dict)) or len(value) <= 64 else None
+    except Exception:  # noqa: BLE001 - a value with no repr
+        text = None
+    if text is None:
+        if isinstance(value, int):
+            return f"<an int of about {round(value.bit_length() * 0.30103)} digits>"
+        if isinstance(value, (list, tuple, dict)):
+            return f"<a {type(value).__name__} of {len(value)} items>"
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _listed(state: dict, key: str) -> list:
+    """state[key] when it is a list, else [] (a crafted state: this loader's names what changed)."""
+    value = state.get(key)
+    return value if isinstance(value, list) else []
 
 
 def check_mix_state(theirs: dict | None, mine: dict | None) -> None:
@@ -16,7 +38,7 @@ def check_mix_state(theirs: dict | None, mine: dict | None) -> None:
     for key, value in mine.items():
         if theirs.get(key) != value:
             if key in ("sample_weights", "fingerprints"):
-                pairs = zip(mine["sources"], theirs.get(key) or [], value, strict=False)
+                pairs = zip(mine["sources"], _listed(theirs, key), value, strict=False)
                 changed = [n for n, a, b in pairs if a != b] or mine["sources"]
             if key == "sample_weights":
                 raise ValueError(
@@ -29,13 +51,14 @@ def check_mix_state(theirs: dict | None, mine: dict | None) -> None:
                     "it into a loader of the same mix"
                 )
             if key == "weights":
-                was = dict(zip(theirs.get("sources", []), theirs.get("weights", []), strict=False))
+                was = dict(zip(_listed(theirs, "sources"), _listed(theirs, "weights"), strict=False))
                 now = dict(zip(mine["sources"], value, strict=True))
                 raise ValueError(
-                    f"cannot resume: the mix's weights changed: the state has {was}, this loader {now}; "
+                    f"cannot resume: the mix's weights changed: the state has {brief(was, 400)}, this loader "
+                    f"{brief(now, 400)}; "
                     "resume with the same weights (or start a new epoch plan without the state)"
                 )
             raise ValueError(
-                f"cannot resume: the mix's {key} is {theirs.get(key)!r} in the state and {value!r} here; "
-                "load it into a loader of the same mix"
+                f"cannot resume: the mix's {key} is {brief(theirs.get(key))} in the state and {brief(value)} "
+                "here; load it into a loader of the same mix"
             )

@@ -76,6 +76,32 @@ def test_a_field_of_the_wrong_type_or_range_is_refused_naming_it(plan, field, va
         plan.check_state(_state(plan, **{field: value}))
 
 
+def test_crafted_values_too_large_to_print_are_named_briefly(plan):
+    """An epoch of 5,000 digits (Python gives such an int no repr) and a buckets list of 200,000 pairs: each a
+    short ValueError naming the field, not a repr error or a megabyte message."""
+    with pytest.raises(ValueError, match=r"the state.s epoch is <an int of about \d+ digits>") as info:
+        plan.check_state(_state(plan, epoch=10**4999))
+    assert len(str(info.value)) < 300
+    with pytest.raises(ValueError, match=r"the state's buckets is <a list of 200000 items>") as info:
+        plan.check_state(_state(plan, buckets=[[1, 2]] * 200_000))
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize("key, value", [("sample_weights", 5), ("fingerprints", 7), ("weights", 3),
+                                        ("sources", 9), ("epoch_size", list(range(100_000)))])
+def test_a_mix_state_with_fields_of_the_wrong_type_is_a_value_error(image_folder, key, value):
+    """A mix's recorded fields that are not lists (or far too long): a short ValueError saying what changed,
+    never a TypeError from zipping an int."""
+    images = raydl.read_images(str(image_folder)).decode().center_crop(16)
+    mixed = build_plan(raydl.mix({"a": images, "b": images}, weights={"a": 1, "b": 3}).mixture(),
+                       LoaderConfig(batch_size=2, seed=3, world_size=1))
+    state = json.loads(json.dumps(mixed.state(rank=0, position=Position(0, 0, 1))))
+    state["mix"][key] = value
+    with pytest.raises(ValueError, match="cannot resume: the ") as info:
+        mixed.check_state(state)
+    assert len(str(info.value)) < 400
+
+
 def test_a_state_that_is_not_a_dict_or_lacks_a_field_is_refused(plan):
     """A list, a string or None is a ValueError (not an AttributeError); so is a state without a field it needs,
     or of another version."""
