@@ -246,7 +246,10 @@ def _edited(data: dict, path: str, overrides: Sequence[str]) -> tuple[dict, set[
     data = expand(data, path)
     overridden = set()
     for item in overrides:
-        parts, value = parse_override(item)
+        try:
+            parts, value = parse_override(item)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
         apply_override(data, parts, value, path, item)
         overridden.add(".".join(parts))
     check_size(data, path)

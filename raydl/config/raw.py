@@ -21,6 +21,7 @@ __all__ = ["MAX_CONFIG_VALUES", "apply_override", "check_size", "expand", "parse
 #: the most values (mappings, lists and scalars) a config may hold with its YAML aliases written out; the
 #: configs under configs/ hold under a hundred
 MAX_CONFIG_VALUES = 1_000_000
+MAX_DEFAULT_DEPTH = 32  # ${A:-${B:-...}}: defaults inside defaults, at most this deep
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
 _BRACES = re.compile(r"\$\{|\}")
@@ -38,9 +39,14 @@ def _closings(text: str) -> dict[int, int]:
     return closes
 
 
-def _substitute(text: str, path: str, lo: int = 0, hi: int | None = None, closes: dict | None = None) -> str:
+def _substitute(
+    text: str, path: str, lo: int = 0, hi: int | None = None, closes: dict | None = None, depth: int = 0
+) -> str:
     """`${VAR}` and `${VAR:-default}` in text[lo:hi]; a default may name variables itself, and is read only
-    when VAR is unset (`${RAYDL_DEMO_DIR:-${HOME}/.cache/raydl}`). Anything else is left as written."""
+    when VAR is unset (`${RAYDL_DEMO_DIR:-${HOME}/.cache/raydl}`), up to MAX_DEFAULT_DEPTH defaults deep.
+    Anything else is left as written."""
+    if depth > MAX_DEFAULT_DEPTH:
+        raise ValueError(f"{path}: ${{VAR:-default}} defaults nested more than {MAX_DEFAULT_DEPTH} deep")
     hi = len(text) if hi is None else hi
     closes = _closings(text) if closes is None else closes
     out, i = [], lo
@@ -57,7 +63,7 @@ def _substitute(text: str, path: str, lo: int = 0, hi: int | None = None, closes
             )
         out += [
             text[i : m.start()],
-            got if got is not None else _substitute(text, path, m.end() + 2, close, closes),
+            got if got is not None else _substitute(text, path, m.end() + 2, close, closes, depth + 1),
         ]
         i = close + 1
     return "".join(out) + text[i:hi]
@@ -124,8 +130,16 @@ def parse_override(item: str) -> tuple[list[str], object]:
 
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
-        raise ValueError(f"--set takes section.key=value (e.g. loader.batch_size=128), got {item!r}")
-    return key.strip().split("."), yaml.safe_load(raw)
+        raise ValueError(f"--set takes section.key=value (e.g. loader.batch_size=128), got {item[:200]!r}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--set {key.strip()[:200]}: the value is not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError(
+            f"--set {key.strip()[:200]}: the value is nested too deeply for a config (lists in lists)"
+        ) from exc
+    return key.strip().split("."), value
 
 
 def apply_override(data: dict, parts: list[str], value: object, path: str, item: str) -> None:
@@ -163,7 +177,7 @@ def _own(value: object) -> object:
 
 
 def _stage_index(stages: list, part: str, path: str, item: str) -> int:
-    if part.isdigit() and int(part) < len(stages):
+    if part.isascii() and part.isdigit() and len(part) < 10 and int(part) < len(stages):
         return int(part)
     for i, st in enumerate(stages):
         if st == part or (isinstance(st, dict) and part in st):

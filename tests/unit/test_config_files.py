@@ -59,6 +59,25 @@ def test_a_config_that_contains_itself_or_nests_too_deeply_is_refused(tmp_path):
         load_config(deep)
 
 
+def test_deep_defaults_deep_set_values_and_odd_stage_indexes_are_value_errors_naming_the_file(tmp_path):
+    """`${A:-${A:-...}}` 2,000 deep, a --set value of lists 2,000 deep, invalid YAML in --set, and a stage index
+    that is a digit to Python but no number to int() ('²', or 5,000 digits): each a ValueError naming the file
+    (not a RecursionError, or int()'s bare error)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(_HEAD + "job: {state_dir: '" + "${RAYDL_UNSET_X:-" * 2000 + "x" + "}" * 2000 + "'}\n")
+    with pytest.raises(ValueError, match=f"{path}: .* defaults nested more than 32 deep"):
+        load_config(path)
+    path.write_text(_HEAD + "pipeline: [decode]\n")
+    for item, why in [("loader.seed=" + "[" * 2000 + "]" * 2000, "nested too deeply"),
+                      ("loader.seed=[1", "not valid YAML"),
+                      ("pipeline.\u00b2.x=1", "no pipeline stage"),
+                      ("pipeline." + "9" * 5000 + ".x=1", "no pipeline stage")]:
+        with pytest.raises(ValueError, match=why) as info:
+            load_config(path, [item])
+        assert str(info.value).startswith(f"{path}: --set ")
+    assert load_config(tmp_path / "c.yaml", ["pipeline.0.fast=true"]).loader.batch_size == 8
+
+
 def test_shared_values_expand_and_override_as_if_written_out(tmp_path, monkeypatch):
     """Aliased parts expand `${VAR}` everywhere they are used, and a --set on one path leaves the paths that share
     it as they were."""
