@@ -8,7 +8,7 @@
 
 OUT_DIR/wds/shard-000000.tar ... hold the images in sorted key order, each as
 <class>/<name>.<ext> with a <class>/<name>.cls member (the folder's label);
-OUT_DIR/parquet/data.parquet holds columns image (bytes), label (int64), key.
+OUT_DIR/parquet/data.parquet holds columns image (bytes) and label (int64).
 With --upload both trees are copied to the S3 prefix.
 
 --clip writes OUT_DIR/clip/shard-000000.tar ... instead: LAION-style samples
