@@ -291,7 +291,7 @@ class TokenSource(Source):
             where = info.uri if index >= 0 else f"{info.uri} row group {rg}"
             raise ObjectChangedError(
                 f"{where} holds {int(unit.starts[-1])} tokens, not the {int(layout.unit_tokens[u])} it held "
-                "when it was listed (it changed, or holds null tokens)",
+                "when it was listed (it changed, holds null tokens, or its footer's counts are wrong)",
                 uri=info.uri,
             )
         return unit

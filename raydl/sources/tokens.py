@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import DataSourceError
 from raydl.sources._expand import expand_urls, is_plain
 from raydl.sources._megatron import parse_index, read_index
-from raydl.sources._parquet_file import footer_of, parse_footer
+from raydl.sources._parquet_file import footer_of, parse_footer, read_row_group
 from raydl.sources._tokens_source import ROW_GROUP_CACHE_BYTES, TokenSource, parquet_token_leaf
 from raydl.sources.parquet import read_footer
 from raydl.storage import ObjectInfo, Storage, split_scheme
@@ -36,12 +37,6 @@ __all__ = ["CHUNK_TOKENS", "MAX_UNIT_TOKENS", "list_tokens"]
 
 CHUNK_TOKENS = 1 << 22  # a .bin's parts: stretches of its stream this long
 MAX_UNIT_TOKENS = 1 << 40  # a row group's footer claiming more is crafted: sums of such counts could overflow
-# How many tokens a row group's column chunk may claim for its bytes: MAX_TOKENS_PER_BYTE per byte, or
-# TOKENS_FLOOR, whichever is more. Token ids are near random (1-4 bytes a token stored); only long runs of
-# one token (padding) pack tighter, and a run-length page can hold millions in a few bytes, so no bound is
-# exact: this one lets a lie list at most that many windows, which the read then refuses.
-MAX_TOKENS_PER_BYTE = 256
-TOKENS_FLOOR = 1 << 24
 _MAX_WINDOW = 16  # Parquet row groups shuffled together, at most (fewer where they would not fit the cache)
 _LISTING_THREADS = 16
 
@@ -157,6 +152,20 @@ def _expand(paths: list[str], storage: Storage) -> list[tuple]:
     return units
 
 
+def _counted(storage: Storage, info: ObjectInfo, md, footer, g: int, leaf: int, column: str) -> int:
+    """The tokens of row group `g`'s token column, decoded and counted: for a footer without null counts
+    (a file written without statistics), where num_values also counts each empty or null row."""
+    start, stored = footer.row_groups[g].chunks[leaf]
+    data = storage.read_range(info.uri, start, stored, etag=info.etag or None)
+    try:
+        table = read_row_group(info.uri, info.size, md, {start: data}, g, (leaf,), threads=False)
+        return int(pc.sum(pc.list_value_length(table.column(column))).as_py() or 0)
+    except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
+        raise DataSourceError(
+            f"{info.uri}: cannot decode column {column!r} of row group {g}: {exc}", uri=info.uri
+        ) from exc
+
+
 def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple[int, int, int]]:
     """(stream tokens, row group or -1, bytes a decoded token takes) of each of a unit's pieces: a Megatron
     dataset is one, a Parquet file one per row group."""
@@ -177,20 +186,16 @@ def _list_unit(storage: Storage, unit: tuple, column: str, e: int) -> list[tuple
     width = max(1, md.schema.to_arrow_schema().field(column).type.value_type.bit_width // 8)
     out = []
     for g, rg in enumerate(footer.row_groups):
-        values, nulls, (_start, stored) = rg.values[leaf], rg.nulls[leaf], rg.chunks[leaf]
+        values, nulls = rg.values[leaf], rg.nulls[leaf]
         if values < 0:
             raise DataSourceError(
                 f"{info.uri}: corrupt Parquet footer (row group {g} column {column!r} says no num_values)",
                 uri=info.uri,
             )
-        most = max(MAX_TOKENS_PER_BYTE * stored, TOKENS_FLOOR)
-        if values > most:
-            raise DataSourceError(
-                f"{info.uri}: row group {g} column {column!r} says it holds {values} tokens in {stored} "
-                f"bytes; raydl believes at most {most} ({MAX_TOKENS_PER_BYTE} a byte, or {TOKENS_FLOOR})",
-                uri=info.uri,
-            )
-        tokens = max(0, values - max(0, nulls)) + e * rg.num_rows
+        if nulls < 0:  # no null count: empty and null rows hide in num_values, so count the tokens themselves
+            tokens = _counted(storage, info, md, footer, g, leaf, column) + e * rg.num_rows
+        else:
+            tokens = max(0, values - nulls) + e * rg.num_rows
         if tokens > MAX_UNIT_TOKENS:
             raise DataSourceError(
                 f"{info.uri}: row group {g} says it holds {tokens} tokens, more than raydl reads in one "

@@ -354,3 +354,16 @@ def test_a_sequence_of_the_longest_int32_length_reads_with_and_without_eod(tmp_p
         assert len(ds) == (2**31 - 1) // 8 and not last.any()
     else:  # 2**31 - 1 zeros, eod, a zero, eod: the last window's inputs end with the first eod
         assert len(ds) == (2**31 + 2 - 1) // 8 and list(last[-2:]) == [0, 7]
+
+
+def test_parquet_written_without_statistics_lists_its_real_tokens(tmp_path):
+    """A token file written without statistics (no null counts in its footer): num_values also counts each
+    empty or null row, so listing counts the tokens themselves; every window equals the naive slice."""
+    docs = [np.arange(6), [], None, np.arange(10, 14)] * 20
+    path = str(tmp_path / "nostats.parquet")
+    table = pa.table({"input_ids": pa.array([None if d is None else list(d) for d in docs], pa.list_(pa.int32()))})
+    pq.write_table(table, path, write_statistics=False, row_group_size=30)
+    assert pq.read_metadata(path).row_group(0).column(0).statistics is None
+    for eod in (None, 5):
+        ds = raydl.read_tokens(path, seq_len=4, eod=eod)
+        _check(ds, docs, 4, eod)
