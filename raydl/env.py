@@ -1,4 +1,5 @@
-"""The one place raydl reads environment variables (see docs/configs.md for each).
+"""The one place raydl reads environment variables (see docs/configs.md for each; raydl/util/memory.py reads
+ARROW_DEFAULT_MEMORY_POOL, pyarrow's own, where it picks the decode pool).
 
 pyfi, the libfabric bindings, keeps its own two (RAYDL_FABRIC_PROVIDER,
 RAYDL_DISABLE_FABRIC) in raydl/native/pyfi/_env.py so that it stays

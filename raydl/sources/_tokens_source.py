@@ -45,7 +45,8 @@ _READ_THREADS = 16  # ranged reads of remote .bin files at once
 
 _units = BoundedLRU(1 << 12, 1 << 40, size=lambda u: u.nbytes)  # Megatron units: their document starts
 _row_groups = BoundedLRU(1 << 12, ROW_GROUP_CACHE_BYTES, size=lambda u: u.nbytes)
-_footers = BoundedLRU(1 << 12, 64 << 20, size=lambda f: f[2])
+# an entry holds pyarrow's parsed metadata and raydl's Footer: about 3x the footer's bytes, counted so
+_footers = BoundedLRU(1 << 12, 64 << 20, size=lambda f: 3 * f[2])
 _reads = SharedPool(_READ_THREADS, "raydl-tokens")
 
 

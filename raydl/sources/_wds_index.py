@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import stat
@@ -84,6 +85,8 @@ __all__ = [
     "signatures",
     "write_index",
 ]
+
+logger = logging.getLogger("raydl.sources.webdataset")
 
 MAGIC = b"RAYDL-WDS-INDEX 1 "
 MAX_INDEX_BYTES = 1 << 30  # one .idx, JSON shard list or index header is read whole: never past this
@@ -452,24 +455,48 @@ def _cache_folder() -> str:
 
 
 def _our_folder(folder: str, *, create: bool) -> bool:
-    """Whether `folder` is a real folder of this user's (made, private, when `create` and missing): the
-    index cache is used only there, never through a link or in a folder someone else controls."""
-    try:
-        st = os.lstat(folder)
-    except FileNotFoundError:
-        if not create:
-            return False
+    """Whether `folder` is a real folder of this user's (made when missing, when `create`), made private:
+    the index cache is used only there, never through a link or in a folder someone else controls (a
+    warning, once, says it is off)."""
+    for _ in range(3):  # a folder another process makes meanwhile is looked at again
         try:
-            os.makedirs(os.path.dirname(folder), exist_ok=True)
-            os.mkdir(folder, 0o700)
             st = os.lstat(folder)
+        except FileNotFoundError:
+            if not create:
+                return False
+            try:
+                os.makedirs(os.path.dirname(folder), exist_ok=True)
+                os.mkdir(folder, 0o700)
+            except FileExistsError:
+                pass
+            except OSError:
+                return False
+            continue
         except OSError:
             return False
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            if folder not in _WARNED:
+                _WARNED.add(folder)
+                logger.warning(
+                    "raydl: %s is not a folder of this user's (a link, a file, or another user's): the "
+                    "WebDataset index cache is off, so listing indexes shards again",
+                    folder,
+                )
+            return False
+        if stat.S_IMODE(st.st_mode) & 0o077:  # made by hand, or under a permissive umask: made private
+            try:
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fchmod(fd, 0o700)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+        return True
+    return False
 
 
+_WARNED: set[str] = set()
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 

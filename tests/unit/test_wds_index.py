@@ -293,6 +293,39 @@ def test_the_index_cache_never_follows_a_link_waits_on_a_fifo_or_removes_what_it
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == [key.name]
 
 
+def test_the_index_cache_folder_is_made_once_by_racing_writers_and_kept_private(tmp_path, monkeypatch, caplog):
+    """8 threads putting entries into a cache folder that does not exist yet: every entry lands (a writer
+    that lost the mkdir race used to drop its entry). A folder left 0755 is made 0700; a folder that is a
+    link turns the cache off with one warning naming it."""
+    import logging
+    import os
+    import threading
+
+    monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
+    paths = [tarwriter_shard(tmp_path / f"s{i}.tar", 2, start=10 * i) for i in range(8)]
+    go = threading.Barrier(8)
+
+    def put(p):
+        go.wait()
+        wi.cache_put(info_of(p), reference_block(p))
+
+    threads = [threading.Thread(target=put, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(wi.cache_get(info_of(p)) is not None for p in paths)
+    folder = tmp_path / "cache" / "wds-index"
+    folder.chmod(0o755)
+    assert wi.cache_get(info_of(paths[0])) is not None and folder.stat().st_mode & 0o777 == 0o700
+    os.rename(folder, tmp_path / "moved")
+    folder.symlink_to(tmp_path / "moved")
+    with caplog.at_level(logging.WARNING, logger="raydl"):
+        assert wi.cache_get(info_of(paths[0])) is None and wi.cache_get(info_of(paths[1])) is None
+    warned = [r.getMessage() for r in caplog.records if str(folder) in r.getMessage()]
+    assert len(warned) == 1 and "index cache is off" in warned[0]
+
+
 def test_samples_of_spans_image_and_label_members(tmp_path):
     """A sample's range covers its image and its label member; image_at/label_at point at their bytes."""
     path = tarwriter_shard(tmp_path / "a.tar", 6)
