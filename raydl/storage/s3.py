@@ -70,6 +70,19 @@ _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
 
 
+MAX_LIST_PAGES = 1 << 20  # pages of one listing (up to 1,000 keys each): a store answering forever is stopped
+
+
+def _resumes_at(response: dict, at: int, total: int | None) -> bool:
+    """Whether a ranged GET from byte `at` was answered with that range (Content-Range "bytes at-...") of
+    the object of `total` bytes, not with the whole object from its start (a store may ignore Range)."""
+    rng = str(response.get("ContentRange") or "")
+    if not rng.startswith(f"bytes {at}-"):
+        return False
+    length = response.get("ContentLength")
+    return total is None or length is None or at + int(length) == total
+
+
 def split_s3(uri: str) -> tuple[str, str]:
     """("bucket", "key/prefix") of "s3://bucket/key/prefix"; a bad URI is a ValueError naming it."""
     if not uri.startswith("s3://"):
@@ -346,8 +359,8 @@ class S3Storage(BaseStorage):
         """Every object whose key starts with the prefix (any number of keys: pages of 1000)."""
         bucket, key_prefix = split_s3(prefix)
         client = self.client()
-        token = None
-        while True:
+        token, seen = None, set()
+        for n in range(MAX_LIST_PAGES):
             kwargs = {"Bucket": bucket, "Prefix": key_prefix}
             if token:
                 kwargs["ContinuationToken"] = token
@@ -361,6 +374,19 @@ class S3Storage(BaseStorage):
             if not page.get("IsTruncated"):
                 return
             token = page.get("NextContinuationToken")
+            # a store that says more follow must say where; one that sends a token again would list forever
+            if not token or token in seen:
+                why = "gives no continuation token" if not token else "repeats an earlier continuation token"
+                raise DataSourceError(
+                    f"listing {prefix}: page {n + 1} of the store's answer says more keys follow but {why}",
+                    uri=prefix,
+                )
+            seen.add(token)
+        raise DataSourceError(
+            f"listing {prefix}: more than {MAX_LIST_PAGES:,} pages (of up to 1,000 keys each); list a "
+            "narrower prefix",
+            uri=prefix,
+        )
 
     def stat(self, uri: str) -> ObjectInfo:
         bucket, key = split_s3(uri)
@@ -380,8 +406,8 @@ class S3Storage(BaseStorage):
         def get() -> tuple[bytes, str]:
             response = client.get_object(**kwargs)
             body = response["Body"]
-            try:
-                return body.read(), response.get("ETag", "").strip('"')
+            try:  # a byte more than asked: a store that ignores the range is found out, not read whole
+                return body.read(length + 1), response.get("ETag", "").strip('"')
             finally:
                 body.close()
 
@@ -432,6 +458,14 @@ class S3Storage(BaseStorage):
                     f"{uri} changed after it was listed: etag {got!r}, listed {want!r}", uri=uri
                 )
             want = want or got  # a resumed read reads the same object
+            if at and not _resumes_at(response, at, total):
+                response["Body"].close()
+                raise ObjectChangedError(
+                    f"{uri}: a read resumed at offset {at} got other bytes from the store (Content-Range "
+                    f"{response.get('ContentRange')!r}, {response.get('ContentLength')} bytes), not the rest "
+                    "of the object",
+                    uri=uri,
+                )
             if total is None:
                 total = at + int(response.get("ContentLength", 0))
             body = response["Body"]

@@ -22,8 +22,13 @@ class FaultFront:
     """plan(method, path, n) -> (status, code) to fail the n-th request (0-based, all requests counted), or None."""
 
     def __init__(self, upstream: str, plan: Callable[[str, str, int], tuple[int, str] | None], *,
-                 upstream_host: bool = False) -> None:
-        """`upstream_host`: requests reach the server with its own Host header (fake-gcs-server routes by it)."""
+                 upstream_host: bool = False, drop_range: Callable[[str, str, int], bool] | None = None,
+                 edit: Callable[[str, str, int, bytes], bytes] | None = None,
+                 forward_path: Callable[[str, str, int], str] | None = None) -> None:
+        """`upstream_host`: requests reach the server with its own Host header (fake-gcs-server routes by it).
+        `drop_range(method, path, n)`: forward that request without its Range header (a store that ignores it).
+        `edit(method, path, n, body)`: the forwarded answer's body as the client gets it (a lying store).
+        `forward_path(method, path, n)`: the path forwarded upstream in place of the client's."""
         host, port = upstream.removeprefix("http://").split(":")
         self.plan = plan
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status sent)
@@ -65,14 +70,19 @@ class FaultFront:
                 conn = http.client.HTTPConnection(host, int(port), timeout=30)
                 try:
                     headers = dict(self.headers)
+                    if drop_range is not None and drop_range(self.command, self.path, n):
+                        headers = {k: v for k, v in headers.items() if k.lower() != "range"}
                     if upstream_host:
                         headers = {k: v for k, v in headers.items() if k.lower() != "host"}
                         headers["Host"] = f"{host}:{port}"
-                    conn.request(self.command, self.path, body=body or None, headers=headers)
+                    path = self.path if forward_path is None else forward_path(self.command, self.path, n)
+                    conn.request(self.command, path, body=body or None, headers=headers)
                     resp = conn.getresponse()
                     data = resp.read()
                 finally:
                     conn.close()
+                if edit is not None:
+                    data = edit(self.command, self.path, n, data)
                 with lock:
                     front.requests[n] = (self.command, self.path, resp.status)
                 self.send_response(resp.status)

@@ -116,3 +116,19 @@ def test_a_healthy_store_is_not_cut_off():
         assert storage.read_range(URI, 0, 12) == DATA[:12]
         assert storage.read_range(URI, 12, 12) == DATA[12:24]
         assert server.connections == 1
+
+
+def test_a_resumed_stream_answered_from_the_start_is_an_error_not_other_bytes():
+    """A stream whose first connection stalls after 100 bytes resumes with a GET from byte 100; a store that
+    answers it with the whole object (200, no Content-Range: it ignored the open-ended Range) must not have its
+    first bytes taken for bytes 100 onwards: an ObjectChangedError naming the object and the offset."""
+    from raydl.errors import ObjectChangedError
+
+    with SlowDrip(DATA, stall=lambda n: n == 0, interval_s=3.0, drip_bytes=100) as server:
+        storage = _storage(server.url, timeout_s=1.0, retries=3)
+        got = []
+        with pytest.raises(ObjectChangedError, match=f"{URI}: a read resumed at offset 100 got other bytes"):
+            for piece in storage.stream(URI, chunk=50):
+                got.append(piece)
+        assert b"".join(got) == DATA[:100]  # only the bytes the first connection really sent
+        assert [rng for _, _, rng in server.requests] == ["", "bytes=100-"]

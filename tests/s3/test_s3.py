@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,36 @@ def test_listing_pages_past_1000_keys(moto_server, s3_client, bucket):
     put_many(bucket, {k: b"z" for k in keys} | {"many2/other": b"z"})
     got = sorted(o.uri for o in _storage(moto_server).list(f"s3://{bucket}/many/"))
     assert got == [f"s3://{bucket}/{k}" for k in keys]
+
+
+@pytest.mark.parametrize("lie, why", [
+    (b"<IsTruncated>true</IsTruncated><NextContinuationToken>t1</NextContinuationToken>",
+     "page 2 of the store's answer says more keys follow but repeats an earlier continuation token"),
+    (b"<IsTruncated>true</IsTruncated>", "page 1 of the store's answer says more keys follow but gives no continuation"),
+])
+def test_a_listing_that_would_never_end_is_an_error_naming_the_prefix(moto_server, blob, bucket, lie, why):
+    """A store that says every page is truncated, with the same continuation token each time or with none
+    (which would list the first page again): a DataSourceError naming the prefix after a page or two, not a
+    listing that loops forever."""
+    def edit(method, path, n, body):
+        return body.replace(b"<IsTruncated>false</IsTruncated>", lie) if "list-type=2" in path else body
+
+    def first_page(method, path, n):  # the store's own token for the lie's: it answers page 1 again
+        return re.sub(r"&?continuation-token=[^&]*", "", path)
+
+    with FaultFront(moto_server, lambda m, p, n: None, edit=edit, forward_path=first_page) as front:
+        with pytest.raises(DataSourceError, match=why) as info:
+            list(_storage(front.url).list(f"s3://{bucket}/x/"))
+        assert len(front.requests) <= 2
+    assert info.value.uri == f"s3://{bucket}/x/"
+
+
+def test_a_store_that_ignores_range_is_not_read_whole(moto_server, blob):
+    """A ranged read answered with the whole object (Range ignored): an ObjectChangedError after reading one byte
+    more than asked, not the whole body."""
+    with FaultFront(moto_server, lambda m, p, n: None, drop_range=lambda m, p, n: m == "GET") as front:
+        with pytest.raises(ObjectChangedError, match="5 bytes at offset 10 asked, 6 there"):
+            _storage(front.url, retries=1).read_range(blob, 10, 5)
 
 
 def test_connections_are_pooled_and_reused_across_batches(moto_server, blob):
