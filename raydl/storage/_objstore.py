@@ -43,6 +43,7 @@ _stores_lock = threading.Lock()
 _STATUS = re.compile(r"status code: (\d{3})|\b(\d{3}) [A-Z][a-z]+(?: [A-Z][a-z]+)*\b")
 _QUERY = re.compile(r"(https?://[^\s?\"']*)\?[^\s\"']*")
 _PAGE = 1000  # keys handed on per listing chunk
+_MAX_LIST_PAGES = 1 << 20  # chunks of one listing: a store answering forever is stopped
 
 
 class StalledError(TimeoutError):
@@ -289,13 +290,21 @@ class ObjectStoreStorage(BaseStorage):
                 state["pages"] = None  # the next try lists again, after the last key handed on
                 raise
 
-        while True:
+        last = None
+        for _ in range(_MAX_LIST_PAGES):
             chunk = self._call(next_chunk, prefix, "list")
             if chunk is None:
                 return
             for meta in chunk:
                 key = meta["path"]
-                state["after"] = key
+                # keys come in order: a store that lists one again would list forever
+                if last is not None and key <= last:
+                    raise DataSourceError(
+                        f"listing {prefix}: the store listed {head + key} after {head + last}, out of order "
+                        "(a listing that repeats itself)",
+                        uri=prefix,
+                    )
+                state["after"] = last = key
                 if not key.startswith(key_prefix):
                     if key > key_prefix:
                         return  # past every key that starts with the prefix
@@ -303,6 +312,11 @@ class ObjectStoreStorage(BaseStorage):
                 if key.endswith("/"):
                     continue  # a folder marker, not data
                 yield ObjectInfo(head + key, int(meta["size"]), _etag(meta.get("e_tag")))
+        raise DataSourceError(
+            f"listing {prefix}: more than {_MAX_LIST_PAGES:,} pages of {_PAGE:,} keys; list a narrower "
+            "prefix",
+            uri=prefix,
+        )
 
     def stat(self, uri: str) -> ObjectInfo:
         import obstore
