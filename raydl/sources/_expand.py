@@ -99,8 +99,24 @@ def expand(urls, listing: Listing) -> list[ObjectInfo]:
     out: list[ObjectInfo] = []
     for pattern, candidates in expanded:
         found: list[ObjectInfo] = []
+        missing: list[str] = []  # shards a brace pattern names one by one, not there
         for url in candidates:
-            found += _objects_of(url, listing)
+            got = _objects_of(url, listing)
+            if not got and is_plain(url):
+                missing.append(url)
+            for o in got:
+                if not o.uri.isascii() and not _encodes(o.uri):
+                    raise DataSourceError(
+                        f"{o.uri!r}: its name is not UTF-8 (the bytes shown as \\udcXX); raydl names each "
+                        "shard by its path: rename it",
+                        uri=o.uri,
+                    )
+            found += got
+        if found and missing:  # some of the shards it names are there: the others are not optional
+            raise DataSourceError(
+                f"{missing[0]!r} does not exist ({len(missing)} of the shards {pattern!r} names are missing)",
+                uri=missing[0],
+            )
         if not found and is_plain(pattern):
             raise DataSourceError(f"{pattern!r} does not exist", uri=pattern)
         if not found:
@@ -134,3 +150,11 @@ def _objects_of(url: str, listing: Listing) -> list[ObjectInfo]:
     if scheme == "file" and os.path.exists(url):
         return [storage.stat(url)]  # not a file: its error says what it is
     return []
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -194,7 +194,10 @@ class _Scan:
             self.klass.extend([0] * len(names))
             self.loose += len(names)
             self.first_loose = self.first_loose or base + names[0]
-        self.uris.extend([(base + name).encode() for name in names])
+        try:
+            self.uris.extend([(base + name).encode() for name in names])
+        except UnicodeEncodeError:
+            raise _not_utf8(base, names) from None
         self.etags.extend_empty(len(names))
         self.sizes.extend(sizes)
 
@@ -301,3 +304,21 @@ class _Text:
             len(self.ends) - 1,
             [None, pa.py_buffer(self.ends), pa.py_buffer(self.data)],
         )
+
+
+def _not_utf8(base: str, names: list[str]) -> DataSourceError:
+    """The error for a folder holding a file whose name is not UTF-8 (a catalog's URIs are text)."""
+    bad = next(base + n for n in names if not _encodes(base + n))
+    return DataSourceError(
+        f"{bad!r}: its name is not UTF-8 (the bytes shown as \\udcXX); raydl names each sample by its path: "
+        "rename the file",
+        uri=bad,
+    )
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True

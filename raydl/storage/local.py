@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -12,6 +13,10 @@ from raydl.errors import DataSourceError, ObjectChangedError
 from raydl.storage.base import STREAM_CHUNK, BaseStorage, ObjectInfo
 
 __all__ = ["LocalStorage"]
+
+logger = logging.getLogger(__name__)
+
+MAX_DEPTH = 256  # folders below a listed one: deeper is a crafted tree (or a loop the links hide)
 
 _MAX_OPEN = 128  # per process; an image folder opens each file once an epoch, tar shards stay open
 
@@ -42,7 +47,8 @@ class _FileCache:
                 self._fds.move_to_end(path)
                 self._users[fd] += 1
                 return fd
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO put where a file was listed fails its read rather than wait forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         with self._lock:
             old = self._fds.get(path)
             if old is not None:  # another thread opened it meanwhile
@@ -97,38 +103,71 @@ class LocalStorage(BaseStorage):
                 yield ObjectInfo(os.path.join(folder, name), size)
 
     def list_folders(self, prefix: str) -> Iterator[tuple[str, list[str], list[int]]]:
-        """(folder, its files' names, their sizes) for every folder under the directory `prefix`, top down
-        (os.walk's folders and files, following links, each in name order): a million files listed with no
-        object per file.
+        """(folder, its regular files' names, their sizes) for every folder under the directory `prefix`, top
+        down, each folder's files and subfolders in name order: a million files listed with no object kept
+        per file.
 
-        Each size comes from one stat of the name in its open folder (no path to resolve again); no file is
-        opened or read.
+        Links are followed (to files and to folders), but a folder already listed is not listed again (a
+        link loop, or two links to one folder: a warning names it), nor are folders more than MAX_DEPTH deep
+        (a DataSourceError). FIFOs, sockets and devices are not files to read: they are left out, and a
+        warning counts them. Each size comes from one stat of the entry; no file is opened or read.
         """
         if not os.path.isdir(prefix):
             what = "is not a directory" if os.path.exists(prefix) else "does not exist"
             raise DataSourceError(f"{prefix!r} {what}", uri=prefix)
-
-        def on_error(exc: OSError) -> None:
-            raise DataSourceError(
-                f"cannot list {exc.filename!r} under {prefix!r}: {exc}", uri=exc.filename
-            ) from exc
-
-        for folder, dirnames, names in os.walk(prefix, onerror=on_error, followlinks=True):
-            dirnames.sort()  # walked in name order, files too: a listing in key order needs no sort after it
-            if not names:
-                continue
-            names.sort()
+        seen: set[tuple[int, int]] = set()
+        special = 0
+        stack: list[tuple[str, int]] = [(prefix, 0)]
+        while stack:
+            folder, depth = stack.pop()
             try:
-                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+                st = os.stat(folder)
             except OSError as exc:
-                on_error(exc)
+                raise DataSourceError(f"cannot list {folder!r} under {prefix!r}: {exc}", uri=folder) from exc
+            if (st.st_dev, st.st_ino) in seen:
+                logger.warning(
+                    "raydl: %s is a folder already listed under %s (a link to it, or a link loop): not "
+                    "listed again",
+                    folder,
+                    prefix,
+                )
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            if depth > MAX_DEPTH:
+                raise DataSourceError(
+                    f"cannot list {prefix!r}: {folder!r} is more than {MAX_DEPTH} folders deep", uri=folder
+                )
             try:
-                sizes = [os.stat(name, dir_fd=fd).st_size for name in names]
-            except OSError:
-                sizes = [_size_at(fd, folder, name) for name in names]  # names the one that failed
-            finally:
-                os.close(fd)
-            yield folder, names, sizes
+                with os.scandir(folder) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+                names, sizes, subfolders = [], [], []
+                for e in entries:
+                    try:
+                        if e.is_dir():
+                            subfolders.append(e.path)
+                        elif e.is_file():
+                            sizes.append(e.stat().st_size)
+                            names.append(e.name)
+                        elif not e.is_symlink() or os.path.exists(e.path):
+                            special += 1  # a FIFO, socket or device (a dangling link: as os.walk lists it)
+                        else:
+                            raise FileNotFoundError(2, "a link to nothing", e.path)
+                    except OSError as exc:
+                        raise DataSourceError(f"cannot stat {e.path!r}: {exc}", uri=e.path) from exc
+            except DataSourceError:
+                raise
+            except OSError as exc:
+                raise DataSourceError(f"cannot list {folder!r} under {prefix!r}: {exc}", uri=folder) from exc
+            stack += [(sub, depth + 1) for sub in reversed(subfolders)]
+            if names:
+                yield folder, names, sizes
+        if special:
+            logger.warning(
+                "raydl: %d entries under %s are neither files nor folders (FIFOs, sockets, devices): "
+                "left out",
+                special,
+                prefix,
+            )
 
     def stat(self, uri: str) -> ObjectInfo:
         try:

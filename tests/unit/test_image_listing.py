@@ -127,3 +127,49 @@ def test_a_listing_past_its_threshold_shows_progress(many_files, monkeypatch, ca
         err = capsys.readouterr().err
         assert f"listing {many_files}: " in err
         assert f"{CLASSES * PER_CLASS:,} files" in err and "done" in err
+
+
+def test_links_fifos_deep_trees_and_names_that_are_not_utf8(tmp_path, caplog):
+    """A link loop and a second link to a listed folder are listed once (a warning names them); a FIFO is left
+    out with a warning, and reading one put where a file was listed fails rather than waits; a tree deeper than
+    MAX_DEPTH and a file name that is not UTF-8 are DataSourceErrors naming the path."""
+    import logging
+    import time
+
+    from raydl.errors import DataSourceError
+    from raydl.storage import local
+
+    root = tmp_path / "ds"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "a.jpg").write_bytes(b"x")
+    (root / "cat" / "loop").symlink_to(root / "cat")  # cat/loop/loop/... forever through os.walk's links
+    (root / "dog").symlink_to(root / "cat")  # the same folder under another name
+    os.mkfifo(root / "cat" / "pipe.jpg")
+    with caplog.at_level(logging.WARNING, logger="raydl"):
+        t0 = time.monotonic()
+        listed = list(LocalStorage().list_folders(str(root)))
+        assert time.monotonic() - t0 < 5
+    assert [(os.path.relpath(f, root), names) for f, names, _ in listed] == [("cat", ["a.jpg"])]
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "already listed" in messages and "1 entries under" in messages and "FIFOs" in messages
+    with pytest.raises(DataSourceError):  # a FIFO read: no writer, so it fails (EOF) instead of blocking
+        t0 = time.monotonic()
+        LocalStorage().read_range(str(root / "cat" / "pipe.jpg"), 0, 4)
+    assert time.monotonic() - t0 < 5
+
+    deep = tmp_path / "deep"
+    path = deep / "cat"
+    for _ in range(local.MAX_DEPTH + 2):
+        path = path / "d"
+    path.mkdir(parents=True)
+    (path / "x.jpg").write_bytes(b"x")
+    with pytest.raises(DataSourceError, match=f"more than {local.MAX_DEPTH} folders deep"):
+        list_image_folder(str(deep))
+
+    odd = tmp_path / "odd"
+    (odd / "cat").mkdir(parents=True)
+    with open(os.fsencode(odd / "cat") + b"/\xff.jpg", "wb") as f:
+        f.write(b"x")
+    with pytest.raises(DataSourceError, match="not UTF-8") as info:
+        list_image_folder(str(odd))
+    assert "\\udcff.jpg" in str(info.value)

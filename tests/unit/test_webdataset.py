@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 
 import numpy as np
@@ -159,6 +160,14 @@ def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path, monkeyp
         assert nothing in str(info.value)
     with pytest.raises(ValueError, match="'hdfs'"):
         raydl.read_webdataset("hdfs://bucket/shard-{0..3}.tar")
+    # a brace pattern names each shard: one of them missing is an error naming it, never silently left out
+    with pytest.raises(DataSourceError, match=r"shard-0003.tar' does not exist \(1 of the shards") as info:
+        raydl.read_webdataset(str(tmp_path / "shard-{0000..0003}.tar"))
+    assert info.value.uri == str(tmp_path / "shard-0003.tar")
+    with open(os.fsencode(tmp_path) + b"/shard-\xff.tar", "wb") as f:  # a name that is not UTF-8
+        f.write((tmp_path / "shard-0000.tar").read_bytes())
+    with pytest.raises(DataSourceError, match="not UTF-8"):
+        raydl.read_webdataset(str(tmp_path / "shard-*.tar"))
 
 
 def test_truncated_and_corrupt_shards_name_the_shard_and_offset(tmp_path, monkeypatch):
