@@ -217,6 +217,24 @@ def _read_header_3_0(f):
     return reader(f, (3, 0))
 
 
+def _member(z, info) -> bytes:
+    """One .npz member's bytes, inflated a MiB at a time (never more than its declared size, which the caller
+    has bounded), its CRC checked at its end. Only stored and deflated members: numpy writes nothing else,
+    and zipfile inflates bzip2 and LZMA input without an output bound."""
+    import zipfile
+
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise DecodeError(
+            f"an .npz member {info.filename[:80]!r} compressed with zip method {info.compress_type}: only "
+            "stored and deflated members are read"
+        )
+    parts = []
+    with z.open(info) as member:
+        while piece := member.read(1 << 20):  # stops at the declared size; the read at the end checks the CRC
+            parts.append(piece)
+    return b"".join(parts)
+
+
 def _npz(data, *, allow_pickle: bool) -> dict:
     """The arrays of .npz bytes, by name, as numpy.load gives them (a member that is no .npy: its bytes)."""
     import zipfile
@@ -231,7 +249,7 @@ def _npz(data, *, allow_pickle: bool) -> dict:
             raise DecodeError(f"an .npz whose members inflate to {total} bytes, more than {limit}")
         out = {}
         for i in infos:
-            blob = z.read(i)  # stops at the declared size, and checks the CRC
+            blob = _member(z, i)
             name = i.filename[:-4] if i.filename.endswith(".npy") else i.filename
             out[name] = load_npy(blob, allow_pickle=allow_pickle) if blob.startswith(_NPY_MAGIC) else blob
         return out

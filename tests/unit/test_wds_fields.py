@@ -402,6 +402,32 @@ def test_npz_members_are_dicts_of_arrays():
     assert set(got) == {"a", "b"} and same(got["a"], np.arange(3)) and same(got["b"], np.ones((2, 2)))
 
 
+def test_npz_bombs_inflate_no_further_than_their_declared_bound():
+    """A 500 MiB member of zeros, bzip2- or deflate-compressed to a few hundred bytes, declaring 10 bytes: a
+    DecodeError, with no more than a few MiB inflated (bzip2 is refused as such; deflate is read a MiB at a
+    time up to the declared size, then fails its CRC); savez_compressed's own members still load."""
+    import resource
+    import struct
+    import zipfile
+
+    for method, why in ((zipfile.ZIP_BZIP2, "only stored and deflated members"), (zipfile.ZIP_DEFLATED, "CRC")):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", method) as z, z.open("a.npy", "w", force_zip64=True) as member:
+            for _ in range(500):  # written a MiB at a time: this process never holds the 500 MiB
+                member.write(bytes(1 << 20))
+        data = bytearray(buf.getvalue())
+        assert len(data) < 1 << 20
+        struct.pack_into("<I", data, data.find(b"PK\x03\x04") + 22, 10)  # declared sizes: 10 bytes
+        struct.pack_into("<I", data, data.find(b"PK\x01\x02") + 24, 10)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with pytest.raises(DecodeError, match=why):
+            _values.decode_value("npz", bytes(data))
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: under 64 MiB more
+    buf = io.BytesIO()
+    np.savez_compressed(buf, a=np.arange(1000))
+    assert same(_values.decode_value("npz", buf.getvalue())["a"], np.arange(1000))
+
+
 def test_fields_that_cannot_be_are_value_errors_at_listing(tmp_path):
     """A field no sample of any shard has (naming it and the shard), an .id or .key member under
     fields="all" (saying to rename it), a field named id or key, image_fields or label_field beside
