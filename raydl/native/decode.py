@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import struct
 import warnings
 
 import numpy as np
@@ -49,8 +50,21 @@ HEADER_BYTES = 16 * 1024
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _REPR = re.compile(r"<[^<>]*? object at 0x[0-9a-fA-F]+>")
-# What Pillow raises on bad bytes (UnidentifiedImageError is an OSError).
-_PILLOW_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
+# What Pillow raises on bad bytes (UnidentifiedImageError is an OSError). Its plugins parse crafted
+# structures with plain Python, so a fuzzed file also gets TypeError, struct.error, IndexError, KeyError or
+# ZeroDivisionError out of them (the kinds Pillow's own fuzzers accept): bad bytes too, not raydl's bug.
+_PILLOW_DATA_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    TypeError,
+    struct.error,
+    IndexError,
+    KeyError,
+    ZeroDivisionError,
+    Image.DecompressionBombError,
+)
 
 # The default pixel limit: Pillow's when raydl is imported (its own default where a user switched it off).
 MAX_PIXELS: int = int(Image.MAX_IMAGE_PIXELS or 1024 * 1024 * 1024 // 4 // 3)

@@ -50,6 +50,7 @@ INFLATE_RATIO = 64
 INFLATE_FLOOR = 64 << 20
 INFLATE_STEP = 1 << 20
 MAX_NPZ_MEMBERS = 4096
+MAX_NPY_DIMS = 32  # numpy's own limit is 64; more is a crafted header
 _NPY_MAGIC = b"\x93NUMPY"
 _EXT = re.compile(r".*[.]")
 
@@ -163,9 +164,12 @@ def _int(data) -> int:
         raise DecodeError(f"a {len(data)}-byte member is not an integer (at most {MAX_INT_BYTES} bytes)")
     text = bytes(data)
     try:
-        return int(text)
+        value = int(text)
     except ValueError as exc:
         raise DecodeError(f"not an integer: {text[:40]!r}") from exc
+    if not -(2**63) <= value < 2**63:  # a batch holds its integers as int64
+        raise DecodeError(f"an integer outside int64: {text[:40]!r}{'...' if len(text) > 40 else ''}")
+    return value
 
 
 def load_npy(data, *, allow_pickle: bool = False) -> np.ndarray:
@@ -192,18 +196,24 @@ def load_npy(data, *, allow_pickle: bool = False) -> np.ndarray:
             raise DecodeError(
                 f"a .npy of dtype {dtype} holds Python objects, which load only with allow_pickle"
             )
-        return npformat.read_array(io.BytesIO(view), allow_pickle=True)
-    if any(n < 0 for n in shape):
-        raise DecodeError(f"not a valid .npy (shape {shape})")
+        try:  # the user opted in to pickles: a bad one is still this sample's defect
+            return npformat.read_array(io.BytesIO(view), allow_pickle=True)
+        except Exception as exc:  # noqa: BLE001 - unpickling raises anything on crafted bytes
+            raise DecodeError(f"not a valid .npy of objects ({type(exc).__name__}: {exc})") from exc
+    if any(n < 0 for n in shape) or len(shape) > MAX_NPY_DIMS or dtype.shape:
+        raise DecodeError(f"not a .npy raydl reads (shape {shape}, dtype {dtype})"[:300])
     count = math.prod(shape)
     body = len(view) - f.tell()
     if count * dtype.itemsize != body or (count and not dtype.itemsize):
         raise DecodeError(
             f"not a valid .npy: its header says {shape} of {dtype} ({count * dtype.itemsize} bytes), "
-            f"{body} bytes follow it"
+            f"{body} bytes follow it"[:300]
         )
-    flat = np.frombuffer(view, dtype=dtype, count=count, offset=f.tell()).copy()
-    return flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
+    try:
+        flat = np.frombuffer(view, dtype=dtype, count=count, offset=f.tell()).copy()
+        return flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
+    except (ValueError, TypeError, OverflowError) as exc:  # a shape numpy cannot make (too big, 0 x 2**62)
+        raise DecodeError(f"not a valid .npy ({type(exc).__name__}: {exc})") from exc
 
 
 def _read_header_3_0(f):

@@ -182,3 +182,29 @@ def test_undecodable_bytes_raise_decode_error_without_object_reprs():
         assert isinstance(info.value, ValueError) and " object at 0x" not in str(info.value)
         with pytest.raises(DecodeError):
             decode.image_size(data)
+
+
+# A 275-byte TIFF found by fuzzing: Pillow's TIFF plugin raises TypeError on it (a bytes value where it
+# expects an int), which is bad bytes like any other
+_FUZZED_TIFF = (
+    "SUkqAAgAAAAJAAABBAABAAAAEQAAAAEBBAABAAAACQAAAAIBAwABgAAACAAAAAMBAwABAAAAAQAAAAYBAwABAAAAAQAAABEBBwABAAAAegAA"
+    "ABYBBAABAAAACQAAABcBBAABAAAAmQAAABwBAwABAAAAAQAAAAAAAAADAwMDAwMDAwMD/wMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMD"
+    "AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMD"
+    "AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM="
+)
+
+
+def test_an_image_pillow_fails_on_with_a_type_error_is_a_decode_error():
+    """Pillow's plugins raise TypeError, struct.error, IndexError ... on crafted files: a DecodeError (which
+    on_error settles), not an error that fails the batch."""
+    import base64
+    import warnings
+
+    from raydl.errors import DecodeError
+
+    data = base64.b64decode(_FUZZED_TIFF)
+    assert len(data) == 275
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DecodeError, match="TypeError"):
+            decode.decode_rgb(data)

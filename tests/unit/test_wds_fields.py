@@ -354,6 +354,9 @@ def test_bad_members_are_decode_errors_naming_shard_sample_and_field(tmp_path, m
         "text.gz": (bomb, "a gzip bomb"),
         "txt": (b"caf\xe9", "not UTF-8 text"),
         "cls": (b"seven", "not an integer"),
+        "big.cls": (b"9223372036854775808", "an integer outside int64"),
+        "sub.npy": (_raw_npy(("<f4", (2,)), (3,), bytes(24)), "not a .npy raydl reads"),
+        "huge.npy": (_raw_npy("<f8", (0, 2**62), b""), "not a valid .npy"),
     }
     members = []
     for k, (ext, (data, _)) in enumerate(cases.items()):
@@ -371,6 +374,9 @@ def test_bad_members_are_decode_errors_naming_shard_sample_and_field(tmp_path, m
                     "text.gz": gzip.compress(b"y"),
                     "txt": b"t",
                     "cls": b"3",
+                    "big.cls": b"-9223372036854775808",
+                    "sub.npy": good,
+                    "huge.npy": good,
                 }[ext],
             ),
         ]
@@ -388,6 +394,15 @@ def test_bad_members_are_decode_errors_naming_shard_sample_and_field(tmp_path, m
     assert worker(raydl.read_webdataset(path, fields={"v": "npy"}, allow_pickle=True))["obj"]["v"][0] == {
         "a": 1
     }
+
+
+def _raw_npy(descr, shape, body: bytes) -> bytes:
+    """A .npy of whatever header numpy's writer takes (a subarray dtype, a shape numpy cannot make)."""
+    from numpy.lib import format as npformat
+
+    f = io.BytesIO()
+    npformat.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})
+    return f.getvalue() + body
 
 
 def _npz() -> bytes:
