@@ -27,6 +27,10 @@ __all__ = ["HeaderSizes", "header_sizes"]
 
 _CHUNK = 64  # keys per pool task
 
+# How far into a file its header is looked for: EXIF and ICC blocks may put a JPEG's frame header past the
+# first read, but not past this (the whole of a crafted multi-GB file is never read for its size)
+MAX_HEADER_SEARCH = 16 << 20
+
 # read(item, length) -> the first `length` bytes of the object (all of it when it is shorter, or for None)
 ReadPrefix = Callable[[Any, "int | None"], bytes]
 
@@ -43,8 +47,12 @@ def _one(read: ReadPrefix, key: Any, decode: ModuleType) -> tuple[int, int] | st
         head = read(key, decode.HEADER_BYTES)
         try:
             h, w = decode.header_size(head, complete=len(head) < decode.HEADER_BYTES)
-        except decode.NeedMoreBytes:
-            h, w = decode.header_size(read(key, None), complete=True)
+        except decode.NeedMoreBytes:  # a header past the first read (large EXIF or ICC blocks): look further
+            more = read(key, MAX_HEADER_SEARCH)
+            try:
+                h, w = decode.header_size(more, complete=len(more) < MAX_HEADER_SEARCH)
+            except decode.NeedMoreBytes:
+                return f"no image size in the first {MAX_HEADER_SEARCH:,} bytes of the file"
     except (ValueError, DataSourceError) as exc:
         return f"cannot read the image size from the header: {exc}"
     if w > decode.MAX_SIDE or h > decode.MAX_SIDE:

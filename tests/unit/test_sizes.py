@@ -51,6 +51,24 @@ def test_formats_and_a_header_past_the_first_read():
     assert "header" in sizes.errors[len(keys) - 2]
 
 
+def test_a_file_with_no_header_in_its_first_16_mib_is_read_no_further(monkeypatch):
+    """A JPEG whose frame header never comes (a 1 GiB file of a JPEG start and zeros, read lazily here): its
+    row's error says so after reading MAX_HEADER_SEARCH bytes, never the whole file."""
+    from raydl.describe import sizes as sizes_module
+
+    asked = []
+
+    def read(key, length):
+        asked.append(length)
+        if length is None:
+            raise AssertionError("the whole file was asked for")
+        return (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(length))[:length]
+
+    got = header_sizes(read, ["big.jpg"], threads=1)
+    assert got.widths[0] == -1 and "no image size in the first 16,777,216 bytes" in got.errors[0]
+    assert max(asked) == sizes_module.MAX_HEADER_SEARCH
+
+
 def test_sizes_keep_their_rows_across_many_reads_per_task():
     """Hundreds of files, read many per pool task: each size and each error lands on its own row."""
     files, expect = {}, {}
