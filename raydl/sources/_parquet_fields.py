@@ -95,10 +95,16 @@ def _hf_types(schema: pa.Schema) -> dict[str, str]:
     """Each column's Hugging Face feature type ("Image", "Audio", ...) where the file says it (the
     "huggingface" schema metadata datasets writes), so an audio struct is not taken for an image."""
     raw = (schema.metadata or {}).get(b"huggingface")
-    try:
+    try:  # metadata of the file's, read as a hint: anything malformed in it is no hint
         features = json.loads(raw)["info"]["features"] if raw else {}
-        return {k: v["_type"] for k, v in features.items() if isinstance(v, dict) and "_type" in v}
-    except (ValueError, KeyError, TypeError):
+        if not isinstance(features, dict):
+            return {}
+        return {
+            k: v["_type"]
+            for k, v in features.items()
+            if isinstance(v, dict) and isinstance(v.get("_type"), str)
+        }
+    except (ValueError, KeyError, TypeError, RecursionError):
         return {}
 
 

@@ -164,6 +164,12 @@ def test_an_audio_struct_is_a_dict_where_hugging_face_says_audio(tmp_path):
     cat = raydl.read_parquet(str(tmp_path / "a.parquet")).catalog
     assert cat.source.fields == (Field("audio", "value"),)
     assert records(cat) == [{"audio": {"bytes": b"RIFF", "path": "a.wav"}}]
+    # the metadata is the file's: malformed (features a list, nested past the parser, a _type that is no
+    # string) it is no hint, and the struct is an image field again
+    for bad in (b'{"info": {"features": [1]}}', b'{"info": {"features": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}",
+                b'{"info": {"features": {"audio": {"_type": [1]}}}}'):
+        pq.write_table(pa.table({"audio": col}).replace_schema_metadata({b"huggingface": bad}), tmp_path / "b.parquet")
+        assert raydl.read_parquet(str(tmp_path / "b.parquet")).catalog.source.fields[0].kind == "image"
 
 
 @pytest.mark.parametrize("kw,match", [
