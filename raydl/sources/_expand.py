@@ -13,6 +13,7 @@ read_webdataset and read_parquet name their files this way.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from raydl.errors import DataSourceError
@@ -21,6 +22,8 @@ from raydl.sources._patterns import has_magic, local_glob, path_regex, static_pr
 from raydl.storage import ObjectInfo, split_scheme
 
 __all__ = ["Listing", "expand", "expand_urls", "is_plain", "stem"]
+
+logger = logging.getLogger("raydl.sources")
 
 
 def is_plain(url: str) -> bool:
@@ -112,10 +115,13 @@ def expand(urls, listing: Listing) -> list[ObjectInfo]:
                         uri=o.uri,
                     )
             found += got
-        if found and missing:  # some of the shards it names are there: the others are not optional
-            raise DataSourceError(
-                f"{missing[0]!r} does not exist ({len(missing)} of the shards {pattern!r} names are missing)",
-                uri=missing[0],
+        if found and missing:  # some of the shards it names are there: the others are left out, not silently
+            logger.warning(
+                "raydl: %d of the shards %r names do not exist (the first: %r); listing the %d that do",
+                len(missing),
+                pattern,
+                missing[0],
+                len(found),
             )
         if not found and is_plain(pattern):
             raise DataSourceError(f"{pattern!r} does not exist", uri=pattern)

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from raydl.describe.fields import IMAGE_AND_LABEL, Field
+from raydl.errors import DecodeError
 from raydl.util.arrow import numbers, valid_mask
 
 __all__ = [
@@ -320,6 +321,7 @@ class RowGroupValues:
     def __init__(self, selection: Selection, columns: dict[str, pa.Array], rows: int) -> None:
         """`columns`: each selected column's decoded array, by its name in the file."""
         self.rows, self.nbytes, self._get = rows, 0, []
+        self._columns = list(selection.columns)
         self.cells: list[_Cells | None] = []  # per field (None: the label of a record without a label column)
         for column, how in zip(selection.columns, selection.how, strict=True):
             if column is None:  # the image-and-label record's label, without a label column
@@ -338,7 +340,11 @@ class RowGroupValues:
             self.nbytes += cells.nbytes
 
     def row(self, r: int) -> list:
-        return [get(r) for get in self._get]
+        try:
+            return [get(r) for get in self._get]
+        except UnicodeDecodeError:  # a string cell whose bytes are not UTF-8: this sample's defect
+            bad = next(c for c, get in zip(self._columns, self._get, strict=True) if not _decodes(get, r))
+            raise DecodeError(f"column {bad!r} holds text that is not UTF-8 in this row") from None
 
 
 def _runs_of(rows: np.ndarray, slots: np.ndarray) -> bool:
@@ -398,3 +404,11 @@ def _gather_lists(cells: list[tuple[_Cells, np.ndarray, np.ndarray]], n: int) ->
         for k, a, m in zip(slots.tolist(), first.tolist(), size.tolist(), strict=True):
             column[k] = c._values[a : a + m]
     return column
+
+
+def _decodes(get, row: int) -> bool:
+    try:
+        get(row)
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -47,8 +47,7 @@ class _FileCache:
                 self._fds.move_to_end(path)
                 self._users[fd] += 1
                 return fd
-        # O_NONBLOCK: a FIFO put where a file was listed fails its read rather than wait forever
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         with self._lock:
             old = self._fds.get(path)
             if old is not None:  # another thread opened it meanwhile

@@ -279,3 +279,28 @@ def test_row_groups_held_decoded_are_not_fetched_again(tmp_path):
     parquet._row_groups.clear()
     np.testing.assert_array_equal(ds.catalog.source.cut(loc, 0, b"")["input_ids"], tokens[2])
     assert len(storage.reads) == before + 1
+
+
+def test_a_string_cell_that_is_not_utf8_is_that_samples_decode_error(tmp_path):
+    """A string column whose bytes in one row are not UTF-8 (a writer that skipped validation; found by the
+    parquet_listing fuzz target): cutting that row is a DecodeError naming the column, which on_error settles;
+    the other rows cut."""
+    from raydl.errors import DecodeError
+
+    text = pa.array([b"ok", b"\x89bad", b"fine"], pa.binary()).view(pa.string())  # no UTF-8 check
+    pq.write_table(pa.table({"t": text, "n": [1, 2, 3]}), tmp_path / "a.parquet")
+    cat = raydl.read_parquet(str(tmp_path / "a.parquet")).catalog
+    clear_caches()
+    loc = cat.samples()
+    sh = cat.shards.to_pydict()
+    info = ObjectInfo(sh["uri"][0], sh["size"][0], sh["etag"][0])
+    t = loc.to_pydict()
+    got = []
+    for i in range(len(loc)):
+        data = cat.source.read_block(LocalStorage(), info, t["offset"][i], t["length"][i])
+        try:
+            got.append(cat.source.cut(loc, i, data))
+        except DecodeError as exc:
+            got.append(str(exc))
+    assert got[0] == {"t": "ok", "n": 1} and got[2] == {"t": "fine", "n": 3}
+    assert got[1] == "column 't' holds text that is not UTF-8 in this row"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import tarfile
 
@@ -144,7 +145,7 @@ def test_catalog_parts_are_shards_and_workers_cut_the_library_samples(tmp_path, 
     assert located_samples(ds) == library_view(path)
 
 
-def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path, monkeypatch):
+def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path, monkeypatch, caplog):
     """Brace patterns, lists and globs name shards in order; a pattern matching no shard is a ValueError naming it."""
     monkeypatch.setenv("RAYDL_CACHE_DIR", str(tmp_path / "cache"))
     for i in range(3):
@@ -160,10 +161,11 @@ def test_brace_lists_and_globs_and_patterns_that_match_nothing(tmp_path, monkeyp
         assert nothing in str(info.value)
     with pytest.raises(ValueError, match="'hdfs'"):
         raydl.read_webdataset("hdfs://bucket/shard-{0..3}.tar")
-    # a brace pattern names each shard: one of them missing is an error naming it, never silently left out
-    with pytest.raises(DataSourceError, match=r"shard-0003.tar' does not exist \(1 of the shards") as info:
-        raydl.read_webdataset(str(tmp_path / "shard-{0000..0003}.tar"))
-    assert info.value.uri == str(tmp_path / "shard-0003.tar")
+    # a brace pattern naming shards that do not exist lists those that do, never silently: a warning counts them
+    with caplog.at_level(logging.WARNING, logger="raydl"):
+        assert keys(raydl.read_webdataset(str(tmp_path / "shard-{0000..0004}.tar"))) == ["s0", "s1", "s2"]
+    warned = [r.getMessage() for r in caplog.records if "do not exist" in r.getMessage()]
+    assert len(warned) == 1 and "2 of the shards" in warned[0] and "shard-0003.tar" in warned[0]
     with open(os.fsencode(tmp_path) + b"/shard-\xff.tar", "wb") as f:  # a name that is not UTF-8
         f.write((tmp_path / "shard-0000.tar").read_bytes())
     with pytest.raises(DataSourceError, match="not UTF-8"):
