@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import operator
 import os
 import threading
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ __all__ = ["LocalStorage"]
 
 logger = logging.getLogger(__name__)
 
+_NAME = operator.attrgetter("name")
 MAX_DEPTH = 256  # folders below a listed one: deeper is a crafted tree (or a loop the links hide)
 
 _MAX_OPEN = 128  # per process; an image folder opens each file once an epoch, tar shards stay open
@@ -136,27 +138,33 @@ class LocalStorage(BaseStorage):
                 raise DataSourceError(
                     f"cannot list {prefix!r}: {folder!r} is more than {MAX_DEPTH} folders deep", uri=folder
                 )
+            names, sizes, subfolders = [], [], []
             try:
-                with os.scandir(folder) as it:
-                    entries = sorted(it, key=lambda e: e.name)
-                names, sizes, subfolders = [], [], []
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as exc:
+                raise DataSourceError(f"cannot list {folder!r} under {prefix!r}: {exc}", uri=folder) from exc
+            try:
+                entries = sorted(os.scandir(fd), key=_NAME)  # the names, with their types (no stat yet)
                 for e in entries:
                     try:
                         if e.is_dir():
-                            subfolders.append(e.path)
+                            subfolders.append(os.path.join(folder, e.name))
                         elif e.is_file():
-                            sizes.append(e.stat().st_size)
+                            sizes.append(os.stat(e.name, dir_fd=fd).st_size)  # one stat, no path to resolve
                             names.append(e.name)
-                        elif not e.is_symlink() or os.path.exists(e.path):
+                        elif not e.is_symlink() or os.path.exists(os.path.join(folder, e.name)):
                             special += 1  # a FIFO, socket or device (a dangling link: as os.walk lists it)
                         else:
-                            raise FileNotFoundError(2, "a link to nothing", e.path)
+                            raise FileNotFoundError(2, "a link to nothing")
                     except OSError as exc:
-                        raise DataSourceError(f"cannot stat {e.path!r}: {exc}", uri=e.path) from exc
+                        path = os.path.join(folder, e.name)
+                        raise DataSourceError(f"cannot stat {path!r}: {exc}", uri=path) from exc
             except DataSourceError:
                 raise
             except OSError as exc:
                 raise DataSourceError(f"cannot list {folder!r} under {prefix!r}: {exc}", uri=folder) from exc
+            finally:
+                os.close(fd)
             stack += [(sub, depth + 1) for sub in reversed(subfolders)]
             if names:
                 yield folder, names, sizes
