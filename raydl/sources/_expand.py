@@ -20,6 +20,7 @@ from raydl.errors import DataSourceError
 from raydl.sources._braces import expand_braces
 from raydl.sources._patterns import has_magic, local_glob, path_regex, static_prefix
 from raydl.storage import ObjectInfo, split_scheme
+from raydl.storage.base import check_text_path
 
 __all__ = ["Listing", "expand", "expand_urls", "is_plain", "stem"]
 
@@ -108,12 +109,7 @@ def expand(urls, listing: Listing) -> list[ObjectInfo]:
             if not got and is_plain(url):
                 missing.append(url)
             for o in got:
-                if not o.uri.isascii() and not _encodes(o.uri):
-                    raise DataSourceError(
-                        f"{o.uri!r}: its name is not UTF-8 (the bytes shown as \\udcXX); raydl names each "
-                        "shard by its path: rename it",
-                        uri=o.uri,
-                    )
+                check_text_path(o.uri, "shard")
             found += got
         if found and missing:  # some of the shards it names are there: the others are left out, not silently
             logger.warning(
@@ -156,11 +152,3 @@ def _objects_of(url: str, listing: Listing) -> list[ObjectInfo]:
     if scheme == "file" and os.path.exists(url):
         return [storage.stat(url)]  # not a file: its error says what it is
     return []
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -19,7 +19,7 @@ import pyarrow as pa
 from raydl.describe.catalog import Catalog, make_catalog
 from raydl.errors import AccessDeniedError, DataSourceError
 from raydl.sources.base import ImageFiles
-from raydl.storage.base import ObjectInfo, Storage, split_scheme
+from raydl.storage.base import ObjectInfo, Storage, check_text_path, split_scheme
 from raydl.util.arrow import int_array
 from raydl.util.progress import Progress
 
@@ -197,7 +197,9 @@ class _Scan:
         try:
             self.uris.extend([(base + name).encode() for name in names])
         except UnicodeEncodeError:
-            raise _not_utf8(base, names) from None
+            for name in names:
+                check_text_path(base + name, "sample")  # raises for the name that is not UTF-8
+            raise
         self.etags.extend_empty(len(names))
         self.sizes.extend(sizes)
 
@@ -304,21 +306,3 @@ class _Text:
             len(self.ends) - 1,
             [None, pa.py_buffer(self.ends), pa.py_buffer(self.data)],
         )
-
-
-def _not_utf8(base: str, names: list[str]) -> DataSourceError:
-    """The error for a folder holding a file whose name is not UTF-8 (a catalog's URIs are text)."""
-    bad = next(base + n for n in names if not _encodes(base + n))
-    return DataSourceError(
-        f"{bad!r}: its name is not UTF-8 (the bytes shown as \\udcXX); raydl names each sample by its path: "
-        "rename the file",
-        uri=bad,
-    )
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True

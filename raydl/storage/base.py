@@ -29,6 +29,7 @@ __all__ = [
     "NotCached",
     "ObjectInfo",
     "Storage",
+    "check_text_path",
     "split_scheme",
     "stream_object",
 ]
@@ -159,6 +160,24 @@ def split_scheme(uri: str) -> tuple[str, str]:
     if not head or not head.replace("+", "").replace("-", "").replace(".", "").isalnum():
         return "file", uri  # not a scheme: a local path that happens to hold "://"
     return head.lower(), rest
+
+
+def check_text_path(path: str, what: str) -> None:
+    """A DataSourceError naming `path` when it is not UTF-8 text (a name with bytes the file system allows
+    but UTF-8 does not, read as \\udcXX surrogates): raydl names each `what` (sample, shard) by its path,
+    in a catalog's text columns."""
+    if path.isascii():
+        return
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        from raydl.errors import DataSourceError
+
+        raise DataSourceError(
+            f"{path!r}: its name is not UTF-8 (the bytes shown as \\udcXX); raydl names each {what} by its "
+            "path: rename it",
+            uri=path,
+        ) from None
 
 
 def stream_object(storage: Storage, info: ObjectInfo, *, chunk: int = STREAM_CHUNK) -> Iterator[bytes]:
