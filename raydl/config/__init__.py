@@ -32,7 +32,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import MISSING, fields, replace
 
-from raydl.config.raw import apply_override, check_size, expand, parse_override
+from raydl.config.raw import apply_override, check_size, expand, load_yaml, parse_override
 from raydl.config.schema import (
     SOURCES,
     BenchConfig,
@@ -222,19 +222,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
 
 def _read_yaml(path: str) -> dict:
     """The file's YAML, which must be a mapping (an empty file is an empty one)."""
-    import yaml
-
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            data = load_yaml(f, path) or {}
     except OSError as exc:
         raise ValueError(f"cannot read config {path!r}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
-    except RecursionError as exc:
-        raise ValueError(
-            f"{path}: nested too deeply for a config (mappings and lists in each other)"
-        ) from exc
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping with sections {list(_TOP)}, got {type(data).__name__}")
     return data

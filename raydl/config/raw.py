@@ -16,7 +16,7 @@ from typing import Any
 
 from raydl.env import environment_variable
 
-__all__ = ["MAX_CONFIG_VALUES", "apply_override", "check_size", "expand", "parse_override"]
+__all__ = ["MAX_CONFIG_VALUES", "apply_override", "check_size", "expand", "load_yaml", "parse_override"]
 
 #: the most values (mappings, lists and scalars) a config may hold with its YAML aliases written out; the
 #: configs under configs/ hold under a hundred
@@ -125,21 +125,26 @@ def check_size(data: object, path: str, limit: int = MAX_CONFIG_VALUES) -> None:
         stack += [(k, False) for k in kids if isinstance(k, dict | list) and id(k) not in sizes]
 
 
-def parse_override(item: str) -> tuple[list[str], object]:
+def load_yaml(source, where: str) -> object:
+    """yaml.safe_load of `source` (text or an open file); a ValueError naming `where` when it is not YAML or
+    is nested past what the parser follows."""
     import yaml
 
+    try:
+        return yaml.safe_load(source)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError(
+            f"{where}: nested too deeply for a config (mappings and lists in each other)"
+        ) from exc
+
+
+def parse_override(item: str) -> tuple[list[str], object]:
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"--set takes section.key=value (e.g. loader.batch_size=128), got {item[:200]!r}")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"--set {key.strip()[:200]}: the value is not valid YAML: {exc}") from exc
-    except RecursionError as exc:
-        raise ValueError(
-            f"--set {key.strip()[:200]}: the value is nested too deeply for a config (lists in lists)"
-        ) from exc
-    return key.strip().split("."), value
+    return key.strip().split("."), load_yaml(raw, f"--set {key.strip()[:200]}")
 
 
 def apply_override(data: dict, parts: list[str], value: object, path: str, item: str) -> None:
