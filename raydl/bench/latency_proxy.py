@@ -32,7 +32,8 @@ class LatencyProxy:
         self.delay_s = delay_s
         self.connections = 0  # accepted so far
         # Chunks (requests) held for their delay right now, and the most held at once since the last
-        # reset_peak(): how many requests a client keeps in flight, seen from the wire
+        # reset_peak(): how many requests a client keeps in flight, seen from the wire. A chunk counts
+        # from its arrival until its delay is over, and never past its connection's end
         self.waiting = 0
         self.peak_waiting = 0
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=512)
@@ -80,9 +81,10 @@ class LatencyProxy:
                     due, item = item
                     while (left := due - time.monotonic()) > 0:
                         time.sleep(left)
-                dst.sendall(item)
-                if delay_s:
+                    # its wait is over before it is sent: the reply, and a serial client's next request,
+                    # cannot arrive while this one still counts
                     self._count_waiting(-1)
+                dst.sendall(item)
         except OSError:
             pass
         finally:
@@ -91,6 +93,9 @@ class LatencyProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+            if delay_s:  # chunks still queued on a connection that failed are no longer waiting
+                for _ in source:
+                    self._count_waiting(-1)
 
     def _count_waiting(self, change: int) -> None:
         with self._lock:
