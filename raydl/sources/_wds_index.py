@@ -57,6 +57,7 @@ from raydl.sources._wds_blocks import (  # its names are re-exported: the index'
     signatures,
 )
 from raydl.storage.base import ObjectInfo, Storage, split_scheme, stream_object
+from raydl.storage.cache_folder import DIR_FLAGS, READ_FLAGS
 
 __all__ = [
     "MAX_INDEX_BYTES",
@@ -485,7 +486,7 @@ def _our_folder(folder: str, *, create: bool) -> bool:
             return False
         if stat.S_IMODE(st.st_mode) & 0o077:  # made by hand, or under a permissive umask: made private
             try:
-                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(folder, DIR_FLAGS)
                 try:
                     os.fchmod(fd, 0o700)
                 finally:
@@ -497,7 +498,6 @@ def _our_folder(folder: str, *, create: bool) -> bool:
 
 
 _WARNED: set[str] = set()
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def cache_key(info: ObjectInfo) -> tuple[str, int] | None:
@@ -531,7 +531,7 @@ def cache_get(info: ObjectInfo, *, header_only: bool = False) -> tuple[IndexEntr
         return None
     path = os.path.join(folder, key[0])
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(path, READ_FLAGS)
     except OSError:  # missing, a link (ELOOP), unreadable
         return None
     try:

@@ -47,6 +47,8 @@ __all__ = [
     "STATE",
     "TEMP",
     "TMP",
+    "DIR_FLAGS",
+    "READ_FLAGS",
     "CacheFolder",
     "Ledger",
     "StateLock",
@@ -68,7 +70,10 @@ OLD_ENTRY = re.compile(r"[0-9a-f]{24}-[0-9a-f]{16}-[0-9]+-(?:[0-9]+|all)")
 #: a temporary file: its writer's pid namespace and pid, and 16 random hex digits
 TEMP = re.compile(r"([0-9]+)-([0-9]+)-[0-9a-f]{16}\.tmp")
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: a folder of the cache, opened: never through a link
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: a file of a cache, opened to read: never through a link, never waiting on a FIFO put there
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _refused(path: str, why: str) -> PermissionError:
@@ -124,14 +129,14 @@ class CacheFolder:
         created = False
         try:
             try:  # an existing folder first: a shard is made once and opened at every entry's write
-                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                fd = os.open(name, DIR_FLAGS, dir_fd=parent)
             except FileNotFoundError:
                 try:
                     os.mkdir(name, self.dir_mode, dir_fd=parent)
                     created = True
                 except FileExistsError:  # another writer made it in between
                     pass
-                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                fd = os.open(name, DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             if exc.errno in (errno.ENOTDIR, errno.ELOOP):
                 try:
@@ -187,7 +192,7 @@ class CacheFolder:
         if create:
             return self._open_dir(self.entries, shard, path)
         try:
-            fd = os.open(shard, _DIR_FLAGS, dir_fd=self.entries)
+            fd = os.open(shard, DIR_FLAGS, dir_fd=self.entries)
         except OSError as exc:
             if exc.errno in (errno.ENOTDIR, errno.ELOOP):
                 return self._open_dir(self.entries, shard, path)  # raises, naming what it is
@@ -520,7 +525,7 @@ def _names_in(dir_fd: int) -> list[str]:
     """The names in the folder `dir_fd` holds open, listed through a descriptor of this call's own: a listing
     through `dir_fd` itself shares its read position with every other thread listing it at the same time
     (os.listdir dups the descriptor), and each would miss what the other read."""
-    fd = os.open(".", _DIR_FLAGS, dir_fd=dir_fd)
+    fd = os.open(".", DIR_FLAGS, dir_fd=dir_fd)
     try:
         return os.listdir(fd)
     finally:

@@ -54,7 +54,15 @@ from collections.abc import Iterator
 import xxhash
 
 from raydl.storage import cache_evict
-from raydl.storage.cache_folder import ENTRIES, ENTRY, CacheFolder, StateLock, pid_namespace, write_all
+from raydl.storage.cache_folder import (
+    ENTRIES,
+    ENTRY,
+    READ_FLAGS,
+    CacheFolder,
+    StateLock,
+    pid_namespace,
+    write_all,
+)
 
 __all__ = ["COUNTERS", "HIGH_WATER", "LOW_WATER", "WHOLE", "CacheCounts", "NodeCache", "node_cache"]
 
@@ -70,7 +78,6 @@ ROOM_WAIT_S = 2.0  # how long a write that does not fit waits for another proces
 SEEN_MAX = 1 << 16  # (store, uri, etag) a process remembers having cleaned of other etags
 WHOLE = -1  # the length of a whole-object entry (a streamed read)
 COUNTERS = ("hits", "misses", "bytes_from_store", "bytes_from_cache", "evictions", "corrupt")
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Shard folders (entries/<shard>) whose descriptors a process keeps open for its reads, the first it reads:
 # an object's entries share a shard, so a WebDataset or Parquet dataset's hits go through a few folders,
 # each opened and checked once instead of at every hit (each system call lets the GIL go, which on a
@@ -212,7 +219,7 @@ class NodeCache:
 
     def _read(self, folder: CacheFolder, shard_fd: int, name: str, key: bytes, counts, whole: bool):
         try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
+            fd = os.open(name, READ_FLAGS, dir_fd=shard_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -617,7 +624,7 @@ def _exists(dir_fd: int, name: str) -> bool:
 def _store_of(shard_fd: int, name: str) -> str | None:
     """The store an entry file's key names (None when it has no readable key of this scheme)."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
+        fd = os.open(name, READ_FLAGS, dir_fd=shard_fd)
     except OSError:
         return None
     try:
