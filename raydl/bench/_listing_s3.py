@@ -64,12 +64,13 @@ class CountingProxy(LatencyProxy):
         try:
             while data := src.recv(1 << 16):
                 self._count_waiting(1)
-                chunks.put((time.monotonic() + delay_s, data))
+                # counted before it is forwarded: its reply, and what the client does after, come later
                 found = _REQUEST.findall(data)
                 if found:
                     with self._count_lock:
                         for method, path in found:
                             self.counts[request_kind(method.decode(), path.decode("latin-1"))] += 1
+                chunks.put((time.monotonic() + delay_s, data))
         except OSError:
             pass
         finally:

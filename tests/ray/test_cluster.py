@@ -97,6 +97,7 @@ def test_identical_pixels_across_actor_counts(cluster, image_folder):
 def test_batches_prefer_the_ranks_own_node(cluster, image_folder):
     """With one batch in flight, every batch is made on the driver's node (read without a copy)."""
     with _loader(image_folder, batch_size=8, prefetch_batches=1) as loader:
+        loader.refresh()  # every node's worker is up, not only the first to start
         it = loader.iterator(0)
         list(it.iter_batches())
     assert it.stats().local_batches == it.stats().batches == len(it)

@@ -226,13 +226,13 @@ def test_a_pause_after_the_first_epoch_is_in_no_epochs_window():
     clock.start()
     for _ in range(2):
         clock.batch(stand_in(10, (3,)))
-    time.sleep(0.3)  # the pause
+    time.sleep(1.0)  # the pause
     clock.resume_later()
     for _ in range(2):
         clock.batch(stand_in(10, (3,)))
     m = clock.result()
-    assert len(marks) == 2 and marks[1] - marks[0] >= 0.3
-    assert m.later_images == 20 and m.later_s < 0.2  # the pause is not in it
+    assert len(marks) == 2 and marks[1] - marks[0] >= 1.0
+    assert m.later_images == 20 and m.later_s < 0.5  # the pause is not in it
 
 
 @pytest.mark.timeout(30)
@@ -242,16 +242,20 @@ def test_process_start_is_when_the_process_started_not_a_second_early():
     where the boot time is not whole seconds)."""
     import subprocess
     import sys
+    import time
 
     script = (
         "import time; t = time.time()\n"
         "from raydl.bench._clock import process_start_time\n"
-        "print(t - process_start_time())\n"
+        "print(process_start_time(), t)\n"
     )
     for _ in range(3):
-        lead = float(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                                    check=True).stdout)
-        assert -0.02 <= lead < 0.3, lead  # interpreter start-up only; a tick of rounding either way
+        launched = time.time()
+        start, first_line = map(float, subprocess.run([sys.executable, "-c", script], capture_output=True,
+                                                      text=True, check=True).stdout.split())
+        # between the launch and the script's first line, however long the interpreter took to start on a
+        # busy machine; a tick of rounding either way
+        assert launched - 0.02 <= start <= first_line + 0.02, (launched, start, first_line)
 
 
 @pytest.mark.timeout(10)
