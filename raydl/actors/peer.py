@@ -52,6 +52,7 @@ class CheckpointPeer:
         from raydl.env import checkpoint_bind
         from raydl.native import pyfi
 
+        ref.check()  # before its size is allocated
         # The bytes, then (8-aligned) the progress word: chunks held, verified. One region, one server:
         # the next peer reads both over one connection.
         word_at = -(-ref.size // 8) * 8
@@ -143,6 +144,23 @@ class CheckpointPeer:
         link_gbps: float | None,
     ) -> None:
         """The chunks of this peer's copy it does not hold yet, read from `src` (and verified)."""
+        mine = self._refs.get(copy.key)
+        src.check()
+        if (
+            mine is None
+            or src.key != mine.key
+            or (src.size, src.chunk_size, tuple(src.checksums), src.sha256)
+            != (
+                mine.size,
+                mine.chunk_size,
+                tuple(mine.checksums),
+                mine.sha256,
+            )
+        ):
+            raise CheckpointError(
+                f"peer {self._name}: {src.holder[:200]} offers checkpoint {src.key[:8]} with other bytes "
+                "(size, chunks or digests) than the one this peer prepared"
+            )
         pull(
             self._fabric,
             src,
@@ -174,8 +192,9 @@ class CheckpointPeer:
         """Per tensor: dtype, shape and the float64 sum, to compare copies without moving them."""
         copy = self._copies.get(key)
         if copy is not None:
-            header, start = layout.parse_header(copy.buffer)
-            state = layout.tensors(copy.buffer, header, start)
+            data = copy.buffer[: self._refs[key].size]
+            header, start = layout.parse_header(data, f"checkpoint {key[:8]} at peer {self._name}")
+            state = layout.tensors(data, header, start)
         elif self._state is not None:
             state = self._state
         else:

@@ -94,7 +94,8 @@ def publish(
     server = None
     try:
         buf = memory.array
-        described = _describe(buf, chunk_size, verify)
+        what = f"checkpoint {os.fspath(state)!r}" if isinstance(state, (str, os.PathLike)) else "the state"
+        described = _describe(buf, chunk_size, verify, what)
         if "fabric" in transports:
             server = _PROCESS.serve(buf, bind_address(bind), pyfi.choose_provider(provider))
         ref = CheckpointRef(
@@ -159,10 +160,11 @@ def _lay_out(state: dict[str, Any] | str | os.PathLike, key: str) -> SharedBuffe
     return memory
 
 
-def _describe(buf: np.ndarray, chunk_size: int, verify: str) -> dict[str, Any]:
+def _describe(buf: np.ndarray, chunk_size: int, verify: str, what: str) -> dict[str, Any]:
     """What a ref says of the bytes: size, chunking, header, one XXH3-64 per chunk (and one SHA-256 per
-    chunk with verify="sha256")."""
-    header, _start = layout.parse_header(buf)
+    chunk with verify="sha256"). Bytes that are not a safetensors file the format's reader would take
+    are a CheckpointError naming `what`."""
+    header, _start = layout.parse_header(buf, what)
     checksums = layout.checksums(buf, chunk_size)
     sha256 = layout.sha256s(buf, chunk_size) if verify == "sha256" else None
     return {
@@ -243,6 +245,7 @@ def fetch(
         raise ValueError(f"link_gbps must be positive, got {link_gbps}")
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    ref.check()  # before anything is allocated for it
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
     target = FetchTarget(ref.size, into, _PROCESS.buffers, name=ref.key[:8])
@@ -256,12 +259,13 @@ def fetch(
         pulls = {"chunk_size": chunk_size, "max_inflight": max_inflight, "link_gbps": link_gbps}
         _transfer(ref, chosen, peer, target, phases, timeout=timeout, **pulls)
         target.done()
+        # the tensors before the name: bytes that are no safetensors file leave no file behind
+        state = _build(ref, target, device, phases, f"checkpoint {ref.key[:8]} from {peer}")
         target.commit()
     except BaseException:
         target.done()
         target.abort()
         raise
-    state = _build(ref, target, device, phases)
     state.transport, state.peer, state.path = chosen, peer, target.path
     state.seconds, state.phases = time.perf_counter() - t0, phases
     logger.info(
@@ -311,11 +315,13 @@ def _transfer(
 
 
 def _build(
-    ref: CheckpointRef, target: FetchTarget, device: str, phases: dict[str, float]
+    ref: CheckpointRef, target: FetchTarget, device: str, phases: dict[str, float], where: str
 ) -> FetchedCheckpoint:
-    """The tensors on the fetched bytes (moved to `device` unless it is the CPU); adds the "build" phase."""
+    """The tensors on the fetched bytes (moved to `device` unless it is the CPU); adds the "build" phase.
+    The header is checked again here: the digests say the bytes are the publisher's, not that they are a
+    usable file."""
     t = time.perf_counter()
-    header, start = layout.parse_header(target.buffer)
+    header, start = layout.parse_header(target.buffer, where)
     state = FetchedCheckpoint(layout.tensors(target.final_buffer(), header, start))
     if device != "cpu":
         state = FetchedCheckpoint({k: v.to(device) for k, v in state.items()})

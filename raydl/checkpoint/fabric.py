@@ -286,6 +286,11 @@ def pull(
     hears, on the reading thread, that a read ending at byte `end` has landed
     (fetch's Toucher keeps faulting just ahead of that).
     """
+    ref.check()
+    if not 0 <= start <= len(ref.checksums) or len(dst) != ref.size:
+        raise ValueError(
+            f"pull: start {start} of {len(ref.checksums)} chunks, {len(dst)} bytes for {ref.size}"
+        )
     if window_bytes is None and progress_at is None and on_done is None:
         # nobody watches the progress: one pipelined read, no drain between windows
         window = len(ref.checksums)
@@ -338,10 +343,17 @@ class _Reads:
         n = len(self._ref.checksums)
         avail = self.done
         pace = UpstreamPace()
+        grew_at = time.monotonic()  # when the upstream last held more than what was read
         while self.done < n:
             if avail <= self.done:  # look at the upstream's progress only once what it had is read
                 avail = n if self._progress_at is None else self._held(conn, timeout, pace, n)
             if avail <= self.done:  # the upstream holder has nothing new yet
+                if time.monotonic() - grew_at > timeout:  # alive and serving, but its own pull is stuck
+                    raise CheckpointError(
+                        f"checkpoint {self._ref.key[:8]}: its upstream holder {self._ref.holder} "
+                        f"({self._ref.fabric.peer}) has held {avail} of {n} chunks for more than "
+                        f"{timeout:g} s without getting more"
+                    )
                 time.sleep(pace.wait_s())
                 continue
             end = min(avail, self.done + self._window)
@@ -359,6 +371,7 @@ class _Reads:
                 on_chunk=lambda pos, length, lo=lo: self._landed(lo + pos, length),
             )
             self.done = end  # every chunk of the window landed, so every one was checked (and on_done heard)
+            grew_at = time.monotonic()
 
     def _held(self, conn, timeout: float, pace: UpstreamPace, n: int) -> int:
         """How many chunks the source holds now, read from its progress word."""

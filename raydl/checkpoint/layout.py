@@ -124,22 +124,96 @@ def aligned_empty(n: int) -> np.ndarray:
     return raw[off : off + n]
 
 
-def parse_header(buf) -> tuple[dict[str, Any], int]:
-    """(header without __metadata__, offset of the first tensor byte)."""
+MAX_HEADER = 100_000_000  # bytes of a safetensors header: the format's own readers refuse more
+_ITEMSIZE = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+    "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+
+
+def parse_header(buf, where: str = "checkpoint") -> tuple[dict[str, Any], int]:
+    """(header without __metadata__, offset of the first tensor byte) of the safetensors bytes `buf`,
+    checked as the format's own reader checks them: every tensor of a known dtype, its bytes exactly
+    its shape's, the tensors laid end to end from the first byte after the header to the last of
+    `buf`. Anything else is a CheckpointError naming `where` (and the tensor)."""
+    from raydl.errors import CheckpointError
+
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"{where} is not a usable safetensors file: {why}")
+
+    size = len(buf)
+    if size < 8:
+        raise bad(f"{size} bytes, fewer than the 8 of its header's length")
     n = struct.unpack("<Q", bytes(buf[:8]))[0]
-    header = json.loads(bytes(buf[8 : 8 + n]))
+    if n > min(MAX_HEADER, size - 8):
+        raise bad(f"a header of {n} bytes in {size} (at most {MAX_HEADER:,})")
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]))
+    except (ValueError, RecursionError) as exc:
+        raise bad(f"its header is not JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
     header.pop("__metadata__", None)
-    return header, 8 + n
+    start = 8 + n
+    spans = []
+    for name, spec in header.items():
+        spans.append((_tensor_span(name, spec, bad), name))
+    at = 0
+    for (b, e), name in sorted(spans):
+        if b != at:
+            raise bad(
+                f"tensor {name[:200]!r} starts at byte {b} of the data, not at {at} where the one before ends"
+            )
+        at = e
+    if at != size - start:
+        raise bad(f"its tensors end at byte {at} of the data, which holds {size - start}")
+    return header, start
+
+
+def _tensor_span(name: str, spec, bad) -> tuple[int, int]:
+    """(begin, end) of one header entry's bytes, once its dtype, shape and offsets agree."""
+    if not isinstance(spec, dict):
+        raise bad(f"tensor {name[:200]!r} is described by a {type(spec).__name__}, not an object")
+    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+    if dtype not in _ITEMSIZE:
+        raise bad(f"tensor {name[:200]!r} has dtype {str(dtype)[:40]!r}, not one of {sorted(_ITEMSIZE)}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > 64
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 62 for d in shape)
+    ):
+        raise bad(f"tensor {name[:200]!r} has shape {str(shape)[:80]}, not a list of sizes")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 1 << 62 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise bad(f"tensor {name[:200]!r} has data_offsets {str(offsets)[:80]}, not [begin, end]")
+    count = 1
+    for d in shape:
+        count *= d
+    b, e = offsets
+    if count * _ITEMSIZE[dtype] != e - b:
+        raise bad(
+            f"tensor {name[:200]!r} of shape {shape} and dtype {dtype} needs {count * _ITEMSIZE[dtype]} "
+            f"bytes; its data_offsets give {e - b}"
+        )
+    return b, e
 
 
 def tensors(buf: np.ndarray, header: dict[str, Any], start: int) -> dict[str, Any]:
-    """Tensors viewing `buf` (no copy)."""
+    """Tensors viewing `buf` (no copy), for a header parse_header checked."""
+    from raydl.errors import CheckpointError
+
     torch = torch_module()
     by_name = {v: getattr(torch, k) for k, v in DTYPES.items() if hasattr(torch, k)}
     out = {}
     for name, spec in header.items():
         b, e = spec["data_offsets"]
-        dtype = by_name[spec["dtype"]]
+        dtype = by_name.get(spec["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"tensor {name[:200]!r}: this torch has no dtype {spec['dtype']}")
         if e == b:
             out[name] = torch.empty(spec["shape"], dtype=dtype)
             continue

@@ -65,6 +65,9 @@ def _map_holder(loc: HolderLocation, size: int) -> np.ndarray:
             raise CheckpointError(
                 f"holder pid {loc.pid}: fd {loc.fd} is no longer the checkpoint ({local_status(loc)})"
             )
+        held = os.fstat(fd).st_size
+        if held < size:  # mapping past the end would fault (SIGBUS) when the bytes are read
+            raise CheckpointError(f"holder pid {loc.pid}: fd {loc.fd} holds {held} bytes, fewer than {size}")
         mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     finally:
         os.close(fd)

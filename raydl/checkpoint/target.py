@@ -74,6 +74,7 @@ class FetchTarget:
     def __init__(self, size: int, into: str | os.PathLike | None, pool: BufferPool, *, name: str) -> None:
         self.path = None if into is None else os.fspath(into)
         self._tmp: str | None = None
+        self._fd: int | None = None  # the temporary file, open until commit or abort: never reopened by name
         self._name = name
         self.toucher: Toucher | None = None
         if self.path is None:
@@ -112,7 +113,7 @@ class FetchTarget:
             os.close(fd)
             self.abort()
             raise
-        os.close(fd)
+        self._fd = fd
         self.buffer = np.frombuffer(self._mm, np.uint8)
 
     def fault_ahead(self) -> None:
@@ -154,21 +155,24 @@ class FetchTarget:
             return
         try:
             self._mm.flush()
-            fd = os.open(self._tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            os.fsync(self._fd)
             os.replace(self._tmp, self.path)
             self._tmp = None
+            self._close_fd()
             _fsync_dir(self._dir)
         except OSError as exc:
             raise CheckpointError(
                 f"cannot write checkpoint {self._name} to {self.path!r}: {exc.strerror}"
             ) from exc
 
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
     def abort(self) -> None:
         """Remove the temporary file (idempotent)."""
+        self._close_fd()
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
             try:
@@ -177,8 +181,12 @@ class FetchTarget:
                 pass
 
     def final_buffer(self) -> np.ndarray:
+        """The bytes to build tensors on: the receive buffer, or (into=path, before commit) a private
+        copy-on-write mapping of the temporary file through its own descriptor, so the tensors are on the
+        bytes that were verified whatever is put at its name later (writable tensors, no copy)."""
         if self.path is None:
             return self.buffer
-        with open(self.path, "rb") as f:  # private copy-on-write mapping: writable tensors, no copy
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        if self._fd is None:
+            raise CheckpointError(f"checkpoint {self._name}: its file {self.path!r} is committed or aborted")
+        mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
         return np.frombuffer(mm, np.uint8)

@@ -198,3 +198,90 @@ def test_a_failed_registration_names_no_key(provider):
         assert f"{key:x}" not in str(err.value) and str(key) not in str(err.value)
     finally:
         endpoint.close()
+
+
+def _served_ref(buf: np.ndarray, server, chunk: int, **changes):
+    """A ref to `buf` served by `server`, with its real digests: what a publisher that skipped publish()'s
+    checks, or a forger holding the address, would hand out."""
+    from raydl.checkpoint import layout
+    from raydl.checkpoint.ref import CheckpointRef
+
+    ref = CheckpointRef(key="cd" * 16, size=len(buf), chunk_size=chunk, checksums=layout.checksums(buf, chunk),
+                        header="{}", holder="forger:1", fabric=server.address)
+    return dataclasses.replace(ref, **changes)
+
+
+def test_bytes_whose_digests_match_but_are_no_safetensors_file_leave_no_file(tmp_path, provider):
+    """The digests say the bytes are the holder's, not that they are a file the format takes: a header that
+    claims a 1 GiB tensor in no bytes is a CheckpointError naming the holder, checked before the file gets
+    its name, so a good file already at the path stays as it was and nothing else is left behind."""
+    header = json.dumps({"x": {"dtype": "F32", "shape": [16384, 16384], "data_offsets": [0, 0]}}).encode()
+    header += b" " * (-len(header) % 8)
+    bad = np.frombuffer(len(header).to_bytes(8, "little") + header, np.uint8).copy()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "x.safetensors").write_bytes(b"the good one")
+    with pyfi.serve(bad, bind="127.0.0.1:0", provider=provider) as server:
+        ref = _served_ref(bad, server, 64)
+        with pytest.raises(CheckpointError, match=r"from forger:1 .*is not a usable safetensors file: tensor 'x'"):
+            checkpoint.fetch(ref, transport="fabric", into=out / "x.safetensors", timeout=10)
+        with pytest.raises(CheckpointError, match="is not a usable safetensors file"):
+            checkpoint.fetch(ref, transport="fabric", timeout=10)
+    assert os.listdir(out) == ["x.safetensors"] and (out / "x.safetensors").read_bytes() == b"the good one"
+
+
+def test_into_a_path_gives_tensors_on_the_verified_bytes_whatever_is_put_there_later(tmp_path, provider,
+                                                                                     monkeypatch):
+    """The tensors of fetch(into=path) are mapped from the verified file itself, not by opening its name
+    again: a file another writer puts at that name after the rename does not become the tensors."""
+    import torch
+
+    from raydl.checkpoint import target
+
+    state = {"x": torch.full((1024,), 1.0)}
+    ref = checkpoint.publish(state, transports=("fabric",), provider=provider, bind="127.0.0.1:0")
+    path = tmp_path / "x.safetensors"
+    real_fsync_dir = target._fsync_dir
+
+    def swap_then_fsync(directory):  # another writer, between the rename and anything after it
+        other = tmp_path / "other"
+        checkpoint_bytes = path.read_bytes()
+        other.write_bytes(checkpoint_bytes.replace(np.float32(1.0).tobytes(), np.float32(666.0).tobytes()))
+        os.replace(other, path)
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(target, "_fsync_dir", swap_then_fsync)
+    try:
+        got = checkpoint.fetch(ref, transport="fabric", into=path)
+        assert torch.equal(got["x"], state["x"])
+    finally:
+        checkpoint.unpublish(ref)
+
+
+def test_a_chain_peer_whose_upstream_stops_getting_chunks_gives_up_after_the_timeout(provider):
+    """An upstream holder that is alive and serving but whose own pull is stuck (its progress word frozen
+    below the end) is a CheckpointError naming it after `timeout`, so the peer falls back to the next
+    source, rather than polling that word for ever."""
+    import time
+
+    from raydl.checkpoint.fabric import FabricClient, pull
+
+    chunk = 4096
+    data = np.arange(4 * chunk // 4, dtype=np.uint32).view(np.uint8)
+    region = np.zeros(len(data) + 8, np.uint8)
+    region[: len(data)] = data
+    region[len(data):].view(np.int64)[0] = 1  # holds 1 chunk of 4, and never more
+    client = FabricClient()
+    try:
+        with pyfi.serve(region, bind="127.0.0.1:0", provider=provider) as server:
+            ref = _served_ref(region[: len(data)], server, chunk, progress_at=len(data))
+            dst = np.zeros_like(data)
+            t0 = time.monotonic()
+            with pytest.raises(CheckpointError, match=r"upstream holder forger:1 .* has held 1 of 4 chunks for "
+                                                      r"more than 1 s"):
+                pull(client, ref, dst, timeout=1.0, chunk_size=chunk, max_inflight=2, progress_at=ref.progress_at,
+                     on_done=lambda n: None)
+            assert time.monotonic() - t0 < 30
+            assert np.array_equal(dst[:chunk], data[:chunk]) and not dst[chunk:].any()
+    finally:
+        client.close()

@@ -471,6 +471,7 @@ class Client(Closeable):
         # Server endpoint address -> its fi_addr_t here: regions served from one endpoint
         # (ServerEndpoint) share one AV entry, so rxm's connection to it is made once.
         self._peers: dict[bytes, int] = {}
+        self._name_len: int | None = None  # bytes of this endpoint's own address: a peer's is no shorter
         self.registrations = RegistrationCache(self._stack.domain, domain_lock=self.lock)
 
     @staticmethod
@@ -489,7 +490,19 @@ class Client(Closeable):
         with self.lock:
             addr = self._peers.get(raw)
             if addr is None:
-                addr = self._peers[raw] = self.live_stack(peer).av.insert(raw, peer=peer)
+                stack = self.live_stack(peer)
+                if self._name_len is None:
+                    self._name_len = len(stack.ep.name())
+                if not isinstance(raw, bytes) or len(raw) < self._name_len:
+                    # fi_av_insert takes no length: it would read past the end of a shorter one
+                    raise FabricError(
+                        f"the address of {peer} is {len(raw) if isinstance(raw, bytes) else 'not'} bytes, "
+                        f"shorter than this provider's addresses ({self._name_len})",
+                        call="fi_av_insert",
+                        code=errno.EINVAL,
+                        strerror=os.strerror(errno.EINVAL),
+                    )
+                addr = self._peers[raw] = stack.av.insert(raw, peer=peer)
             return addr
 
     def live_stack(self, peer: str) -> Stack:
