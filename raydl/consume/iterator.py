@@ -64,6 +64,7 @@ class DataIterator:
         # the tasks in flight, by their first batch: each makes batches k, ..., k + n - 1 (see _Task)
         self._pending: dict[int, _Task] = {}
         self._made: dict[int, tuple[BatchResult, WorkerInfo]] = {}  # batches of a finished task, not yielded
+        self._loads = 0  # load_state_dict() calls: an iteration under way goes on from the state loaded
         self._node = ray.get_runtime_context().get_node_id()
         self._stats = IteratorStats(rank=rank, unit=plan.sample_unit)
         self._accounting = Accounting(plan.policy, self._stats, rank)
@@ -212,6 +213,7 @@ class DataIterator:
         """One epoch's batches: at most `depth` tasks in flight, each of up to `per_task` batches (the
         first of a call of one batch, the next ones twice as many as the one before, so that the first
         batch comes as soon as one batch is made)."""
+        loads = self._loads
         epoch, start, k = self._position
         if k >= self._plan.batches_per_rank(epoch, start=start):  # the last call took the epoch's last batch
             self._next_epoch(epoch + 1)
@@ -222,7 +224,12 @@ class DataIterator:
         base_elapsed = self._stats.elapsed_s
         started = time.perf_counter()
         size = 1  # the next task's batches
-        while self._position.next < nb:
+        while True:
+            if self._loads != loads:  # load_state_dict() while this iteration waited: go on from its state
+                yield from self._epoch_batches(depth, per_task, timeout_s)
+                return
+            if self._position.next >= nb:
+                break
             k = self._position.next
             j = max([k, *(i + t.count for i, t in self._pending.items()), *(i + 1 for i in self._made)])
             if len(self._pending) >= depth or j >= nb:
@@ -308,8 +315,11 @@ class DataIterator:
         return self._plan.state(rank=self._rank, position=self._position)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` (see state_dict). Mismatched data or seed is a ValueError."""
+        """Continue from `state` (see state_dict). Mismatched data or seed is a ValueError. An iteration
+        under way (an iter_batches() generator not run to its end) goes on from the state loaded: the rest
+        of the state's epoch."""
         self._position = self._plan.check_state(state)
+        self._loads += 1
         self._pending.clear()  # the batches in flight: their objects go once no reference is left
         self._made.clear()
         self._stats.epoch = self._position.epoch

@@ -39,7 +39,10 @@ def build_plan(mixture: Mixture, config: LoaderConfig) -> LoaderPlan:
         num_samples, fingerprint = len(member.catalog), member.catalog.fingerprint
     else:
         mix, unsized = _mix_plan(mixture, config, policy)
-        order = MixOrder(mix, mixture.state())
+        # what a state records of the mix: also each dataset's shuffle window, which orders its samples
+        # (a bucketed dataset's sources are its buckets, each shuffled whole)
+        windows = [s.window for s in mix.sources] if mix.buckets is None else [0] * len(mixture.members)
+        order = MixOrder(mix, {**mixture.state(), "windows": windows})
         num_samples = mixture.epoch_size
         fingerprint = _combined(m.catalog.fingerprint for m in mixture.members)
     sizes = [_sample_bytes(m.catalog, m.pipeline.program) for m in mixture.members]

@@ -90,7 +90,7 @@ class LoaderPlan:
     def check_epoch(self) -> None:
         """A ValueError saying why and what to change when an epoch would deliver no batch (every epoch
         deals the same number of units, so epoch 0 stands for all)."""
-        if self.batches_per_rank(0) > 0:
+        if self.order.units > 0 and self.batches_per_rank(0) > 0:
             return
         c, units = self.config, self.order.units
         if self.order.deals_batches:  # aspect buckets, or a mix's per-source batches: units are whole batches

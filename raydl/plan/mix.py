@@ -249,7 +249,9 @@ class SourceStream:
         if slots.size and (slots.min() < 0 or slots.max() >= self.share):
             raise IndexError(f"slots must be in [0, {self.share})")
         n = self.src.num_samples
-        at = (self.epoch * self.share + self._slots[slots]) % n
+        # the epoch's first slot, reduced in Python's ints: epoch * share can pass int64
+        base = (self.epoch % n) * self.share % n
+        at = (base + self._slots[slots]) % n
         return self._perm[at]
 
 

@@ -179,4 +179,7 @@ class MixOrder:
         return Rows(ids, slots)
 
     def state(self) -> dict[str, Any]:
-        return {"buckets": None, "shuffle_window": 0, "mix": self.recorded}
+        buckets = None
+        if self.mix.buckets is not None:  # the aspect buckets the mix's sources are buckets of
+            buckets = [list(b) for b in sorted(set(self.mix.buckets))]
+        return {"buckets": buckets, "shuffle_window": 0, "mix": self.recorded}

@@ -35,6 +35,8 @@ def check_mix_state(theirs: dict | None, mine: dict | None) -> None:
     if theirs is None or mine is None:
         was, now = ("one dataset", "a mix") if theirs is None else ("a mix", "one dataset")
         raise ValueError(f"cannot resume: the state is of {was}, this loader is of {now}")
+    if "windows" in mine and "windows" not in theirs:  # a state that records no windows: every source's 0
+        theirs = {**theirs, "windows": [0] * len(mine["windows"])}
     for key, value in mine.items():
         if theirs.get(key) != value:
             if key in ("sample_weights", "fingerprints"):

@@ -323,6 +323,29 @@ def test_a_killed_actor_is_replaced_and_its_batches_rerun(ray_local, image_folde
     np.testing.assert_array_equal(np.concatenate(got), expected)
 
 
+def test_a_state_loaded_while_an_iteration_is_under_way_is_where_it_goes_on(ray_local, image_folder):
+    """load_state_dict() between two batches of a running iter_batches(): that iteration yields the rest of
+    the loaded state's epoch (the batches a fresh iterator loaded with it yields) and ends it, so the next
+    call starts the epoch after the state's, not the one after the epoch it began in."""
+    with raydl.read_images(str(image_folder)).decode().center_crop(8).loader(batch_size=8, seed=2) as loader:
+        saved = loader.iterator(0)
+        first_batch_ids([saved], 3)
+        state = dict(saved.state_dict(), epoch=5)  # epoch 5, 3 batches done
+        fresh = loader.iterator(0)
+        fresh.load_state_dict(state)
+        want = [b["id"] for b in _epoch(fresh)]
+        it = loader.iterator(0)
+        running = it.iter_batches()
+        next(running)  # epoch 0, batch 0
+        it.load_state_dict(state)
+        got = [b["id"] for b in running]
+        assert it.state_dict()["epoch"] == 6 and it.state_dict()["batches_done"] == 0
+        assert len(_epoch(it)) == 8  # the epoch after: a whole one
+    assert len(got) == len(want) == 8 - 3  # 61 samples in batches of 8: 8 batches
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_state_dict_resumes_the_epoch_exactly(ray_local, image_folder):
     """A fresh iterator loaded with a mid-epoch state yields the same batches (ids and pixels) as an uninterrupted run,
     also when the resuming loader's catalog has the image sizes read (with_sizes) and the first one's had not."""

@@ -156,3 +156,68 @@ def test_a_plan_pickles_without_its_computed_epochs(image_folder):
     copy = pickle.loads(pickle.dumps(plan))
     assert copy._epochs == {}
     np.testing.assert_array_equal(copy.task(0, 0, 1).ids, first.ids)
+
+
+def test_a_mix_state_records_its_datasets_shuffle_windows_and_buckets(image_folder, tmp_path):
+    """A state of a mix loads only with the shuffle windows and aspect buckets it was saved under, as a state
+    of one dataset does: a mix of Parquet tables saved at shuffle_window=2 and loaded at 8, or of bucketed
+    folders saved under aspect_buckets(64) and loaded under 128, is a ValueError naming what changed (both
+    used to load, and the resumed epoch repeated some rows and never gave others)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    paths = []
+    for name, n in (("a", 40), ("b", 24)):
+        pq.write_table(pa.table({"x": np.arange(n)}), tmp_path / f"{name}.parquet", row_group_size=2)
+        paths.append(str(tmp_path / f"{name}.parquet"))
+    tables = raydl.mix({"a": raydl.read_parquet(paths[0]), "b": raydl.read_parquet(paths[1])},
+                       weights={"a": 0.5, "b": 0.5})
+    saved = _plan(tables, shuffle_window=2)
+    state = json.loads(json.dumps(saved.state(rank=0, position=Position(0, 0, 3))))
+    assert state["mix"]["windows"] == [2, 2] and saved.check_state(state) == Position(0, 0, 3)
+    with pytest.raises(ValueError, match=r"the mix's windows is \[2, 2\] in the state and \[8, 8\] here"):
+        _plan(tables, shuffle_window=8).check_state(state)
+    older = {**state, "mix": {k: v for k, v in state["mix"].items() if k != "windows"}}  # records none: all 0
+    with pytest.raises(ValueError, match=r"windows is \[0, 0\] in the state and \[2, 2\] here"):
+        saved.check_state(older)
+    _plan(tables, shuffle_window=0).check_state(older)
+
+    images = raydl.read_images(str(image_folder)).decode()
+
+    def bucketed(size):
+        one = images.aspect_buckets(size, multiple=16, min_ratio=0.25, max_ratio=4.0)
+        return _plan(raydl.mix({"a": one, "b": one}, weights={"a": 1, "b": 1}, batching="per_source"))
+
+    saved = bucketed(64)
+    state = json.loads(json.dumps(saved.state(rank=0, position=Position(0, 0, 3))))
+    assert state["buckets"] and all(len(b) == 2 for b in state["buckets"])
+    assert saved.check_state(state) == Position(0, 0, 3)
+    with pytest.raises(ValueError, match=r"the state's buckets is \[\[.*, this loader's is \[\["):
+        bucketed(128).check_state(state)
+
+
+def test_a_mix_goes_on_at_any_epoch_a_state_may_name():
+    """A mix's order at an epoch near 2**63 (a state may name any epoch below it): a source's position in its
+    permutation is reduced before it meets int64 (it overflowed), and stays the same function of the epoch."""
+    from raydl.plan.mix import MixPlan, SourcePlan, mix_shares
+
+    plan = MixPlan((SourcePlan(10, "a" * 64), SourcePlan(5, "b" * 64)), tuple(int(x) for x in mix_shares(
+        [0.5, 0.5], 12)), "stratified", 4, False)
+    for epoch in (3, 2**40, 2**62, 2**63 - 1):
+        ids, _slots = plan.epoch(seed=1, epoch=epoch, shuffle=True).rows(np.arange(12))
+        assert len(ids) == 12
+    # unshuffled, a source's rows depend on the epoch only through the epoch modulo its size (10 and 5 here)
+    e = 2**62
+    a = plan.epoch(seed=1, epoch=e, shuffle=False).rows(np.arange(12))[0]
+    b = plan.epoch(seed=1, epoch=e % 10, shuffle=False).rows(np.arange(12))[0]
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_per_source_mix_with_no_full_batch_says_so(image_folder):
+    """A per_source mix whose datasets hold no full batch under drop_last=True is the ValueError saying so (it
+    was an internal "num_samples must be a positive int, got 0")."""
+    images = raydl.read_images(str(image_folder)).decode().center_crop(8)
+    ds = raydl.mix({"a": images, "b": images}, weights={"a": 1, "b": 1}, epoch_size=12, batching="per_source")
+    plan = _plan(ds, batch_size=8, drop_last=True)
+    with pytest.raises(ValueError, match="an epoch of this loader would deliver no batch: .*0 full batches"):
+        plan.check_epoch()
