@@ -90,7 +90,13 @@ class FetchTarget:
                 self.buffer, self.toucher = started
                 self._fresh = None
                 return
-            self.buffer, self._fresh = pool.take(size, huge=self._faults.endswith("-huge"))
+            try:
+                self.buffer, self._fresh = pool.take(size, huge=self._faults.endswith("-huge"))
+            except (OSError, MemoryError, OverflowError) as exc:
+                raise CheckpointError(
+                    f"cannot fetch checkpoint {name}: no {size} bytes of memory to receive it into "
+                    f"({type(exc).__name__}: {exc}); fetch it into a file (into=path)"
+                ) from exc
             return
         self._fresh = None
         self._dir = os.path.dirname(os.path.abspath(self.path))

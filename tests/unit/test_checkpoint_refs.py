@@ -148,3 +148,19 @@ def test_publishing_a_file_that_is_no_safetensors_file_names_it(tmp_path):
     bad.write_bytes(_file({"x": {"dtype": "F32", "shape": [16384, 16384], "data_offsets": [0, 0]}}, b"").tobytes())
     with pytest.raises(CheckpointError, match=r"checkpoint '.*bad\.safetensors' is not a usable safetensors file"):
         api.publish(str(bad), transports=("object_store",))
+
+
+def test_memory_that_cannot_be_had_for_a_fetch_is_a_checkpoint_error(monkeypatch):
+    """A receive buffer the kernel will not map (a size past what this machine has) is a CheckpointError
+    naming the size and pointing at into=path, not a bare OSError."""
+    import errno
+
+    from raydl.checkpoint import buffers
+
+    def no_memory(n, huge=False):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(buffers, "fresh", no_memory)
+    ref = _ref(_good())
+    with pytest.raises(CheckpointError, match=rf"no {ref.size} bytes of memory to receive it into .*into=path"):
+        api.fetch(ref, transport="object_store", timeout=1)
