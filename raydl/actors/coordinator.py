@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["LoaderCoordinator", "start_coordinator"]
 
 REFRESH_S = 5.0  # how often the coordinator looks for joined nodes
+# how long a node where a worker died gets no new worker: Ray may still list a lost node alive meanwhile
+LOST_NODE_S = 120.0
 MAX_EVENTS = 100  # the newest warnings kept for Loader copies to fetch
 
 
@@ -57,7 +59,8 @@ class LoaderCoordinator:
         self._lock = threading.Lock()
         self._workers: list[WorkerInfo] = []
         self._dead: set[str] = set()  # names reported dead
-        self._lost_nodes: set[str] = set()  # nodes where a worker died; Ray may still list them alive
+        # nodes where a worker died, and when: Ray may still list them alive for a while (LOST_NODE_S)
+        self._lost_nodes: dict[str, float] = {}
         self._version = 0
         self._events: list[tuple[int, str]] = []
         self._event_seq = 0
@@ -87,13 +90,18 @@ class LoaderCoordinator:
             if dead is not None and not self._closed:
                 self._dead.add(name)
                 self._workers.remove(dead)
-                self._lost_nodes.add(dead.node_id)
+                self._lost_nodes[dead.node_id] = time.monotonic()
                 self._version += 1
                 self._announce()
                 self._warn(f"raydl: loader worker {dead.name} on node {dead.node_id[:8]} died; replacing it")
                 t = threading.Thread(target=self._replace, args=(dead,), daemon=True)
                 self._replacing.append(t)
                 t.start()
+        if dead is not None:  # reported dead while it may still live (unreachable for a while): never two
+            try:
+                ray.kill(dead.handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
         return self.workers()
 
     def refresh_now(self) -> tuple[int, list[WorkerInfo], list[tuple[int, str]]]:
@@ -212,6 +220,8 @@ class LoaderCoordinator:
         with self._lock:
             if self._closed:
                 return
+            now = time.monotonic()
+            self._lost_nodes = {n: t for n, t in self._lost_nodes.items() if now - t < LOST_NODE_S}
             eligible = {n.node_id: n for n in self._eligible() if n.node_id not in self._lost_nodes}
             deficit = scheduling.placement_deficit(list(eligible), self._counts(), self._config.num_workers)
         if deficit and self._config.cpus_per_worker > 0:

@@ -33,7 +33,7 @@ from raydl.consume.accounting import Accounting
 from raydl.consume.formats import check_batch_format, format_batches
 from raydl.consume.pool import WorkerPool
 from raydl.consume.stats import IteratorStats
-from raydl.errors import BatchTimeoutError, LoaderError, SampleDecodeError
+from raydl.errors import AccessDeniedError, BatchTimeoutError, DataSourceError, LoaderError, SampleDecodeError
 from raydl.options import check_number, positive_int
 from raydl.plan.loader_plan import LoaderPlan, Position
 from raydl.plan.scheduling import WorkerInfo, batches_per_task, choose_worker, prefetch_depth
@@ -77,10 +77,18 @@ class DataIterator:
         return self._plan.batches_per_rank(epoch, start=start)
 
     # -- execution ----------------------------------------------------------------------
-    def _submit(self, k: int, n: int, attempt: int = 0) -> None:
+    def _submit(
+        self, k: int, n: int, attempt: int = 0, avoid: WorkerInfo | None = None, *, node: bool = False
+    ) -> None:
         """Send batches k, ..., k + n - 1 to a worker: one task, or one per batch where the runner makes
-        one at a time (this process while the workers start, a pool whose workers have no run_batches)."""
+        one at a time (this process while the workers start, a pool whose workers have no run_batches).
+        A retry avoids the worker it failed on (`avoid`) and, after that worker died (`node`), the other
+        workers of its node, which a lost node takes with it, while workers elsewhere can run it."""
         workers = self._pool.runners()
+        if avoid is not None:
+            others = [w for w in workers if w.name != avoid.name]
+            elsewhere = [w for w in others if w.node_id != avoid.node_id] if node else []
+            workers = elsewhere or others or workers
         inflight: dict[str, int] = {}
         for pending in self._pending.values():
             inflight[pending.worker.name] = inflight.get(pending.worker.name, 0) + 1
@@ -95,9 +103,13 @@ class DataIterator:
         tasks = self._plan.tasks(self._rank, epoch, k, n, start=start)
         self._pending[k] = _Task(group.remote(tasks), w, attempt, n)
 
-    def _failed(self, k: int, worker: WorkerInfo, cause: BaseException, exc: BaseException) -> NoReturn:
+    def _failed(
+        self, k: int, worker: WorkerInfo, cause: BaseException, exc: BaseException, tries: int = 1
+    ) -> NoReturn:
         """The worker raised while making batch k: not a sample it could skip. Name the rank and batch."""
         where = f"rank {self._rank}: batch {k} of epoch {self._position.epoch}"
+        if tries > 1:
+            where += f" (tried {tries} times)"
         if isinstance(cause, SampleDecodeError):  # replace ran out of substitutes
             raise SampleDecodeError(f"{where}: {cause}", uri=cause.uri, sample_id=cause.sample_id) from exc
         if isinstance(cause, LoaderError):  # already names the sample and the worker
@@ -138,7 +150,17 @@ class DataIterator:
             except ray.exceptions.GetTimeoutError as exc:
                 raise self._timeout(k, timeout, worker) from exc
             except ray.exceptions.RayTaskError as exc:  # the worker raised: not a sample it could skip
-                self._failed(k, worker, exc.cause, exc)
+                cause = exc.cause
+                retry = isinstance(cause, DataSourceError) and not isinstance(
+                    cause, (AccessDeniedError, SampleDecodeError)
+                )
+                if not retry or attempt + 1 >= _MAX_ATTEMPTS:
+                    self._failed(k, worker, cause, exc, attempt + 1)
+                # a read that failed (a store's error past its retries, a file that changed): once more,
+                # on another worker
+                self._stats.retries += 1
+                del self._pending[k]
+                self._submit(k, n, attempt + 1, worker)
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 if attempt + 1 >= _MAX_ATTEMPTS:
                     raise LoaderError(
@@ -148,7 +170,7 @@ class DataIterator:
                 self._pool.replace(worker)
                 self._stats.retries += 1
                 del self._pending[k]
-                self._submit(k, n, attempt + 1)
+                self._submit(k, n, attempt + 1, worker, node=True)
             except (MemoryError, OSError) as exc:
                 raise LoaderError(
                     f"rank {self._rank}: batch {k} of epoch {self._position.epoch} from loader worker "
@@ -241,18 +263,23 @@ class DataIterator:
                 size = min(per_task, 2 * size)
             t0 = time.perf_counter()
             made = self._made.pop(k, None)
-            if made is None:
-                results, task = self._get(k, self._timeout_for_next(timeout_s))
-                del self._pending[k]
-                made = (results[0], task.worker)
-                self._made.update((k + i, (r, task.worker)) for i, r in enumerate(results[1:], start=1))
-                if len(results) < task.count:  # the worker stopped at a batch that raised: send it on its own
-                    self._submit(k + len(results), task.count - len(results))
-            result, worker = made
-            self._pool.sync(result.membership)
+            try:
+                if made is None:
+                    results, task = self._get(k, self._timeout_for_next(timeout_s))
+                    del self._pending[k]
+                    made = (results[0], task.worker)
+                    self._made.update((k + i, (r, task.worker)) for i, r in enumerate(results[1:], start=1))
+                    if len(results) < task.count:  # the worker stopped at a batch that raised: send it alone
+                        self._submit(k + len(results), task.count - len(results))
+                result, worker = made
+                self._pool.sync(result.membership)
+                self._accounting.batch(result, k, epoch)
+            except BaseException:
+                if made is not None:  # not yielded: the next call takes batch k again (and says the same)
+                    self._made[k] = made
+                raise
             now = time.perf_counter()
             self._count(worker, now - t0, now)
-            self._accounting.batch(result, k, epoch)
             self._position = self._position._replace(next=k + 1)
             self._stats.batches += 1
             self._stats.samples_delivered += batch_rows(result.batch)

@@ -121,7 +121,7 @@ class Loader:
         self._started_at = time.monotonic()
         self._launch_now = threading.Event()
         self._coordinator_now = threading.Event()
-        self._launched: list = []  # handles of the workers started here, for shutdown() until a coordinator
+        self._launched: list = []  # handles of the workers started here: shutdown() kills them
         threads = scheduling.bootstrap_threads(
             config.threads_per_worker, usable_cores=len(os.sched_getaffinity(0))
         )
@@ -188,7 +188,8 @@ class Loader:
             coordinator = start_coordinator(spec_ref, catalog_ref, self.config, started, here)
             with self._lock:
                 self._coordinator = coordinator
-                self._launched = []  # the coordinator owns them now (shutdown() asks it)
+                # the coordinator has them now (shutdown() asks it); this Loader keeps their handles to
+                # kill them itself should the coordinator be gone by then
             self._launch.set_result(coordinator)
         except _Stopped:  # shut down, or Ray went away first: nothing to start, and nothing to say
             self._launch.set_result(None)
@@ -425,17 +426,20 @@ class Loader:
         if coordinator is not None:
             try:
                 workers = [w.handle for w in ray.get(coordinator.shutdown.remote(), timeout=30)]
-            except Exception:  # noqa: BLE001 - a dead coordinator took its workers with it
+            except Exception:  # noqa: BLE001 - a dead coordinator took the workers it started with it
                 workers = []
             ray.kill(coordinator, no_restart=True)
-        else:  # shut down before the coordinator started: the workers started here are this Loader's
-            with self._lock:
-                workers = list(self._launched)
-            for handle in workers:
-                try:
-                    ray.kill(handle, no_restart=True)
-                except Exception:  # noqa: BLE001 - already dead is fine
-                    pass
+        else:
+            workers = []
+        # the workers started here are this Loader's: killed here too (the coordinator may be gone)
+        with self._lock:
+            launched = list(self._launched)
+        for handle in launched:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead is fine
+                pass
+        workers = workers + launched
         deadline = time.monotonic() + 10.0
         pending = workers
         while pending and time.monotonic() < deadline:  # kill is asynchronous: wait until they are gone
