@@ -108,13 +108,14 @@ class DataIterator:
     ) -> NoReturn:
         """The worker raised while making batch k: not a sample it could skip. Name the rank and batch."""
         where = f"rank {self._rank}: batch {k} of epoch {self._position.epoch}"
-        if tries > 1:
-            where += f" (tried {tries} times)"
         if isinstance(cause, SampleDecodeError):  # replace ran out of substitutes
             raise SampleDecodeError(f"{where}: {cause}", uri=cause.uri, sample_id=cause.sample_id) from exc
         if isinstance(cause, LoaderError):  # already names the sample and the worker
             raise LoaderError(f"{where}: {cause}") from exc
-        raise LoaderError(f"{where} failed on actor {worker.name}: {type(cause).__name__}: {cause}") from exc
+        what = f"{type(cause).__name__}: {cause}"
+        if tries > 1:  # a read that failed, tried on other workers too
+            raise LoaderError(f"{where} (tried {tries} times) failed on actor {worker.name}: {what}") from exc
+        raise LoaderError(f"{where} failed on actor {worker.name}: {what}") from exc
 
     def _timeout_for_next(self, timeout_s: float | None) -> tuple[float, str]:
         """(seconds, why) the next batch may take: `timeout_s` as given, else plan/timeouts.py's default."""
