@@ -106,12 +106,14 @@ def evict(folder: CacheFolder, locked: Locked, target: float, *, everything: boo
     """Remove the least recently used entries until they free what the ledger's total was over `target`
     when the pass began (or the total is at `target`), in steps of at most STEP removals under `locked()`;
     with `everything`, every entry of the cache's own. How many were removed. Call it holding `claimed`."""
-    shards = folder.shards()
-    random.shuffle(shards)
     with locked() as led:
         total, added = led.total, led.added
     if total <= target:
         return 0
+    # listed after `added` is read: an entry in a shard made later is in the bytes added since, one made
+    # earlier is in a shard listed here (listed before, a new shard's entry would be in neither)
+    shards = folder.shards()
+    random.shuffle(shards)
     if everything:
         return _walk(folder, locked, shards, None, _Goal(target, float("inf")), unused=False)
     removed = 0
@@ -130,6 +132,7 @@ def evict(folder: CacheFolder, locked: Locked, target: float, *, everything: boo
             if goal.met(led):
                 break
             total, added = led.total, led.added
+        shards = folder.shards()
         random.shuffle(shards)
     return removed
 
@@ -166,6 +169,8 @@ def _walk(folder: CacheFolder, locked: Locked, shards: list[str], cutoff: int | 
     How many it removed."""
     with locked() as led:
         added = led.added
+    known = set(shards)  # and the shards made since they were listed: their entries are not in `added`
+    shards = shards + [s for s in folder.shards() if s not in known]
     removed = left = 0
     pending: list[Item] = []
     reserve: list[tuple[int, int, str, str]] = []  # a max-heap of (-mtime, ...): the oldest past the cutoff

@@ -77,6 +77,7 @@ HIGH_WATER = 0.95  # a write past this share starts a pass, while the rest of ma
 ROOM_WAIT_S = 2.0  # how long a write that does not fit waits for another process's pass to make room
 SEEN_MAX = 1 << 16  # (store, uri, etag) a process remembers having cleaned of other etags
 WHOLE = -1  # the length of a whole-object entry (a streamed read)
+_SHORT_OF = (errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EINTR)  # a read's own resources
 COUNTERS = ("hits", "misses", "bytes_from_store", "bytes_from_cache", "evictions", "corrupt")
 # Shard folders (entries/<shard>) whose descriptors a process keeps open for its reads, the first it reads:
 # an object's entries share a shard, so a WebDataset or Parquet dataset's hits go through a few folders,
@@ -223,15 +224,18 @@ class NodeCache:
         except FileNotFoundError:
             return None
         except OSError as exc:
+            path = os.path.join(folder.shard_path(name[:3]), name)
             if exc.errno == errno.ELOOP:
-                path = os.path.join(folder.shard_path(name[:3]), name)
                 self._refused(
                     PermissionError(f"node cache entry {path!r} is a symbolic link: never followed")
                 )
-                return None
-            self._corrupt(folder, shard_fd, name, None, f"it cannot be read ({exc})", counts)
+            else:  # out of descriptors or memory, a mode changed: nothing says its bytes are bad
+                self._refused(
+                    OSError(exc.errno, f"node cache entry {path!r} cannot be opened: {exc.strerror}")
+                )
             return None
         out = None
+        st = None
         try:
             st = os.fstat(fd)
             if not folder.ours(st):
@@ -252,7 +256,10 @@ class NodeCache:
         except OSError as exc:
             if isinstance(out, mmap.mmap):
                 out.close()
-            self._corrupt(folder, shard_fd, name, None, f"it cannot be read ({exc})", counts)
+            if exc.errno in _SHORT_OF or st is None:  # this process is short of memory: not the entry's fault
+                self._refused(exc)
+                return None
+            self._corrupt(folder, shard_fd, name, st.st_ino, f"it cannot be read ({exc})", counts)
             return None
         finally:
             os.close(fd)
@@ -414,31 +421,37 @@ class NodeCache:
 
     def _publish(self, folder: CacheFolder, shard_fd: int, tmp_name: str, name: str, size: int) -> int | None:
         evicted, made_room, deadline = 0, False, None
-        while True:
-            lock = self._locked()
-            with lock as led:
-                if _exists(shard_fd, name):  # another writer got there first: one copy, counted once
-                    os.unlink(tmp_name, dir_fd=folder.tmp)
-                    return evicted
-                if led.total + size <= self.max_bytes:
-                    led.total += size
-                    led.added += size
-                    # the ledger before the rename: a crash between the two counts too much, never too little
-                    lock.write()
-                    os.rename(tmp_name, name, src_dir_fd=folder.tmp, dst_dir_fd=shard_fd)
-                    high = led.total > HIGH_WATER * self.max_bytes
-                    break
-            got = None if made_room else self._evict(LOW_WATER * self.max_bytes - size)
-            if got is not None:
-                evicted += got
-                made_room = True  # a pass of our own: if the entry does not fit after it, it never will now
-                continue
-            now = time.monotonic()
-            deadline = deadline or now + ROOM_WAIT_S
-            if made_room or now >= deadline:
-                self._abandon((-1, tmp_name))
-                return None
-            time.sleep(0.005)  # another process's pass frees room a step at a time
+        try:
+            while True:
+                lock = self._locked()
+                with lock as led:
+                    if _exists(shard_fd, name):  # another writer got there first: one copy, counted once
+                        os.unlink(tmp_name, dir_fd=folder.tmp)
+                        return evicted
+                    if led.total + size <= self.max_bytes:
+                        led.total += size
+                        led.added += size
+                        # the ledger before the rename: a crash between the two counts too much, never too
+                        # little
+                        lock.write()
+                        os.rename(tmp_name, name, src_dir_fd=folder.tmp, dst_dir_fd=shard_fd)
+                        high = led.total > HIGH_WATER * self.max_bytes
+                        break
+                got = None if made_room else self._evict(LOW_WATER * self.max_bytes - size)
+                if got is not None:
+                    evicted += got
+                    made_room = True  # a pass of our own: if the entry does not fit after it, it never will
+                    continue
+                now = time.monotonic()
+                deadline = deadline or now + ROOM_WAIT_S
+                if made_room or now >= deadline:
+                    self._abandon((-1, tmp_name))
+                    self._unreported(evicted)  # its passes removed entries all the same
+                    return None
+                time.sleep(0.005)  # another process's pass frees room a step at a time
+        except BaseException:  # the passes it ran removed entries all the same
+            self._unreported(evicted)
+            raise
         if high:
             self._evict_behind(LOW_WATER * self.max_bytes)
         return evicted
@@ -504,8 +517,15 @@ class NodeCache:
         with self._behind_lock:
             self._evicted_behind += removed
 
+    def _unreported(self, evicted: int) -> None:
+        """Entries a write's own pass removed for an entry it then left out: counted by the next take."""
+        if evicted:
+            with self._behind_lock:
+                self._evicted_behind += evicted
+
     def take_evicted_behind(self) -> int:
-        """The entries passes on their own thread removed since the last call."""
+        """The entries passes on their own thread removed since the last call, and those a write's own
+        pass removed for an entry it then left out."""
         with self._behind_lock:
             n, self._evicted_behind = self._evicted_behind, 0
         return n
