@@ -503,6 +503,7 @@ class ParquetSource(Source):
         except (DataSourceError, OSError, ValueError):
             return None
         finally:
+            storage.hand_on()  # its reads' cache counts go to the next batch's
             with _decodes_lock:
                 _ahead.pop(key, None)
 

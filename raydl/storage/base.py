@@ -118,6 +118,11 @@ class Storage(Protocol):
         a cache."""
         ...
 
+    def hand_on(self) -> None:
+        """Leave this scope's counters to the next take of any scope of the same cache: a scope whose reads
+        belong to no batch (reads ahead of need) has them counted all the same."""
+        ...
+
 
 class BaseStorage:
     """The node-cache hooks of `Storage` as a storage without a cache answers them. LocalStorage and
@@ -150,6 +155,9 @@ class BaseStorage:
     def take_cache_counts(self) -> dict[str, int]:
         """{}: no cache, no counters."""
         return {}
+
+    def hand_on(self) -> None:
+        """Nothing: no cache, no counters."""
 
 
 def split_scheme(uri: str) -> tuple[str, str]:

@@ -140,8 +140,13 @@ class CachedStorage(BaseStorage):
         """This scope's counters (every name in COUNTERS) since the last take; they start again from 0.
         Evictions include those of passes that ran on their own thread since any scope last took them."""
         counts = self.counts.take()
+        for name, n in self.cache.take_handed_on().items():
+            counts[name] += n
         counts["evictions"] += self.cache.take_evicted_behind()
         return counts
+
+    def hand_on(self) -> None:
+        self.cache.hand_on(self.counts.take())
 
     def _put(self, uri: str, etag: str, offset: int, length: int, data) -> int | None:
         return self.cache.put(uri, etag, offset, length, data, store=self.inner.identity)

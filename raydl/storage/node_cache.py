@@ -131,6 +131,7 @@ class NodeCache:
         self._behind: threading.Thread | None = None  # the pass a write past HIGH_WATER started
         self._behind_lock = threading.Lock()
         self._evicted_behind = 0  # entries that pass removed, not yet counted by take_evicted_behind
+        self._handed_on = CacheCounts()  # counters of scopes no batch took (hand_on), for the next take
         self._seen: set[tuple[str, str, str]] = set()  # (store, uri, etag) whose other-etag entries are gone
         self._read_dirs: dict[str, int] = {}  # shard -> its folder's descriptor, kept open (READ_DIRS)
         self._read_dirs_lock = threading.Lock()
@@ -522,6 +523,13 @@ class NodeCache:
         if evicted:
             with self._behind_lock:
                 self._evicted_behind += evicted
+
+    def hand_on(self, counts: dict[str, int]) -> None:
+        """Counters of a scope whose reads belong to no batch, for the next take_handed_on."""
+        self._handed_on.add(**counts)
+
+    def take_handed_on(self) -> dict[str, int]:
+        return self._handed_on.take()
 
     def take_evicted_behind(self) -> int:
         """The entries passes on their own thread removed since the last call, and those a write's own

@@ -114,3 +114,22 @@ def test_an_entry_that_cannot_be_opened_for_want_of_descriptors_is_a_miss_and_st
                           text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["True", "0", "True", "True"], (proc.stdout, proc.stderr[-2000:])
+
+
+def test_a_scope_no_batch_takes_hands_its_counts_to_the_next_take(tmp_path):
+    """Reads ahead of need (a Parquet row group decoded before its batch) run in a scope of their own: its
+    hand_on() leaves its counters to the next take of any scope of the cache, so they land in a batch's
+    counts (they were dropped)."""
+    from raydl.storage.cache import CachedStorage
+    from raydl.storage.local import LocalStorage
+
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(10_000))
+    storage = CachedStorage(LocalStorage(), NodeCache(str(tmp_path / "c"), 10**7))
+    ahead = storage.scoped()
+    assert ahead.read_range(str(path), 0, 4000, etag="e") == path.read_bytes()[:4000]
+    ahead.hand_on()
+    batch = storage.scoped()
+    got = batch.take_cache_counts()
+    assert got["misses"] == 1 and got["bytes_from_store"] == 4000, got
+    assert batch.take_cache_counts()["misses"] == 0  # counted once
