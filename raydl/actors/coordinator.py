@@ -65,6 +65,7 @@ class LoaderCoordinator:
         self._events: list[tuple[int, str]] = []
         self._event_seq = 0
         self._replacing: list[threading.Thread] = []
+        self._replacing_on: dict[str, int] = {}  # replacements starting, per node: placed already
         self._closed = False
         self._short: dict[str, int] = {}  # nodes last found without room (warned once per change)
         # Workers the Loader started with this actor: (handle, node_id). Counted as placed at once,
@@ -165,6 +166,8 @@ class LoaderCoordinator:
             counts[w.node_id] = counts.get(w.node_id, 0) + 1
         for _h, node in self._starting:
             counts[node] = counts.get(node, 0) + 1
+        for node, n in self._replacing_on.items():
+            counts[node] = counts.get(node, 0) + n
         return counts
 
     def _launch(self, node: scheduling.NodeInfo, count: int, *, soft: bool) -> list:
@@ -253,18 +256,35 @@ class LoaderCoordinator:
                     f"{len(gone)} loader worker(s)"
                 )
             self._workers = [w for w in self._workers if w.node_id in alive]  # workers of dead nodes too
-            # Prefer another node: the dead worker's node may be dying (Ray notices a lost node late).
-            node = scheduling.replacement_node(
-                sorted(alive - {dead.node_id}) or sorted(alive), self._counts()
-            )
-            if node is None:
-                self._warn(f"raydl: no live node can host a replacement for loader worker {dead.name}")
-        if node is not None:
-            new = self._await(self._launch(nodes[node], 1, soft=True))
-            with self._lock:
-                for w in new:
-                    self._warn(f"raydl: loader worker {w.name} on node {w.node_id[:8]} replaces {dead.name}")
-            self._add(new)
+            # every worker lost gets a replacement: the one reported, and those its dead node took with it
+            lost = [dead, *(w for w in gone if w.name != dead.name)]
+            self._dead.update(w.name for w in lost)
+            placed = []
+            for w in lost:
+                # Prefer another node: the dead worker's node may be dying (Ray notices a lost node late);
+                # the replacements placed so far count where they go
+                others = sorted(alive - {w.node_id}) or sorted(alive)
+                node = scheduling.replacement_node(others, self._counts())
+                if node is None:
+                    self._warn(f"raydl: no live node can host a replacement for loader worker {w.name}")
+                    continue
+                self._replacing_on[node] = self._replacing_on.get(node, 0) + 1
+                placed.append((w, node))
+        try:
+            launched = [(w, node, self._launch(nodes[node], 1, soft=True)) for w, node in placed]
+            for w, node, handles in launched:
+                new = self._await(handles)
+                with self._lock:
+                    for n in new:
+                        self._warn(f"raydl: loader worker {n.name} on node {n.node_id[:8]} replaces {w.name}")
+                self._add(new)
+                with self._lock:
+                    self._replacing_on[node] -= 1
+                placed.remove((w, node))
+        finally:
+            with self._lock:  # those not started (a launch that failed)
+                for _w, node in placed:
+                    self._replacing_on[node] -= 1
 
 
 def start_coordinator(spec_ref, catalog_ref, config: LoaderConfig, started: list, node_id: str):
