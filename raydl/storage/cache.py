@@ -138,7 +138,8 @@ class CachedStorage(BaseStorage):
 
     def take_cache_counts(self) -> dict[str, int]:
         """This scope's counters (every name in COUNTERS) since the last take; they start again from 0.
-        Evictions include those of passes that ran on their own thread since any scope last took them."""
+        Evictions include those of passes that ran on their own thread since any scope last took them, and
+        the counts include those of scopes handed on (hand_on) since."""
         counts = self.counts.take()
         for name, n in self.cache.take_handed_on().items():
             counts[name] += n
