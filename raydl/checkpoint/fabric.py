@@ -272,6 +272,7 @@ def pull(
     on_landed: Callable[[int], None] | None = None,
 ) -> None:
     """Read chunks [start, end) of the checkpoint from ref.fabric into dst, verifying each as it lands.
+    `ref` is one its caller checked (CheckpointRef.check: fetch, a broadcast peer's pull).
 
     progress_at: where in the source's region its progress word sits (a
     broadcast holder still receiving: the chunks it holds, read with RMA over
@@ -286,7 +287,6 @@ def pull(
     hears, on the reading thread, that a read ending at byte `end` has landed
     (fetch's Toucher keeps faulting just ahead of that).
     """
-    ref.check()
     if not 0 <= start <= len(ref.checksums) or len(dst) != ref.size:
         raise ValueError(
             f"pull: start {start} of {len(ref.checksums)} chunks, {len(dst)} bytes for {ref.size}"

@@ -9,6 +9,7 @@ from typing import Any
 
 from raydl.errors import CheckpointError
 from raydl.util.process import process_name
+from raydl.util.values import brief, integer
 
 __all__ = ["CheckpointRef", "FetchedCheckpoint", "HolderLocation", "this_machine"]
 
@@ -123,9 +124,9 @@ class CheckpointRef:
         if not isinstance(self.header, str):
             return "the header is not a string"
         if not _int(self.size) or not 8 <= self.size <= MAX_SIZE:
-            return f"size {_brief(self.size)} is not between 8 and {MAX_SIZE} bytes"
+            return f"size {brief(self.size)} is not between 8 and {MAX_SIZE} bytes"
         if not _int(self.chunk_size) or self.chunk_size < 1:
-            return f"chunk_size {_brief(self.chunk_size)} is not a positive integer"
+            return f"chunk_size {brief(self.chunk_size)} is not a positive integer"
         chunks = -(-self.size // self.chunk_size)
         if not isinstance(self.checksums, (tuple, list)) or len(self.checksums) != chunks:
             n = len(self.checksums) if isinstance(self.checksums, (tuple, list)) else "no"
@@ -165,11 +166,7 @@ class CheckpointRef:
 
 
 def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _brief(v) -> str:
-    return repr(v) if _int(v) and abs(v) < 1 << 64 else f"a {type(v).__name__}"
+    return integer(v) is not None
 
 
 def _fabric_disagreement(address, size: int, progress_at) -> str | None:
@@ -195,7 +192,7 @@ def _fabric_disagreement(address, size: int, progress_at) -> str | None:
     end = size
     if progress_at is not None:
         if not _int(progress_at) or progress_at < size or progress_at % 8:
-            return f"its progress word at {_brief(progress_at)} is not 8-aligned after the {size} bytes"
+            return f"its progress word at {brief(progress_at)} is not 8-aligned after the {size} bytes"
         end = progress_at + 8
     if a.size < end:
         return f"its fabric region holds {a.size} bytes, fewer than the {end} it says it serves"

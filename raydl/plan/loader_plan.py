@@ -16,7 +16,6 @@ world size; 0 otherwise.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -27,8 +26,9 @@ from raydl.options import LoaderConfig
 from raydl.plan.failures import ErrorPolicy, Failure
 from raydl.plan.order import EpochPlan, augmentation_seeds
 from raydl.plan.orders import Order
-from raydl.plan.state import brief, check_mix_state
+from raydl.plan.state import check_mix_state
 from raydl.plan.tasks import BatchTask
+from raydl.util.values import brief, integer
 
 __all__ = ["LoaderPlan", "Position"]
 
@@ -261,7 +261,7 @@ def _state_fields(state: object) -> dict[str, Any]:
         raise ValueError(
             f"cannot resume: a state is the dict state_dict() returned, got {type(state).__name__}"
         )
-    if _integer(state.get("version")) != STATE_VERSION:
+    if integer(state.get("version")) != STATE_VERSION:
         raise ValueError(f"unsupported iterator state version {brief(state.get('version'))}")
     got: dict[str, Any] = {"version": STATE_VERSION}
     for name, lo, hi in (
@@ -291,7 +291,7 @@ def _state_fields(state: object) -> dict[str, Any]:
     if buckets is not None and not (
         isinstance(buckets, list)
         and all(
-            isinstance(b, list) and len(b) == 2 and all(_integer(x) is not None for x in b) for b in buckets
+            isinstance(b, list) and len(b) == 2 and all(integer(x) is not None for x in b) for b in buckets
         )
     ):
         _refuse(state, "buckets", "null or a list of [height, width] pairs")
@@ -302,13 +302,6 @@ def _state_fields(state: object) -> dict[str, Any]:
     return got
 
 
-def _integer(value: object) -> int | None:
-    """`value` as an int when it is a whole number of an integer type (never a bool or a float), else None."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    return None
-
-
 def _needs(state: Mapping, name: str) -> object:
     if name not in state:
         raise ValueError(f"cannot resume: the state has no {name}; a state is the dict state_dict() returned")
@@ -317,7 +310,7 @@ def _needs(state: Mapping, name: str) -> object:
 
 def _in_range(fields: Mapping, name: str, lo: int, hi: int | None, note: str = "") -> int:
     """fields[name] as an int in [lo, hi] (hi None: no upper bound), else a ValueError naming it."""
-    value = _integer(fields[name])
+    value = integer(fields[name])
     if value is None or value < lo or (hi is not None and value > hi):
         bounds = f"an int in [{lo}, {hi}]" if hi is not None else f"an int >= {lo}"
         _refuse(fields, name, bounds + (f" ({note})" if note else ""))

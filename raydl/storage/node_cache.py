@@ -447,11 +447,11 @@ class NodeCache:
                 deadline = deadline or now + ROOM_WAIT_S
                 if made_room or now >= deadline:
                     self._abandon((-1, tmp_name))
-                    self._unreported(evicted)  # its passes removed entries all the same
+                    self.hand_on({"evictions": evicted})  # its passes removed entries all the same
                     return None
                 time.sleep(0.005)  # another process's pass frees room a step at a time
         except BaseException:  # the passes it ran removed entries all the same
-            self._unreported(evicted)
+            self.hand_on({"evictions": evicted})
             raise
         if high:
             self._evict_behind(LOW_WATER * self.max_bytes)
@@ -518,22 +518,16 @@ class NodeCache:
         with self._behind_lock:
             self._evicted_behind += removed
 
-    def _unreported(self, evicted: int) -> None:
-        """Entries a write's own pass removed for an entry it then left out: counted by the next take."""
-        if evicted:
-            with self._behind_lock:
-                self._evicted_behind += evicted
-
     def hand_on(self, counts: dict[str, int]) -> None:
-        """Counters of a scope whose reads belong to no batch, for the next take_handed_on."""
+        """Counters no batch's scope took (a scope of reads ahead of need; the evictions of a write whose
+        entry was left out), for the next take_handed_on."""
         self._handed_on.add(**counts)
 
     def take_handed_on(self) -> dict[str, int]:
         return self._handed_on.take()
 
     def take_evicted_behind(self) -> int:
-        """The entries passes on their own thread removed since the last call, and those a write's own
-        pass removed for an entry it then left out."""
+        """The entries passes on their own thread removed since the last call."""
         with self._behind_lock:
             n, self._evicted_behind = self._evicted_behind, 0
         return n

@@ -56,7 +56,7 @@ def test_a_pass_counts_an_entry_written_into_a_new_shard_as_it_starts(tmp_path, 
 def test_a_write_left_out_still_counts_the_entries_its_pass_removed(tmp_path, monkeypatch):
     """A write that does not fit runs a pass of its own; when other processes' writes take the room before
     it can use it, its entry is left out, and the entries the pass removed are counted all the same (by the
-    next take_evicted_behind, which a scope's counters include): they were counted nowhere."""
+    next take_handed_on, which a scope's counters include): they were counted nowhere."""
     w, other = NodeCache(str(tmp_path), MAX), NodeCache(str(tmp_path), MAX)
     j = 0
     while other._open().read_state() is None or other._open().read_state()[0] + 5100 <= MAX:
@@ -64,6 +64,7 @@ def test_a_write_left_out_still_counts_the_entries_its_pass_removed(tmp_path, mo
         j += 1
     other.wait_for_eviction(10)
     w.take_evicted_behind()
+    w.take_handed_on()
     real_evict = cache_evict.evict
     seen = []
 
@@ -79,7 +80,7 @@ def test_a_write_left_out_still_counts_the_entries_its_pass_removed(tmp_path, mo
     monkeypatch.setattr(cache_evict, "evict", evict)
     assert w.put("s3://b/big", "e", 0, 20000, os.urandom(20000), store="S") is None  # left out
     assert seen and seen[0] > 0
-    assert w.take_evicted_behind() == seen[0]
+    assert w.take_handed_on()["evictions"] == seen[0]
 
 
 _OUT_OF_DESCRIPTORS = """
