@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
-from raydl.storage.base import STREAM_CHUNK, BaseStorage, ObjectInfo
+from raydl.storage.base import MAX_LIST_PAGES, STREAM_CHUNK, BaseStorage, ObjectInfo
 from raydl.storage.fetch import RetryPolicy, call_with_retries
 
 __all__ = ["ObjectStoreStorage", "StalledError", "is_retryable"]
@@ -43,7 +43,6 @@ _stores_lock = threading.Lock()
 _STATUS = re.compile(r"status code: (\d{3})|\b(\d{3}) [A-Z][a-z]+(?: [A-Z][a-z]+)*\b")
 _QUERY = re.compile(r"(https?://[^\s?\"']*)\?[^\s\"']*")
 _PAGE = 1000  # keys handed on per listing chunk
-_MAX_LIST_PAGES = 1 << 20  # chunks of one listing: a store answering forever is stopped
 
 
 class StalledError(TimeoutError):
@@ -291,7 +290,7 @@ class ObjectStoreStorage(BaseStorage):
                 raise
 
         last = None
-        for _ in range(_MAX_LIST_PAGES):
+        for _ in range(MAX_LIST_PAGES):
             chunk = self._call(next_chunk, prefix, "list")
             if chunk is None:
                 return
@@ -313,8 +312,7 @@ class ObjectStoreStorage(BaseStorage):
                     continue  # a folder marker, not data
                 yield ObjectInfo(head + key, int(meta["size"]), _etag(meta.get("e_tag")))
         raise DataSourceError(
-            f"listing {prefix}: more than {_MAX_LIST_PAGES:,} pages of {_PAGE:,} keys; list a narrower "
-            "prefix",
+            f"listing {prefix}: more than {MAX_LIST_PAGES:,} pages of {_PAGE:,} keys; list a narrower prefix",
             uri=prefix,
         )
 

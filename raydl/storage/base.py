@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 __all__ = [
+    "MAX_LIST_PAGES",
     "STREAM_CHUNK",
     "BaseStorage",
     "NotCached",
@@ -168,6 +169,9 @@ def split_scheme(uri: str) -> tuple[str, str]:
     if not head or not head.replace("+", "").replace("-", "").replace(".", "").isalnum():
         return "file", uri  # not a scheme: a local path that happens to hold "://"
     return head.lower(), rest
+
+
+MAX_LIST_PAGES = 1 << 20  # pages of one listing, in any store: a store answering forever is stopped
 
 
 def check_text_path(path: str, what: str) -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from raydl.errors import AccessDeniedError, DataSourceError, ObjectChangedError
 from raydl.options import S3Options
 from raydl.storage import deadline
-from raydl.storage.base import STREAM_CHUNK, BaseStorage, ObjectInfo
+from raydl.storage.base import MAX_LIST_PAGES, STREAM_CHUNK, BaseStorage, ObjectInfo
 from raydl.storage.fetch import RetryPolicy, call_with_retries
 
 __all__ = ["S3Storage", "StalledError", "is_retryable", "split_s3"]
@@ -68,9 +68,6 @@ _CHANGED_CODES = frozenset({"PreconditionFailed", "412", "InvalidRange", "416"})
 
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
-
-
-MAX_LIST_PAGES = 1 << 20  # pages of one listing (up to 1,000 keys each): a store answering forever is stopped
 
 
 def _resumes_at(response: dict, at: int, total: int | None) -> bool:
